@@ -1,0 +1,77 @@
+// Package keys is the layout of curia's data in etcd. Every key curia reads or
+// writes is built here, with a comment saying what it holds and who writes it.
+// Values are protobuf unless a comment says otherwise.
+//
+//	/curia/
+//	├── leader/<lease id>          curator election (concurrency.Election)
+//	├── leases/<name>              named leases, e.g. leases/reconciler
+//	├── membership/epoch           bumped by every real membership change
+//	├── membership/joining/<url>   node id a learner was added for, by peer URL
+//	├── audit/<time>-<recorder>    audit log of membership and role changes
+//	├── nodes/<node id>            the node registry
+//	└── pki/crl                    the cluster CA's revocation list (PEM)
+package keys
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Prefix holds all of curia's data; nothing else in etcd is ours.
+const Prefix = "/curia/"
+
+const (
+	// LeaderElection is the curator's election prefix. The leader's key lives
+	// under it; its create revision is the leader's term, and the curator's
+	// fence is [leader key @ term]. Written by concurrency.Election.
+	LeaderElection = Prefix + "leader/"
+
+	// LeasesPrefix holds named leases granted by the curator leader
+	// (leases/<name>, value curia.curator.v1 lease record), each bound to an
+	// etcd lease. Its create revision is the holder's fence.
+	LeasesPrefix = Prefix + "leases/"
+
+	// MembershipEpoch is bumped (re-Put) in the fenced transaction before
+	// every real etcd membership change. The epoch is the key's ModRevision,
+	// so it only ever grows; the value is the recorder's name, for humans.
+	MembershipEpoch = Prefix + "membership/epoch"
+
+	// MembershipJoining maps a learner's peer URL to the node it was added
+	// for (value: the node id as plain text). etcd knows an unstarted
+	// learner only by its peer URL; this record names its node until it
+	// starts and publishes its name. Written in the same fenced transaction
+	// that bumps the epoch for the add; deleted when the member is removed.
+	MembershipJoining = Prefix + "membership/joining/"
+
+	// AuditPrefix holds the audit log (curia.audit.v1.Event), one key per
+	// event, ordered by time: audit/<unix nanos, 20 digits>-<recorder>.
+	AuditPrefix = Prefix + "audit/"
+
+	// NodesPrefix holds the node registry, nodes/<node id>.
+	NodesPrefix = Prefix + "nodes/"
+
+	// CRL is the cluster CA's current certificate revocation list (PEM),
+	// written by the curator when it revokes a node's certificate.
+	CRL = Prefix + "pki/crl"
+)
+
+// Lease is the key of the named lease.
+func Lease(name string) string { return LeasesPrefix + name }
+
+// Joining is the key of the joining record of a learner's peer URL.
+func Joining(peerURL string) string { return MembershipJoining + url.PathEscape(peerURL) }
+
+// JoiningPeerURL recovers the peer URL from a joining record key.
+func JoiningPeerURL(key string) (string, error) {
+	return url.PathUnescape(strings.TrimPrefix(key, MembershipJoining))
+}
+
+// Audit is the key of an audit event recorded at t by recorder.
+func Audit(t time.Time, recorder string) string {
+	return fmt.Sprintf("%s%020d-%s", AuditPrefix, t.UnixNano(), recorder)
+}
+
+// Node is the key of a node's record.
+func Node(id string) string { return NodesPrefix + id }

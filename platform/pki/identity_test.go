@@ -1,0 +1,59 @@
+package pki
+
+import (
+	"crypto/ed25519"
+	"net/url"
+	"testing"
+)
+
+func TestParsePrincipal(t *testing.T) {
+	for in, want := range map[string]Principal{
+		"curator":                       {Kind: KindCurator},
+		"reconciler":                    {Kind: KindReconciler},
+		"admin/alice":                   {Kind: KindAdmin, Name: "alice"},
+		"node/" + testNodeID:            {Kind: KindNode, Name: testNodeID},
+		"consensus/" + testNodeID:       {Kind: KindConsensus, Name: testNodeID},
+		"curator/":                      {}, // errors below
+		"admin/":                        {},
+		"admin":                         {},
+		"admin/Alice":                   {},
+		"admin/a/b":                     {},
+		"node/node-1234":                {},
+		"consensus/" + testNodeID + "/": {},
+		"":                              {},
+	} {
+		t.Run(in, func(t *testing.T) {
+			got, err := ParsePrincipal(in)
+			if want == (Principal{}) {
+				if err == nil {
+					t.Fatalf("ParsePrincipal(%q) = %v, want error", in, got)
+				}
+				return
+			}
+			if err != nil || got != want {
+				t.Fatalf("ParsePrincipal(%q) = %v, %v; want %v", in, got, err, want)
+			}
+			if got.String() != in {
+				t.Errorf("String() = %q, want %q", got.String(), in)
+			}
+			// The URI form round-trips too.
+			u, err := url.Parse(got.URI(testCluster).String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if back, err := PrincipalFromURI(u, testCluster); err != nil || back != want {
+				t.Errorf("PrincipalFromURI(%v) = %v, %v", u, back, err)
+			}
+		})
+	}
+}
+
+func TestNodeID(t *testing.T) {
+	pub := make(ed25519.PublicKey, ed25519.PublicKeySize)
+	for i := range pub {
+		pub[i] = byte(i)
+	}
+	if got, want := NodeID(pub), "node-000102030405060708090a0b0c0d0e0f"; got != want {
+		t.Errorf("NodeID = %q, want %q", got, want)
+	}
+}

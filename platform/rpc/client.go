@@ -1,0 +1,121 @@
+package rpc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"curia.dev/platform/pki"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+)
+
+// ClientConfig configures Dial.
+type ClientConfig struct {
+	Credentials *Credentials // required
+	// ServerKinds, if set, lists the principal kinds the server may have;
+	// a server of another kind fails the handshake.
+	ServerKinds []pki.Kind
+	// IdempotentMethods are full method names that are safe to repeat;
+	// calls to them are retried on UNAVAILABLE (up to 4 attempts, backoff
+	// 0.1s to 1s). Nothing else is retried.
+	IdempotentMethods []string
+	// Logger, if set, gets one line per finished call (Debug when OK).
+	Logger *slog.Logger
+}
+
+// Dial creates a client connection to target (any grpc.NewClient target,
+// e.g. "curator:7000" or "dns:///curator:7000"). It connects lazily.
+func Dial(target string, cfg ClientConfig) (*grpc.ClientConn, error) {
+	if cfg.Credentials == nil {
+		return nil, errors.New("rpc client: no credentials")
+	}
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(credentials.NewTLS(ClientTLSConfig(cfg.Credentials, cfg.ServerKinds))),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{
+			Time:                10 * time.Second,
+			Timeout:             5 * time.Second,
+			PermitWithoutStream: true,
+		}),
+	}
+	if len(cfg.IdempotentMethods) > 0 {
+		sc, err := retryServiceConfig(cfg.IdempotentMethods)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, grpc.WithDefaultServiceConfig(sc))
+	}
+	if cfg.Logger != nil {
+		logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+			cfg.Logger.Log(ctx, slog.Level(lvl), msg, fields...)
+		})
+		logOpts := []logging.Option{
+			logging.WithLogOnEvents(logging.FinishCall),
+			logging.WithLevels(clientCodeToLevel),
+			logging.WithDurationField(func(d time.Duration) logging.Fields { return logging.Fields{"duration", d} }),
+		}
+		opts = append(opts,
+			grpc.WithChainUnaryInterceptor(logging.UnaryClientInterceptor(logger, logOpts...)),
+			grpc.WithChainStreamInterceptor(logging.StreamClientInterceptor(logger, logOpts...)),
+		)
+	}
+	conn, err := grpc.NewClient(target, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", target, err)
+	}
+	return conn, nil
+}
+
+func clientCodeToLevel(code codes.Code) logging.Level {
+	if code == codes.OK || code == codes.Canceled {
+		return logging.LevelDebug
+	}
+	return logging.LevelInfo
+}
+
+// retryServiceConfig renders the gRPC service config that retries the given
+// methods on UNAVAILABLE. See
+// https://github.com/grpc/grpc/blob/master/doc/service_config.md.
+func retryServiceConfig(methods []string) (string, error) {
+	type name struct {
+		Service string `json:"service"`
+		Method  string `json:"method"`
+	}
+	type retryPolicy struct {
+		MaxAttempts          int      `json:"maxAttempts"`
+		InitialBackoff       string   `json:"initialBackoff"`
+		MaxBackoff           string   `json:"maxBackoff"`
+		BackoffMultiplier    float64  `json:"backoffMultiplier"`
+		RetryableStatusCodes []string `json:"retryableStatusCodes"`
+	}
+	type methodConfig struct {
+		Name        []name      `json:"name"`
+		RetryPolicy retryPolicy `json:"retryPolicy"`
+	}
+	mc := methodConfig{RetryPolicy: retryPolicy{
+		MaxAttempts:          4,
+		InitialBackoff:       "0.1s",
+		MaxBackoff:           "1s",
+		BackoffMultiplier:    2,
+		RetryableStatusCodes: []string{"UNAVAILABLE"},
+	}}
+	for _, m := range methods {
+		if !fullMethodRE.MatchString(m) {
+			return "", fmt.Errorf("idempotent method %q is not a full method name (/package.Service/Method)", m)
+		}
+		svc, method, _ := strings.Cut(strings.TrimPrefix(m, "/"), "/")
+		mc.Name = append(mc.Name, name{Service: svc, Method: method})
+	}
+	b, err := json.Marshal(map[string]any{"methodConfig": []methodConfig{mc}})
+	if err != nil {
+		return "", fmt.Errorf("render retry service config: %w", err)
+	}
+	return string(b), nil
+}

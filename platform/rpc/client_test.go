@@ -1,0 +1,97 @@
+package rpc
+
+import (
+	"encoding/json"
+	"testing"
+
+	"curia.dev/platform/pki"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+func TestClientChecksServerKind(t *testing.T) {
+	env := startServer(t, nil) // a curator
+	ctx := testContext(t)
+	creds := env.ca.creds(t, admin)
+
+	for name, tc := range map[string]struct {
+		kinds    []pki.Kind
+		wantCode codes.Code
+		wantMsg  string
+	}{
+		"any kind":   {kinds: nil, wantCode: codes.OK},
+		"right kind": {kinds: []pki.Kind{pki.KindConsensus, pki.KindCurator}, wantCode: codes.OK},
+		"wrong kind": {kinds: []pki.Kind{pki.KindConsensus}, wantCode: codes.Unavailable, wantMsg: "server is curator, want one of [consensus]"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			conn := env.dialConfig(t, ClientConfig{Credentials: creds, ServerKinds: tc.kinds})
+			_, err := callEcho(ctx, conn, echoMethod("Echo"), "hello")
+			wantCode(t, err, tc.wantCode, tc.wantMsg)
+		})
+	}
+
+	// A server certificate from another CA is refused whatever its identity.
+	other := newTestCA(t)
+	foreign := &Credentials{Cluster: testCluster, CAPool: poolOf(other), Certificate: other.keyPair(t, admin.URI(testCluster).String())}
+	conn := env.dialConfig(t, ClientConfig{Credentials: foreign})
+	_, err := callEcho(ctx, conn, echoMethod("Echo"), "hello")
+	wantCode(t, err, codes.Unavailable, "certificate signed by unknown authority")
+}
+
+func TestClientRetriesIdempotentMethods(t *testing.T) {
+	env := startServer(t, nil)
+	ctx := testContext(t)
+	conn := env.dialConfig(t, ClientConfig{
+		Credentials:       env.ca.creds(t, admin),
+		IdempotentMethods: []string{echoMethod("Flaky")},
+	})
+
+	// Flaky fails twice with UNAVAILABLE, then answers: within 4 attempts.
+	if got, err := callEcho(ctx, conn, echoMethod("Flaky"), "ok"); err != nil || got != "ok" {
+		t.Fatalf("Flaky = %q, %v", got, err)
+	}
+	if got := env.flaky.count("Flaky"); got != 3 {
+		t.Fatalf("Flaky called %d times, want 3", got)
+	}
+	// FlakyUnsafe is not declared idempotent: one attempt only.
+	_, err := callEcho(ctx, conn, echoMethod("FlakyUnsafe"), "ok")
+	wantCode(t, err, codes.Unavailable, "try again")
+	if got := env.flaky.count("FlakyUnsafe"); got != 1 {
+		t.Fatalf("FlakyUnsafe called %d times, want 1", got)
+	}
+}
+
+func TestRetryServiceConfig(t *testing.T) {
+	sc, err := retryServiceConfig([]string{"/curia.consensus.v1.Consensus/Status", "/curia.consensus.v1.Consensus/ListMembers"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parsed struct {
+		MethodConfig []struct {
+			Name []struct{ Service, Method string }
+		}
+	}
+	if err := json.Unmarshal([]byte(sc), &parsed); err != nil {
+		t.Fatal(err)
+	}
+	if names := parsed.MethodConfig[0].Name; len(names) != 2 || names[1].Service != "curia.consensus.v1.Consensus" || names[1].Method != "ListMembers" {
+		t.Fatalf("names = %+v", names)
+	}
+	// grpc.NewClient parses the default service config and refuses a bad one.
+	for cfg, wantOK := range map[string]bool{sc: true, `{"methodConfig": [{"retryPolicy": {"maxAttempts": "x"}}]}`: false} {
+		conn, err := grpc.NewClient("127.0.0.1:1", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(cfg))
+		if (err == nil) != wantOK {
+			t.Fatalf("NewClient with %s: %v", cfg, err)
+		}
+		if err == nil {
+			conn.Close()
+		}
+	}
+
+	for _, bad := range []string{"Status", "/curia.consensus.v1.Consensus", "curia.consensus.v1.Consensus/Status", "/a/b/c"} {
+		if _, err := retryServiceConfig([]string{bad}); err == nil {
+			t.Errorf("retryServiceConfig accepted %q", bad)
+		}
+	}
+}

@@ -1,0 +1,202 @@
+package consensus
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"go.etcd.io/etcd/client/pkg/v3/types"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+)
+
+func (x *server) Start(ctx context.Context, req *consensusv1.StartRequest) (*consensusv1.StartResponse, error) {
+	resp, err := x.start(ctx, req)
+	return resp, toStatus(err)
+}
+
+func (x *server) start(ctx context.Context, req *consensusv1.StartRequest) (*consensusv1.StartResponse, error) {
+	m := x.s.member
+	if req.GetBootstrap() == nil && req.GetJoin() == nil {
+		return nil, fmt.Errorf("%w: set bootstrap or join", errBadRequest)
+	}
+	if j := req.GetJoin(); j != nil {
+		if err := x.validateJoin(j); err != nil {
+			return nil, err
+		}
+	}
+	m.lifeMu.Lock()
+	defer m.lifeMu.Unlock()
+
+	switch st := m.status(); st.State {
+	case consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING, consensusv1.LifecycleState_LIFECYCLE_STATE_STARTING:
+		return &consensusv1.StartResponse{Status: st, AlreadyStarted: true}, nil
+	}
+	if m.hasData() {
+		return nil, fmt.Errorf("%w: this node holds data of member %s that is not running (%s): call Leave to wipe it before starting anew",
+			errRefused, types.ID(m.status().MemberId), m.stateReason())
+	}
+
+	sctx, cancel := context.WithTimeout(ctx, x.s.cfg.StartTimeout)
+	defer cancel()
+	if req.GetBootstrap() != nil {
+		if err := m.start(sctx, modeBootstrap, ""); err != nil {
+			return nil, err
+		}
+		_, cli, err := m.running()
+		if err != nil {
+			return nil, err
+		}
+		if err := ensureEpoch(sctx, cli, "consensus/"+x.s.cfg.nodeID); err != nil {
+			return nil, err
+		}
+		return &consensusv1.StartResponse{Status: m.status()}, nil
+	}
+
+	j := req.GetJoin()
+	initial, err := x.initialCluster(sctx, j)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.writeCRL(j.GetCrl()); err != nil {
+		return nil, err
+	}
+	if err := m.start(sctx, modeJoin, initial); err != nil {
+		return nil, err
+	}
+	return &consensusv1.StartResponse{Status: m.status()}, nil
+}
+
+// validateJoin checks that the join parameters are for this node and cluster.
+func (x *server) validateJoin(j *consensusv1.JoinParameters) error {
+	if len(j.GetCaCertificate()) > 0 && !bytes.Equal(bytes.TrimSpace(j.GetCaCertificate()), bytes.TrimSpace(x.s.creds.CAPEM)) {
+		return fmt.Errorf("%w: join parameters carry another cluster CA than this node's: they are for another cluster", errBadRequest)
+	}
+	if j.GetPeerUrl() != x.s.cfg.AdvertisePeerURL {
+		return fmt.Errorf("%w: join parameters are for peer URL %q but this node advertises %q: add the node again with its real peer URL", errBadRequest, j.GetPeerUrl(), x.s.cfg.AdvertisePeerURL)
+	}
+	if j.GetMemberId() == 0 {
+		return fmt.Errorf("%w: join parameters name no member id", errBadRequest)
+	}
+	for _, v := range j.GetVoters() {
+		if len(v.GetClientUrls()) > 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: join parameters name no voter with a client URL to join through", errBadRequest)
+}
+
+// initialCluster builds etcd's initial cluster for a join from the current
+// member list, read from the voters in the join parameters. etcd wants every
+// member in it, so a list frozen at AddNode time would fail as soon as any
+// other member changed.
+func (x *server) initialCluster(ctx context.Context, j *consensusv1.JoinParameters) (string, error) {
+	var eps []string
+	for _, v := range j.GetVoters() {
+		eps = append(eps, v.GetClientUrls()...)
+	}
+	cli, err := x.s.member.dial(eps)
+	if err != nil {
+		return "", err
+	}
+	defer cli.Close()
+	list, err := cli.MemberList(ctx)
+	if err != nil {
+		return "", fmt.Errorf("%w: read the member list from the voters %v: %v", errCannotConfirm, eps, err)
+	}
+	var parts []string
+	found := false
+	for _, mem := range list.Members {
+		name := mem.Name
+		if mem.ID == j.GetMemberId() {
+			if !slices.Contains(mem.PeerURLs, x.s.cfg.AdvertisePeerURL) {
+				return "", fmt.Errorf("%w: member %s has peer URLs %v, not this node's %s", errBadRequest, types.ID(mem.ID), mem.PeerURLs, x.s.cfg.AdvertisePeerURL)
+			}
+			name, found = x.s.cfg.nodeID, true
+		} else if name == "" {
+			name = "unstarted-" + types.ID(mem.ID).String()
+		}
+		for _, u := range mem.PeerURLs {
+			parts = append(parts, name+"="+u)
+		}
+	}
+	if !found {
+		return "", fmt.Errorf("%w: member %s is not in the cluster (removed since it was added?): add the node again", errRefused, types.ID(j.GetMemberId()))
+	}
+	return strings.Join(parts, ","), nil
+}
+
+func (x *server) Leave(ctx context.Context, _ *consensusv1.LeaveRequest) (*consensusv1.LeaveResponse, error) {
+	resp, err := x.leave(ctx)
+	return resp, toStatus(err)
+}
+
+// leave wipes this node's member once the cluster confirms it is no longer a
+// member. Data of a member is never wiped on a guess: if no voter answers,
+// the call fails and the data stays.
+func (x *server) leave(ctx context.Context) (*consensusv1.LeaveResponse, error) {
+	m := x.s.member
+	m.lifeMu.Lock()
+	defer m.lifeMu.Unlock()
+
+	if !m.hasData() && m.status().State != consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING {
+		if err := m.wipe(); err != nil {
+			return nil, err
+		}
+		return &consensusv1.LeaveResponse{AlreadyIdle: true}, nil
+	}
+	if err := x.confirmNotMember(ctx); err != nil {
+		return nil, err
+	}
+	m.stop()
+	if err := m.wipe(); err != nil {
+		return nil, err
+	}
+	x.s.log.Info("left the cluster and wiped etcd data")
+	return &consensusv1.LeaveResponse{}, nil
+}
+
+// confirmNotMember asks the cluster (through the local client if etcd runs,
+// else through the voters remembered on disk) whether this node still has a
+// member, by member id, name or peer URL.
+func (x *server) confirmNotMember(ctx context.Context) error {
+	m := x.s.member
+	m.mu.Lock()
+	kept := m.kept
+	m.mu.Unlock()
+	id := m.status().MemberId
+	if id == 0 {
+		id = kept.MemberID
+	}
+	var list *clientv3.MemberListResponse
+	if _, cli, err := m.running(); err == nil {
+		if list, err = cli.MemberList(ctx); err != nil {
+			return fmt.Errorf("%w: ask the cluster whether member %s is gone: %v; its data stays", errCannotConfirm, types.ID(id), err)
+		}
+	} else {
+		eps := slices.DeleteFunc(slices.Clone(kept.Endpoints), func(e string) bool { return e == x.s.cfg.AdvertiseClientURL })
+		if len(eps) == 0 {
+			return fmt.Errorf("%w: this node knows no other voter to confirm that member %s is gone; its data stays", errCannotConfirm, types.ID(id))
+		}
+		cli, err := m.dial(eps)
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		if list, err = cli.MemberList(ctx); err != nil {
+			return fmt.Errorf("%w: ask the voters %v whether member %s is gone: %v; its data stays", errCannotConfirm, eps, types.ID(id), err)
+		}
+	}
+	if list.Header.ClusterId != kept.ClusterID && kept.ClusterID != 0 {
+		return fmt.Errorf("%w: the voters answering belong to cluster %s, not this member's %s; its data stays", errCannotConfirm, types.ID(list.Header.ClusterId), types.ID(kept.ClusterID))
+	}
+	for _, mem := range list.Members {
+		if mem.ID == id || mem.Name == x.s.cfg.nodeID || slices.Contains(mem.PeerURLs, x.s.cfg.AdvertisePeerURL) {
+			return fmt.Errorf("%w: member %s; remove it first (curator: UpdateNodeRoles consensus_member=false)", errStillMember, types.ID(mem.ID))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,173 @@
+package consensus
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/keys"
+)
+
+// server implements curia.consensus.v1.Consensus.
+type server struct {
+	consensusv1.UnimplementedConsensusServer
+	s *Service
+}
+
+type etcdMember = etcdserverpb.Member
+
+func (x *server) Status(ctx context.Context, _ *consensusv1.StatusRequest) (*consensusv1.StatusResponse, error) {
+	return x.s.member.status(), nil
+}
+
+func (x *server) ListMembers(ctx context.Context, _ *consensusv1.ListMembersRequest) (*consensusv1.ListMembersResponse, error) {
+	_, cli, err := x.s.member.running()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	snap, err := readMembership(ctx, cli)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	x.s.member.rememberEndpoints(snap.members)
+	resp := &consensusv1.ListMembersResponse{
+		AnsweredByMemberId: snap.answeredBy,
+		MembershipEpoch:    snap.epoch,
+	}
+	for _, m := range snap.members {
+		pm := snap.toProto(m)
+		if m.ID == snap.answeredBy {
+			resp.AnsweredByNodeId = pm.NodeId
+		}
+		resp.Members = append(resp.Members, pm)
+	}
+	return resp, nil
+}
+
+// membership is one consistent read of etcd membership: the epoch first, then
+// the member list, then the joining records that name unstarted learners.
+type membership struct {
+	epoch      int64
+	members    []*etcdMember
+	answeredBy uint64
+	// joining maps a peer URL to the node a learner was added for.
+	joining map[string]string
+}
+
+func readMembership(ctx context.Context, cli *clientv3.Client) (*membership, error) {
+	// The epoch is read before the list, so that a change that lands in
+	// between makes the epoch stale rather than the list.
+	epochResp, err := cli.Get(ctx, keys.MembershipEpoch, clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, fmt.Errorf("read membership epoch: %w", err)
+	}
+	list, err := cli.MemberList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list members: %w", err)
+	}
+	joining, err := cli.Get(ctx, keys.MembershipJoining, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("read joining records: %w", err)
+	}
+	snap := &membership{
+		members:    list.Members,
+		answeredBy: list.Header.MemberId,
+		joining:    make(map[string]string, len(joining.Kvs)),
+	}
+	if len(epochResp.Kvs) > 0 {
+		snap.epoch = epochResp.Kvs[0].ModRevision
+	}
+	for _, kv := range joining.Kvs {
+		u, err := keys.JoiningPeerURL(string(kv.Key))
+		if err != nil {
+			continue
+		}
+		snap.joining[u] = string(kv.Value)
+	}
+	return snap, nil
+}
+
+// nodeID names the node of a member: its etcd name once it started; before
+// that, the node it was added for (the joining record of its peer URL); as a
+// last resort the host part of its peer URL (Metropolis'
+// GetEtcdMemberNodeId, for members added outside curia).
+func (s *membership) nodeID(m *etcdMember) string {
+	if m.Name != "" {
+		return m.Name
+	}
+	for _, u := range m.PeerURLs {
+		if id, ok := s.joining[u]; ok {
+			return id
+		}
+	}
+	if len(m.PeerURLs) > 0 {
+		if u, err := url.Parse(m.PeerURLs[0]); err == nil {
+			if host, _, err := net.SplitHostPort(u.Host); err == nil {
+				return host
+			}
+			return u.Host
+		}
+	}
+	return ""
+}
+
+func (s *membership) toProto(m *etcdMember) *consensusv1.Member {
+	return &consensusv1.Member{
+		Id:         m.ID,
+		NodeId:     s.nodeID(m),
+		PeerUrls:   m.PeerURLs,
+		ClientUrls: m.ClientURLs,
+		Learner:    m.IsLearner,
+		Started:    m.Name != "",
+	}
+}
+
+// byNode finds the member of a node.
+func (s *membership) byNode(nodeID string) *etcdMember {
+	for _, m := range s.members {
+		if s.nodeID(m) == nodeID {
+			return m
+		}
+	}
+	return nil
+}
+
+// byID finds a member by id.
+func (s *membership) byID(id uint64) *etcdMember {
+	for _, m := range s.members {
+		if m.ID == id {
+			return m
+		}
+	}
+	return nil
+}
+
+// voters are the members that are not learners.
+func (s *membership) voters() []*etcdMember {
+	var out []*etcdMember
+	for _, m := range s.members {
+		if !m.IsLearner {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// joinParameters describes the cluster to a node joining as member id.
+func (s *membership) joinParameters(id uint64, peerURL string, caPEM, crl []byte) *consensusv1.JoinParameters {
+	jp := &consensusv1.JoinParameters{
+		CaCertificate: caPEM,
+		Crl:           crl,
+		MemberId:      id,
+		PeerUrl:       peerURL,
+	}
+	for _, m := range s.voters() {
+		jp.Voters = append(jp.Voters, &consensusv1.Peer{Name: s.nodeID(m), PeerUrls: m.PeerURLs, ClientUrls: m.ClientURLs})
+	}
+	return jp
+}

@@ -1,0 +1,255 @@
+// Package consensus is the consensus service: one per control-plane node, it
+// owns that node's embedded etcd member and is the only place where etcd
+// membership changes.
+//
+//	roleserve (own node) ── Start / Leave ──────────┐
+//	curator, reconciler ─── AddNode / Promote /     ▼
+//	                        RemoveMember + Fence ─▶ server ──▶ fence txn in etcd
+//	admin, anyone trusted ─ Status / ListMembers    │          (check, bump epoch, audit)
+//	                                                ▼
+//	                                        member (embedded etcd, data dir)
+//
+// Files: consensus.go (config, run), member.go (etcd lifecycle),
+// api_status.go, api_membership.go (fenced changes and quorum guards),
+// api_lifecycle.go (Start, Leave), policy.go (who may call what),
+// errors.go (the one mapping to gRPC codes).
+package consensus
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
+	"curia.dev/platform/run"
+)
+
+// Config configures one consensus process.
+type Config struct {
+	// Cluster is the cluster name, the trust domain of every identity.
+	Cluster string
+	// DataDir holds the etcd data and what the service remembers.
+	DataDir string
+	// TLS is this process's identity: a consensus/<node-id> certificate of
+	// the cluster CA, with SANs for the peer and client addresses. It serves
+	// the gRPC API and both etcd ports. The node id comes from it.
+	TLS rpc.TLSFiles
+
+	// ListenAPI is the gRPC API address (host:port).
+	ListenAPI string
+	// ListenPeer and ListenClient are etcd's peer and client addresses.
+	ListenPeer   string
+	ListenClient string
+	// AdvertisePeerURL and AdvertiseClientURL are the URLs others reach
+	// etcd at; the peer URL is part of the membership and must not change.
+	// Default: https:// and the listen address.
+	AdvertisePeerURL   string
+	AdvertiseClientURL string
+	// ListenMetrics serves Prometheus metrics over plain HTTP when set
+	// (meant for loopback).
+	ListenMetrics string
+
+	// TickInterval and ElectionTimeout are etcd's heartbeat interval and
+	// election timeout.
+	TickInterval    time.Duration
+	ElectionTimeout time.Duration
+	// StartTimeout bounds how long Start waits for etcd to serve.
+	StartTimeout time.Duration
+	// HealthTimeout bounds each voter health probe of the quorum guard.
+	HealthTimeout time.Duration
+	// UnsafeNoFsync turns off fsync in etcd. Tests only.
+	UnsafeNoFsync bool
+
+	// nodeID is derived from the certificate in New.
+	nodeID string
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		Cluster:         "curia",
+		DataDir:         "consensus-data",
+		ListenAPI:       "127.0.0.1:7100",
+		ListenPeer:      "127.0.0.1:2380",
+		ListenClient:    "127.0.0.1:2379",
+		TickInterval:    100 * time.Millisecond,
+		ElectionTimeout: 1000 * time.Millisecond,
+		StartTimeout:    time.Minute,
+		HealthTimeout:   2 * time.Second,
+	}
+}
+
+// AddFlags registers the flags of the consensus service.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Cluster, "cluster", c.Cluster, "cluster name (trust domain of every identity)")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for etcd data and member state")
+	c.TLS.AddFlags(fs, "")
+	fs.StringVar(&c.ListenAPI, "listen", c.ListenAPI, "gRPC API address (host:port)")
+	fs.StringVar(&c.ListenPeer, "listen-peer", c.ListenPeer, "etcd peer address (host:port)")
+	fs.StringVar(&c.ListenClient, "listen-client", c.ListenClient, "etcd client address (host:port)")
+	fs.StringVar(&c.AdvertisePeerURL, "advertise-peer-url", c.AdvertisePeerURL, "etcd peer URL others reach this member at (default https://<listen-peer>); must stay fixed")
+	fs.StringVar(&c.AdvertiseClientURL, "advertise-client-url", c.AdvertiseClientURL, "etcd client URL (default https://<listen-client>)")
+	fs.StringVar(&c.ListenMetrics, "listen-metrics", c.ListenMetrics, "plain-HTTP Prometheus metrics address, e.g. 127.0.0.1:9100 (off when empty)")
+	fs.DurationVar(&c.TickInterval, "etcd-tick", c.TickInterval, "etcd heartbeat interval")
+	fs.DurationVar(&c.ElectionTimeout, "etcd-election-timeout", c.ElectionTimeout, "etcd election timeout")
+	fs.DurationVar(&c.StartTimeout, "start-timeout", c.StartTimeout, "how long Start waits for etcd to serve")
+	fs.DurationVar(&c.HealthTimeout, "health-timeout", c.HealthTimeout, "timeout of each voter health probe before a removal")
+	fs.BoolVar(&c.UnsafeNoFsync, "unsafe-no-fsync", c.UnsafeNoFsync, "turn off fsync in etcd: data loss on power failure; for tests only")
+}
+
+// Validate checks the configuration and fills in derived defaults.
+func (c *Config) Validate() error {
+	if err := pki.ValidateCluster(c.Cluster); err != nil {
+		return err
+	}
+	if c.DataDir == "" {
+		return errors.New("--data-dir is required")
+	}
+	if c.TLS.CA == "" || c.TLS.Cert == "" || c.TLS.Key == "" {
+		return errors.New("--ca, --cert and --key are required: a consensus/<node-id> certificate of the cluster CA")
+	}
+	for name, addr := range map[string]string{"--listen": c.ListenAPI, "--listen-peer": c.ListenPeer, "--listen-client": c.ListenClient} {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return fmt.Errorf("%s %q: %w", name, addr, err)
+		}
+	}
+	if c.AdvertisePeerURL == "" {
+		c.AdvertisePeerURL = "https://" + c.ListenPeer
+	}
+	if c.AdvertiseClientURL == "" {
+		c.AdvertiseClientURL = "https://" + c.ListenClient
+	}
+	for name, u := range map[string]string{"--advertise-peer-url": c.AdvertisePeerURL, "--advertise-client-url": c.AdvertiseClientURL} {
+		if err := validatePeerURL(u); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	if c.TickInterval <= 0 || c.ElectionTimeout < 5*c.TickInterval {
+		return fmt.Errorf("etcd election timeout (%v) must be at least 5 heartbeat intervals (%v)", c.ElectionTimeout, c.TickInterval)
+	}
+	if c.StartTimeout <= 0 || c.HealthTimeout <= 0 {
+		return errors.New("--start-timeout and --health-timeout must be positive")
+	}
+	return nil
+}
+
+// validatePeerURL checks an etcd URL: https, host and port, nothing else.
+func validatePeerURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("URL %q: %w", s, err)
+	}
+	if u.Scheme != "https" || u.Host == "" || u.Port() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+		return fmt.Errorf("URL %q: want https://host:port and nothing else", s)
+	}
+	return nil
+}
+
+// Service is a running consensus process.
+type Service struct {
+	cfg    Config
+	log    *slog.Logger
+	creds  *rpc.Credentials
+	member *member
+	rpc    *rpc.Server
+}
+
+// New prepares the service; nothing listens until Run.
+func New(cfg Config, log *slog.Logger) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	creds, err := rpc.LoadCredentials(cfg.Cluster, cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
+	if creds.Principal.Kind != pki.KindConsensus {
+		return nil, fmt.Errorf("certificate %s is for %s: the consensus service needs a consensus/<node-id> certificate", cfg.TLS.Cert, creds.Principal)
+	}
+	cfg.nodeID = creds.Principal.Name
+	log = log.With("component", "consensus", "node", cfg.nodeID)
+	m, err := newMember(cfg, creds, log.With("part", "member"))
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, log: log, creds: creds, member: m}
+	srv, err := rpc.NewServer(rpc.ServerConfig{
+		Credentials: creds,
+		Policy:      policy(cfg.nodeID),
+		Logger:      log.With("part", "grpc"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	consensusv1.RegisterConsensusServer(srv.GRPC(), &server{s: s})
+	s.rpc = srv
+	return s, nil
+}
+
+// NodeID is the node this process serves.
+func (s *Service) NodeID() string { return s.cfg.nodeID }
+
+// Run serves until ctx ends. A node with a member on disk restarts it at
+// once; otherwise the member waits idle for Start.
+func (s *Service) Run(ctx context.Context) error {
+	lis, err := net.Listen("tcp", s.cfg.ListenAPI)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", s.cfg.ListenAPI, err)
+	}
+	// The API serves in every lifecycle state (Status explains the state),
+	// so the process is healthy as soon as it listens.
+	s.rpc.Health().SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.rpc.Health().SetServingStatus(consensusv1.Consensus_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	var g run.Group
+	g.Add("grpc", func(ctx context.Context) error { return s.rpc.Serve(ctx, lis) })
+	g.Add("member", s.runMember)
+	if s.cfg.ListenMetrics != "" {
+		g.Add("metrics", func(ctx context.Context) error { return serveMetrics(ctx, s.cfg.ListenMetrics, s.rpc.MetricsHandler()) })
+	}
+	s.log.Info("consensus serving", "api", lis.Addr().String(), "peer_url", s.cfg.AdvertisePeerURL, "client_url", s.cfg.AdvertiseClientURL)
+	return g.Run(ctx)
+}
+
+// runMember restarts a member found on disk, then keeps etcd until ctx ends.
+func (s *Service) runMember(ctx context.Context) error {
+	s.member.lifeMu.Lock()
+	if s.member.hasData() {
+		sctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
+		err := s.member.start(sctx, modeRestart, "")
+		cancel()
+		if err != nil {
+			// The API keeps serving so an operator can see why.
+			s.log.Error("restart from disk failed", "err", err)
+		}
+	}
+	s.member.lifeMu.Unlock()
+	<-ctx.Done()
+	s.member.stop()
+	return nil
+}
+
+func serveMetrics(ctx context.Context, addr string, h http.Handler) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", h)
+	hs := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		hs.Shutdown(sctx)
+	}()
+	if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

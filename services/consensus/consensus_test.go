@@ -1,0 +1,452 @@
+package consensus_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/fence"
+	"curia.dev/platform/pki"
+	ct "curia.dev/services/consensus/consensustest"
+)
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func wantCode(t *testing.T, err error, code codes.Code, contains string) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Fatalf("got %v, want code %v", err, code)
+	}
+	if contains != "" && !strings.Contains(status.Convert(err).Message(), contains) {
+		t.Fatalf("error %q does not say %q", status.Convert(err).Message(), contains)
+	}
+}
+
+// TestBootstrapJoinPromote: bootstrap one member, join two more as learners
+// one at a time, promote both; data written before is on all three.
+func TestBootstrapJoinPromote(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	n1, n2, n3 := c.NewNode(), c.NewNode(), c.NewNode()
+
+	if st := n1.Status(); st.State != consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE {
+		t.Fatalf("new node state %v, want idle", st.State)
+	}
+	begun := time.Now()
+	c.Bootstrap(n1)
+	t.Logf("bootstrap to ready: %v", time.Since(begun).Round(time.Millisecond))
+	st := n1.Status()
+	if st.State != consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING || st.Learner || st.MemberId == 0 || st.EtcdVersion == "" {
+		t.Fatalf("after bootstrap: %v", st)
+	}
+	ct.Eventually(t, 10*time.Second, func() error {
+		if !n1.Status().Leader {
+			return fmt.Errorf("n1 does not lead its own cluster yet")
+		}
+		return nil
+	})
+
+	cli := c.Etcd(n1.ClientURL)
+	if _, err := cli.Put(ctx, "/test/written-before", "hello"); err != nil {
+		t.Fatal(err)
+	}
+	leader := c.Campaign(cli)
+
+	for _, n := range []*ct.Node{n2, n3} {
+		begun := time.Now()
+		id := c.Join(n1, n, leader.Fence)
+		members := n1.Members()
+		var learner *consensusv1.Member
+		for _, m := range members.Members {
+			if m.Id == id {
+				learner = m
+			}
+		}
+		if learner == nil || !learner.Learner || learner.NodeId != n.ID {
+			t.Fatalf("after join, member %x is %v, want a learner named %s", id, learner, n.ID)
+		}
+		c.Promote(n1, id, leader.Fence)
+		t.Logf("join to voter (%s): %v", n.ID, time.Since(begun).Round(time.Millisecond))
+		if st := n.Status(); st.MemberId != id {
+			t.Fatalf("node reports member %x, want %x", st.MemberId, id)
+		}
+	}
+
+	members := n1.Members()
+	if len(members.Members) != 3 {
+		t.Fatalf("want 3 members, got %v", members.Members)
+	}
+	for _, m := range members.Members {
+		if m.Learner || !m.Started {
+			t.Fatalf("member %v is not a started voter", m)
+		}
+	}
+	if members.AnsweredByMemberId == 0 || members.AnsweredByNodeId == "" || members.MembershipEpoch == 0 {
+		t.Fatalf("ListMembers does not say who answered or the epoch: %v", members)
+	}
+	// Every member serves the key written before the joins from its own
+	// copy (a serializable read answers locally).
+	for _, n := range []*ct.Node{n1, n2, n3} {
+		ct.Eventually(t, 10*time.Second, func() error {
+			resp, err := c.Etcd(n.ClientURL).Get(ctx, "/test/written-before", clientv3.WithSerializable())
+			if err != nil {
+				return err
+			}
+			if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "hello" {
+				return fmt.Errorf("%s has %v", n.ID, resp.Kvs)
+			}
+			return nil
+		})
+	}
+}
+
+// TestAddNodeIdempotentAndOneLearner: AddNode twice for one node yields one
+// member; a second concurrent learner is refused cleanly.
+func TestAddNodeIdempotentAndOneLearner(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	n1 := c.NewNode()
+	c.Bootstrap(n1)
+	leader := c.Campaign(c.Etcd(n1.ClientURL))
+	a, b := ct.NewNodeID(t), ct.NewNodeID(t)
+
+	first, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: a, PeerUrl: "https://127.0.0.1:1", Fence: leader.Fence.Proto()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: a, PeerUrl: "https://127.0.0.1:1", Fence: leader.Fence.Proto()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.AlreadyMember || again.Join.MemberId != first.Join.MemberId || first.AlreadyMember {
+		t.Fatalf("second AddNode: %v, first: %v", again, first)
+	}
+	if again.MembershipEpoch != first.MembershipEpoch {
+		t.Fatalf("idempotent AddNode moved the epoch from %d to %d", first.MembershipEpoch, again.MembershipEpoch)
+	}
+	if got := len(n1.Members().Members); got != 2 {
+		t.Fatalf("want 2 members after adding one node twice, got %d", got)
+	}
+	if len(first.Join.Voters) != 1 || first.Join.Voters[0].Name != n1.ID || len(first.Join.CaCertificate) == 0 {
+		t.Fatalf("join parameters: %v", first.Join)
+	}
+
+	// The unstarted learner is named after its node.
+	for _, m := range n1.Members().Members {
+		if m.Id == first.Join.MemberId && (m.NodeId != a || m.Started || !m.Learner) {
+			t.Fatalf("unstarted learner listed as %v", m)
+		}
+	}
+
+	_, err = n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: b, PeerUrl: "https://127.0.0.1:2", Fence: leader.Fence.Proto()})
+	wantCode(t, err, codes.FailedPrecondition, "one learner at a time")
+	if got := len(n1.Members().Members); got != 2 {
+		t.Fatalf("a refused AddNode changed membership: %d members", got)
+	}
+
+	// Concurrent adds of two new nodes: exactly one becomes the learner.
+	_, err = n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: a}, Fence: leader.Fence.Proto()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, id := range []string{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: id, PeerUrl: fmt.Sprintf("https://127.0.0.1:%d", 10+i), Fence: leader.Fence.Proto()})
+		}()
+	}
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		switch status.Code(err) {
+		case codes.OK:
+			ok++
+		case codes.FailedPrecondition:
+		default:
+			t.Fatalf("concurrent AddNode: %v", err)
+		}
+	}
+	if ok != 1 || len(n1.Members().Members) != 2 {
+		t.Fatalf("concurrent adds: %d succeeded, members %v", ok, n1.Members().Members)
+	}
+}
+
+// TestRemoveGuards: the last voter is kept; a removal that leaves too few
+// healthy voters is refused; removing the leader moves leadership first.
+func TestRemoveGuards(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	nodes, leader := c.Voters(3)
+	n1 := nodes[0]
+
+	// Stop one member's process: removing another voter would leave one
+	// healthy voter of two.
+	nodes[2].Kill()
+	before := n1.Members()
+	_, err := n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: nodes[1].ID}, Fence: leader.Fence.Proto()})
+	wantCode(t, err, codes.FailedPrecondition, "below the quorum")
+	if after := n1.Members(); len(after.Members) != 3 || after.MembershipEpoch != before.MembershipEpoch {
+		t.Fatalf("refused removal changed membership: %v", after)
+	}
+
+	// Remove the dead member instead: that keeps 2 healthy of 2.
+	var resp *consensusv1.RemoveMemberResponse
+	err = ct.RetryUnavailable(t, func() (err error) {
+		resp, err = n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: nodes[2].ID}, Fence: leader.Fence.Proto()})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.MembershipEpoch <= before.MembershipEpoch {
+		t.Fatalf("epoch did not move: %d then %d", before.MembershipEpoch, resp.MembershipEpoch)
+	}
+
+	// Remove the etcd leader: leadership moves, the removal succeeds.
+	var lead, other *ct.Node
+	ct.Eventually(t, 10*time.Second, func() error {
+		for _, n := range nodes[:2] {
+			if n.Status().Leader {
+				lead = n
+			} else {
+				other = n
+			}
+		}
+		if lead == nil {
+			return fmt.Errorf("no leader")
+		}
+		return nil
+	})
+	err = ct.RetryUnavailable(t, func() (err error) {
+		resp, err = other.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: lead.ID}, Fence: leader.Fence.Proto()})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.MovedLeadership {
+		t.Fatalf("leader removed without moving leadership: %v", resp)
+	}
+	ct.Eventually(t, 10*time.Second, func() error {
+		st := other.Status()
+		if !st.Leader {
+			return fmt.Errorf("remaining member does not lead: %v", st)
+		}
+		return nil
+	})
+	after := other.Members()
+	if len(after.Members) != 1 || after.Members[0].NodeId != other.ID {
+		t.Fatalf("members after removing the leader: %v", after.Members)
+	}
+	// The removed leader's etcd notices and stops.
+	ct.Eventually(t, 30*time.Second, func() error {
+		if st := lead.Status(); st.State != consensusv1.LifecycleState_LIFECYCLE_STATE_STOPPED {
+			return fmt.Errorf("removed member is %v (%s)", st.State, st.StateReason)
+		}
+		return nil
+	})
+
+	// The last voter stays.
+	_, err = other.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: other.ID}, Fence: leader.Fence.Proto()})
+	wantCode(t, err, codes.FailedPrecondition, "last voter")
+	if got := len(other.Members().Members); got != 1 {
+		t.Fatalf("last voter removal changed membership: %d", got)
+	}
+}
+
+// TestStaleFence: once the lease behind a fence is gone, every membership
+// call is refused and nothing changes; accepted changes move the epoch.
+func TestStaleFence(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	nodes, leader := c.Voters(2)
+	n1 := nodes[0]
+	spare := c.NewNode()
+
+	epoch0 := n1.Members().MembershipEpoch
+	var added *consensusv1.AddNodeResponse
+	err := ct.RetryUnavailable(t, func() (err error) {
+		added, err = n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: spare.ID, PeerUrl: spare.PeerURL, Fence: leader.Fence.Proto()})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if added.MembershipEpoch <= epoch0 {
+		t.Fatalf("AddNode did not move the epoch: %d then %d", epoch0, added.MembershipEpoch)
+	}
+
+	// A reconciler-style fence on an old snapshot is refused after the
+	// epoch moved.
+	stale := leader.Fence.WithEpoch(epoch0)
+	_, err = n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: spare.ID}, Fence: stale.Proto()})
+	wantCode(t, err, codes.FailedPrecondition, "membership epoch")
+
+	// Revoke the lease behind the fence.
+	if _, err := c.Etcd(n1.ClientURL).Revoke(ctx, leader.Session.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	before := n1.Members()
+	calls := map[string]func() error{
+		"AddNode": func() error {
+			_, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:3", Fence: leader.Fence.Proto()})
+			return err
+		},
+		"AddNode (already a member)": func() error {
+			_, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: spare.ID, PeerUrl: spare.PeerURL, Fence: leader.Fence.Proto()})
+			return err
+		},
+		"PromoteMember": func() error {
+			_, err := n1.Curator().PromoteMember(ctx, &consensusv1.PromoteMemberRequest{MemberId: added.Join.MemberId, Fence: leader.Fence.Proto()})
+			return err
+		},
+		"RemoveMember": func() error {
+			_, err := n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: nodes[1].ID}, Fence: leader.Fence.Proto()})
+			return err
+		},
+		"RemoveMember (learner)": func() error {
+			_, err := n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: added.Join.MemberId}, Fence: leader.Fence.Proto()})
+			return err
+		},
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			wantCode(t, call(), codes.FailedPrecondition, "no longer exists")
+		})
+	}
+	after := n1.Members()
+	if fmt.Sprint(after.Members) != fmt.Sprint(before.Members) || after.MembershipEpoch != before.MembershipEpoch {
+		t.Fatalf("stale calls changed membership:\nbefore %v\nafter  %v", before, after)
+	}
+
+	// A fresh term works again and moves the epoch.
+	fresh := c.Campaign(c.Etcd(n1.ClientURL))
+	var removed *consensusv1.RemoveMemberResponse
+	err = ct.RetryUnavailable(t, func() (err error) {
+		removed, err = n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: added.Join.MemberId}, Fence: fresh.Fence.Proto()})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if removed.MembershipEpoch <= after.MembershipEpoch {
+		t.Fatalf("removal did not move the epoch: %d then %d", after.MembershipEpoch, removed.MembershipEpoch)
+	}
+}
+
+// TestRestartFromDisk: kill -9 a member, start it again with only its data
+// dir: it rejoins with the same member id.
+func TestRestartFromDisk(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	nodes, _ := c.Voters(3)
+	victim := nodes[1]
+	id := victim.Status().MemberId
+
+	victim.Kill()
+	if _, err := c.Etcd(nodes[0].ClientURL).Put(ctx, "/test/while-down", "x"); err != nil {
+		t.Fatal(err)
+	}
+	victim.Start() // same data dir, no Start call
+	ct.Eventually(t, 30*time.Second, func() error {
+		st := victim.Status()
+		if st.State != consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING {
+			return fmt.Errorf("restarted member is %v (%s)", st.State, st.StateReason)
+		}
+		if st.MemberId != id || st.Learner {
+			return fmt.Errorf("restarted as member %x learner=%v, want voter %x", st.MemberId, st.Learner, id)
+		}
+		return nil
+	})
+	if got := len(nodes[0].Members().Members); got != 3 {
+		t.Fatalf("want 3 members after restart, got %d", got)
+	}
+	ct.Eventually(t, 10*time.Second, func() error {
+		resp, err := c.Etcd(victim.ClientURL).Get(ctx, "/test/while-down", clientv3.WithSerializable())
+		if err != nil || len(resp.Kvs) != 1 {
+			return fmt.Errorf("write made while down not on the restarted member: %v %v", resp, err)
+		}
+		return nil
+	})
+}
+
+// TestLeave: Leave is refused while the node is a member and wipes the data
+// once it is not.
+func TestLeave(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	nodes, leader := c.Voters(2)
+	n2 := nodes[1]
+
+	_, err := n2.Self().Leave(ctx, &consensusv1.LeaveRequest{})
+	wantCode(t, err, codes.FailedPrecondition, "still an etcd member")
+	if st := n2.Status(); st.State != consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING {
+		t.Fatalf("refused Leave stopped the member: %v", st)
+	}
+
+	if err := ct.RetryUnavailable(t, func() error {
+		_, err := nodes[0].Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: n2.ID}, Fence: leader.Fence.Proto()})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n2.Self().Leave(ctx, &consensusv1.LeaveRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if st := n2.Status(); st.State != consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE || st.MemberId != 0 {
+		t.Fatalf("after Leave: %v", st)
+	}
+	// Idle again: it can join anew.
+	id := c.Join(nodes[0], n2, leader.Fence)
+	c.Promote(nodes[0], id, leader.Fence)
+	if got := len(nodes[0].Members().Members); got != 2 {
+		t.Fatalf("rejoin: %d members", got)
+	}
+}
+
+// TestBadRequests: malformed input is InvalidArgument with a reason and
+// changes nothing.
+func TestBadRequests(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	n1 := c.NewNode()
+	c.Bootstrap(n1)
+	leader := c.Campaign(c.Etcd(n1.ClientURL))
+	good := leader.Fence.Proto()
+	cases := map[string]struct {
+		req  *consensusv1.AddNodeRequest
+		says string
+	}{
+		"bad node id":     {&consensusv1.AddNodeRequest{NodeId: "bob", PeerUrl: "https://127.0.0.1:1", Fence: good}, "node id"},
+		"http peer URL":   {&consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "http://127.0.0.1:1", Fence: good}, "https://host:port"},
+		"no fence":        {&consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1"}, "no conditions"},
+		"fence elsewhere": {&consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: fence.Fence{Conditions: []fence.Condition{{Key: "/curia/membership/epoch", CreateRevision: 1}}}.Proto()}, "not a leader or lease key"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := n1.Curator().AddNode(ctx, tc.req)
+			wantCode(t, err, codes.InvalidArgument, tc.says)
+		})
+	}
+	// The reconciler must fence on its lease too.
+	_, err := n1.Consensus(pki.Principal{Kind: pki.KindReconciler}).AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: good})
+	wantCode(t, err, codes.InvalidArgument, "lease")
+	if got := len(n1.Members().Members); got != 1 {
+		t.Fatalf("bad requests changed membership: %d members", got)
+	}
+}

@@ -1,0 +1,504 @@
+// Package consensustest runs real consensus processes for tests: the built
+// consensus binary, real embedded etcd, real mTLS certificates of a test
+// cluster CA, on loopback ports. Nodes are separate processes so that tests
+// can kill -9 them like an operator's machine would.
+package consensustest
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/fence"
+	"curia.dev/platform/keys"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
+)
+
+// ClusterName is the trust domain of test clusters.
+const ClusterName = "test.curia"
+
+// PKI is a test cluster CA writing certificates into a directory.
+type PKI struct {
+	Dir     string
+	Cluster string
+	CA      *pki.CA
+}
+
+// NewPKI creates a cluster CA in a temporary directory.
+func NewPKI(t testing.TB) *PKI {
+	t.Helper()
+	ca, err := pki.NewCA(ClusterName, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if _, err := pki.WriteCA(dir, ca); err != nil {
+		t.Fatal(err)
+	}
+	return &PKI{Dir: dir, Cluster: ClusterName, CA: ca}
+}
+
+// Files issues a certificate for p (with loopback SANs) and returns its files.
+func (k *PKI) Files(t testing.TB, p pki.Principal) rpc.TLSFiles {
+	t.Helper()
+	base := pki.FileBase(p)
+	files := rpc.TLSFiles{CA: filepath.Join(k.Dir, pki.CACertFile), Cert: filepath.Join(k.Dir, pki.CertFile(base)), Key: filepath.Join(k.Dir, pki.KeyFile(base))}
+	if _, err := os.Stat(files.Cert); err == nil {
+		return files
+	}
+	iss, err := k.CA.Issue(pki.IssueRequest{
+		Cluster: k.Cluster, Principal: p, Validity: 24 * time.Hour,
+		DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pki.WritePair(k.Dir, base, iss.CertPEM, iss.KeyPEM); err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// Creds returns credentials for p.
+func (k *PKI) Creds(t testing.TB, p pki.Principal) *rpc.Credentials {
+	t.Helper()
+	creds, err := rpc.LoadCredentials(k.Cluster, k.Files(t, p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return creds
+}
+
+// NewNodeID returns the id of a fresh node key.
+func NewNodeID(t testing.TB) string {
+	t.Helper()
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pki.NodeID(pub)
+}
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// Binary builds the consensus command once per test process.
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "curia-consensus-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "consensus")
+		cmd := exec.Command("go", "build", "-o", binPath, "curia.dev/services/consensus/cmd/consensus")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build consensus: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// Cluster is a set of test nodes sharing one PKI.
+type Cluster struct {
+	t     testing.TB
+	PKI   *PKI
+	Nodes []*Node
+}
+
+// NewCluster prepares an empty cluster; add nodes with NewNode.
+func NewCluster(t testing.TB) *Cluster {
+	t.Helper()
+	Binary(t)
+	return &Cluster{t: t, PKI: NewPKI(t)}
+}
+
+// Node is one consensus process (started or not).
+type Node struct {
+	c         *Cluster
+	ID        string
+	API       string
+	PeerURL   string
+	ClientURL string
+	DataDir   string
+	TLS       rpc.TLSFiles
+	logPath   string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func freePort(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// NewNode allocates a node (id, ports, certificates, data dir) and starts
+// its process, idle.
+func (c *Cluster) NewNode() *Node {
+	t := c.t
+	t.Helper()
+	id := NewNodeID(t)
+	dir := t.TempDir()
+	n := &Node{
+		c: c, ID: id,
+		API:       freePort(t),
+		PeerURL:   "https://" + freePort(t),
+		ClientURL: "https://" + freePort(t),
+		DataDir:   filepath.Join(dir, "data"),
+		TLS:       c.PKI.Files(t, pki.Principal{Kind: pki.KindConsensus, Name: id}),
+		logPath:   filepath.Join(dir, "consensus.log"),
+	}
+	c.Nodes = append(c.Nodes, n)
+	n.Start()
+	t.Cleanup(func() {
+		// The data is thrown away: no need for a graceful stop.
+		n.Kill()
+		if t.Failed() {
+			b, _ := os.ReadFile(n.logPath)
+			t.Logf("--- log of %s ---\n%s", n.ID, tail(b, 60))
+		}
+	})
+	return n
+}
+
+func tail(b []byte, lines int) string {
+	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(ls) > lines {
+		ls = ls[len(ls)-lines:]
+	}
+	return strings.Join(ls, "\n")
+}
+
+// Start starts the process (a no-op when it runs). With data on disk, the
+// member restarts from it.
+func (n *Node) Start() {
+	t := n.c.t
+	t.Helper()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd != nil {
+		return
+	}
+	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(Binary(t),
+		"--cluster", n.c.PKI.Cluster,
+		"--data-dir", n.DataDir,
+		"--ca", n.TLS.CA, "--cert", n.TLS.Cert, "--key", n.TLS.Key,
+		"--listen", n.API,
+		"--listen-peer", strings.TrimPrefix(n.PeerURL, "https://"),
+		"--listen-client", strings.TrimPrefix(n.ClientURL, "https://"),
+		"--etcd-tick", "50ms", "--etcd-election-timeout", "500ms",
+		"--health-timeout", "1s",
+		"--unsafe-no-fsync",
+		"--log-level", "debug",
+	)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); logf.Close(); close(done) }()
+	n.cmd, n.done = cmd, done
+	// Ready when the API answers.
+	Eventually(t, 30*time.Second, func() error {
+		_, err := n.Consensus(pki.Principal{Kind: pki.KindAdmin, Name: "test"}).Status(context.Background(), &consensusv1.StatusRequest{})
+		return err
+	})
+}
+
+// Kill sends SIGKILL and waits for the process to die.
+func (n *Node) Kill() { n.signal(syscall.SIGKILL) }
+
+// Stop sends SIGTERM and waits for the process to exit.
+func (n *Node) Stop() { n.signal(syscall.SIGTERM) }
+
+func (n *Node) signal(sig syscall.Signal) {
+	n.mu.Lock()
+	cmd, done := n.cmd, n.done
+	n.cmd = nil
+	n.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-done
+	}
+}
+
+var (
+	connMu sync.Mutex
+	conns  = map[string]*grpc.ClientConn{}
+)
+
+// Conn dials the node's API as principal p (cached per node and principal).
+func (n *Node) Conn(p pki.Principal) *grpc.ClientConn {
+	t := n.c.t
+	t.Helper()
+	key := n.API + "|" + p.String()
+	connMu.Lock()
+	defer connMu.Unlock()
+	if cc, ok := conns[key]; ok {
+		return cc
+	}
+	cc, err := rpc.Dial(n.API, rpc.ClientConfig{Credentials: n.c.PKI.Creds(t, p), ServerKinds: []pki.Kind{pki.KindConsensus}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns[key] = cc
+	t.Cleanup(func() {
+		connMu.Lock()
+		delete(conns, key)
+		connMu.Unlock()
+		cc.Close()
+	})
+	return cc
+}
+
+// Consensus is the node's API as principal p.
+func (n *Node) Consensus(p pki.Principal) consensusv1.ConsensusClient {
+	return consensusv1.NewConsensusClient(n.Conn(p))
+}
+
+// Self is the node's API as its own node agent.
+func (n *Node) Self() consensusv1.ConsensusClient {
+	return n.Consensus(pki.Principal{Kind: pki.KindNode, Name: n.ID})
+}
+
+// Curator is the node's API as the curator.
+func (n *Node) Curator() consensusv1.ConsensusClient {
+	return n.Consensus(pki.Principal{Kind: pki.KindCurator})
+}
+
+// Status returns the node's status (as an admin).
+func (n *Node) Status() *consensusv1.StatusResponse {
+	t := n.c.t
+	t.Helper()
+	st, err := n.Consensus(pki.Principal{Kind: pki.KindAdmin, Name: "test"}).Status(context.Background(), &consensusv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// Etcd opens an etcd client as the curator to the given endpoints.
+func (c *Cluster) Etcd(endpoints ...string) *clientv3.Client {
+	t := c.t
+	t.Helper()
+	creds := c.PKI.Creds(t, pki.Principal{Kind: pki.KindCurator})
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		TLS:         rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindConsensus}),
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// Leader is a curator-style leader key that fences membership calls.
+type Leader struct {
+	Session *concurrency.Session
+	Fence   fence.Fence
+}
+
+// Campaign wins the curator election through cli and returns its fence.
+func (c *Cluster) Campaign(cli *clientv3.Client) *Leader {
+	t := c.t
+	t.Helper()
+	s, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Not s.Close: it waits up to the TTL when the cluster is gone.
+		s.Orphan()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		cli.Revoke(ctx, s.Lease())
+	})
+	e := concurrency.NewElection(s, strings.TrimSuffix(keys.LeaderElection, "/"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.Campaign(ctx, "test"); err != nil {
+		t.Fatal(err)
+	}
+	return &Leader{Session: s, Fence: fence.Fence{Conditions: []fence.Condition{{Key: e.Key(), CreateRevision: e.Rev()}}}}
+}
+
+// Bootstrap starts n as a new single-member cluster.
+func (c *Cluster) Bootstrap(n *Node) {
+	t := c.t
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := n.Self().Start(ctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Bootstrap{Bootstrap: &consensusv1.Bootstrap{}}}); err != nil {
+		t.Fatalf("bootstrap %s: %v", n.ID, err)
+	}
+}
+
+// Join adds n as a learner through via (as the curator, under f) and starts
+// it. It returns the new member id.
+func (c *Cluster) Join(via, n *Node, f fence.Fence) uint64 {
+	t := c.t
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// etcd refuses membership changes (Unavailable) until its voters have
+	// been in contact for a few seconds after the last change.
+	var added *consensusv1.AddNodeResponse
+	Eventually(t, time.Minute, func() error {
+		var err error
+		added, err = via.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: n.ID, PeerUrl: n.PeerURL, Fence: f.Proto()})
+		if status.Code(err) == codes.Unavailable {
+			return err
+		}
+		if err != nil {
+			t.Fatalf("add %s: %v", n.ID, err)
+		}
+		return nil
+	})
+	if _, err := n.Self().Start(ctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: added.Join}}); err != nil {
+		t.Fatalf("start %s as learner: %v", n.ID, err)
+	}
+	return added.Join.MemberId
+}
+
+// Promote promotes member id through via, retrying while etcd says the
+// learner is not ready.
+func (c *Cluster) Promote(via *Node, id uint64, f fence.Fence) {
+	t := c.t
+	t.Helper()
+	Eventually(t, time.Minute, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := via.Curator().PromoteMember(ctx, &consensusv1.PromoteMemberRequest{MemberId: id, Fence: f.Proto()})
+		if status.Code(err) == codes.FailedPrecondition || status.Code(err) == codes.Unavailable {
+			return err
+		}
+		if err != nil {
+			t.Fatalf("promote %x: %v", id, err)
+		}
+		return nil
+	})
+}
+
+// Voters builds a cluster of n voters: the first bootstraps, the others
+// join and are promoted one at a time. It returns the leader fence used.
+func (c *Cluster) Voters(count int) ([]*Node, *Leader) {
+	t := c.t
+	t.Helper()
+	nodes := []*Node{c.NewNode()}
+	c.Bootstrap(nodes[0])
+	leader := c.Campaign(c.Etcd(nodes[0].ClientURL))
+	for i := 1; i < count; i++ {
+		n := c.NewNode()
+		id := c.Join(nodes[0], n, leader.Fence)
+		c.Promote(nodes[0], id, leader.Fence)
+		nodes = append(nodes, n)
+	}
+	return nodes, leader
+}
+
+// Members lists members through n as the curator.
+func (n *Node) Members() *consensusv1.ListMembersResponse {
+	t := n.c.t
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := n.Curator().ListMembers(ctx, &consensusv1.ListMembersRequest{})
+	if err != nil {
+		t.Fatalf("list members via %s: %v", n.ID, err)
+	}
+	return resp
+}
+
+// Eventually polls f until it returns nil or the deadline passes.
+func Eventually(t testing.TB, timeout time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	wait := 10 * time.Millisecond
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %v", timeout, err)
+		}
+		time.Sleep(wait)
+		if wait < 500*time.Millisecond {
+			wait *= 2
+		}
+	}
+}
+
+// ErrNotYet is a convenience for Eventually conditions.
+var ErrNotYet = errors.New("not yet")
+
+// LogContains reports whether the node's log contains s.
+func (n *Node) LogContains(s string) bool {
+	b, _ := os.ReadFile(n.logPath)
+	return bytes.Contains(b, []byte(s))
+}
+
+// RetryUnavailable calls f until it returns anything but Unavailable: etcd
+// refuses membership changes for a few seconds after the previous one, until
+// its voters have been in contact long enough.
+func RetryUnavailable(t testing.TB, f func() error) error {
+	t.Helper()
+	var err error
+	Eventually(t, time.Minute, func() error {
+		err = f()
+		if status.Code(err) == codes.Unavailable {
+			return err
+		}
+		return nil
+	})
+	return err
+}

@@ -1,0 +1,504 @@
+package consensus
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/version"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	"go.etcd.io/etcd/client/pkg/v3/types"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/keys"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
+)
+
+// member owns the embedded etcd member of this node and its data directory.
+// It moves through the lifecycle idle → starting → running → stopped (and
+// failed), and hands out a client to the cluster's voters while running.
+//
+// Data directory layout:
+//
+//	<data-dir>/etcd/         etcd's own data (wal, snap); exists iff this node has a member
+//	<data-dir>/state.json    what we know about that member (id, voters' client URLs)
+//	<data-dir>/crl.pem       the CRL from the join parameters, enforced on etcd's ports
+type member struct {
+	cfg   Config
+	creds *rpc.Credentials
+	log   *slog.Logger
+	zap   *zap.Logger
+
+	// changeMu serialises membership changes made through this process, so
+	// that concurrent calls see each other's results instead of racing in
+	// etcd (a second learner is refused cleanly rather than half-added).
+	changeMu sync.Mutex
+	// lifeMu serialises Start, Leave and the restart from disk.
+	lifeMu sync.Mutex
+
+	mu     sync.Mutex
+	state  consensusv1.LifecycleState
+	reason string
+	etcd   *embed.Etcd
+	client *clientv3.Client
+	// done is closed when the current etcd instance stopped and the state
+	// says why.
+	done chan struct{}
+	// stopping is set while stop() stops etcd on purpose.
+	stopping bool
+	kept     persisted
+}
+
+// persisted is what a member remembers about itself across restarts, so that
+// Leave can ask the rest of the cluster even when the local etcd is gone.
+type persisted struct {
+	MemberID  uint64   `json:"member_id,omitempty"`
+	ClusterID uint64   `json:"cluster_id,omitempty"`
+	Endpoints []string `json:"endpoints,omitempty"`
+}
+
+func newMember(cfg Config, creds *rpc.Credentials, log *slog.Logger) (*member, error) {
+	zc := zap.NewProductionConfig()
+	zc.Level = zap.NewAtomicLevelAt(zapcore.WarnLevel)
+	zc.OutputPaths = []string{"stderr"}
+	zc.ErrorOutputPaths = []string{"stderr"}
+	zl, err := zc.Build()
+	if err != nil {
+		return nil, fmt.Errorf("etcd logger: %w", err)
+	}
+	m := &member{cfg: cfg, creds: creds, log: log, zap: zl.With(zap.String("node", cfg.nodeID))}
+	m.state = consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	if b, err := os.ReadFile(m.statePath()); err == nil {
+		if err := json.Unmarshal(b, &m.kept); err != nil {
+			return nil, fmt.Errorf("read %s: %w", m.statePath(), err)
+		}
+	}
+	return m, nil
+}
+
+func (m *member) etcdDir() string   { return filepath.Join(m.cfg.DataDir, "etcd") }
+func (m *member) statePath() string { return filepath.Join(m.cfg.DataDir, "state.json") }
+func (m *member) crlPath() string   { return filepath.Join(m.cfg.DataDir, "crl.pem") }
+
+// hasData reports whether this node holds an etcd member on disk.
+func (m *member) hasData() bool {
+	_, err := os.Stat(filepath.Join(m.etcdDir(), "member", "wal"))
+	return err == nil
+}
+
+func (m *member) save() error {
+	b, err := json.MarshalIndent(m.kept, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := m.statePath() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write member state: %w", err)
+	}
+	return os.Rename(tmp, m.statePath())
+}
+
+// startMode says how etcd is started.
+type startMode int
+
+const (
+	modeRestart startMode = iota
+	modeBootstrap
+	modeJoin
+)
+
+func (s startMode) String() string {
+	return [...]string{"restart", "bootstrap", "join"}[s]
+}
+
+// start starts etcd and waits until it serves or ctx ends; when ctx ends
+// first, etcd goes on starting and Status reports it. It is called with no
+// etcd running; the caller checked the preconditions.
+func (m *member) start(ctx context.Context, mode startMode, initialCluster string) error {
+	ec, err := m.etcdConfig(mode, initialCluster)
+	if err != nil {
+		m.setState(consensusv1.LifecycleState_LIFECYCLE_STATE_FAILED, err.Error())
+		return err
+	}
+	m.setState(consensusv1.LifecycleState_LIFECYCLE_STATE_STARTING, "etcd is starting ("+mode.String()+")")
+	m.log.Info("starting etcd", "mode", mode.String(), "peer_url", m.cfg.AdvertisePeerURL, "client_url", m.cfg.AdvertiseClientURL)
+	begun := time.Now()
+
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		err = fmt.Errorf("start etcd (%s): %w", mode, err)
+		m.setState(consensusv1.LifecycleState_LIFECYCLE_STATE_FAILED, err.Error())
+		return err
+	}
+	done := make(chan struct{})
+	m.mu.Lock()
+	m.etcd, m.done = e, done
+	m.mu.Unlock()
+	go m.watch(e, done)
+
+	// Finishing the start must not depend on the caller: a restarted member
+	// may wait long for its quorum, and must still come up when it returns.
+	ready := make(chan error, 1)
+	go func() { ready <- m.finishStart(e, done, mode, begun) }()
+	select {
+	case err := <-ready:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("etcd is still starting (%s): %w", mode, ctx.Err())
+	}
+}
+
+// finishStart waits until etcd serves, then opens the cluster client and
+// marks the member running.
+func (m *member) finishStart(e *embed.Etcd, done chan struct{}, mode startMode, begun time.Time) error {
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-done:
+		return fmt.Errorf("etcd stopped while starting: %s", m.stateReason())
+	}
+	cli, err := m.newClusterClient(e)
+	if err != nil {
+		e.Server.Stop()
+		return err
+	}
+	id := uint64(e.Server.MemberID())
+	m.mu.Lock()
+	if m.etcd != e {
+		// Stopped meanwhile.
+		m.mu.Unlock()
+		cli.Close()
+		return fmt.Errorf("etcd stopped while starting: %s", m.stateReason())
+	}
+	m.client = cli
+	m.kept.MemberID = id
+	m.kept.ClusterID = uint64(e.Server.Cluster().ID())
+	m.kept.Endpoints = cli.Endpoints()
+	m.state = consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING
+	m.reason = ""
+	err = m.save()
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	m.log.Info("etcd serving", "mode", mode.String(), "member", types.ID(id).String(), "took", time.Since(begun).Round(time.Millisecond))
+	return nil
+}
+
+// watch records why an etcd instance stopped.
+func (m *member) watch(e *embed.Etcd, done chan struct{}) {
+	var reason string
+	select {
+	case err := <-e.Err():
+		reason = fmt.Sprintf("etcd failed: %v", err)
+	case <-e.Server.StopNotify():
+		reason = "etcd stopped"
+	}
+	id := uint64(e.Server.MemberID())
+	removed := e.Server.IsIDRemoved(id)
+	e.Close()
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.client != nil {
+		m.client.Close()
+		m.client = nil
+	}
+	m.etcd = nil
+	state := consensusv1.LifecycleState_LIFECYCLE_STATE_STOPPED
+	switch {
+	case removed:
+		reason = fmt.Sprintf("member %s was removed from the cluster; call Leave to wipe its data", types.ID(id))
+	case strings.HasPrefix(reason, "etcd failed"):
+		state = consensusv1.LifecycleState_LIFECYCLE_STATE_FAILED
+	}
+	if m.state != consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE {
+		m.state, m.reason = state, reason
+	}
+	if m.stopping {
+		m.log.Info("etcd stopped", "member", types.ID(id).String())
+	} else {
+		m.log.Warn("etcd stopped", "member", types.ID(id).String(), "reason", reason)
+	}
+	m.stopping = false
+	close(done)
+}
+
+// stop stops etcd (if running) and waits for it.
+func (m *member) stop() {
+	m.mu.Lock()
+	e, done := m.etcd, m.done
+	m.stopping = e != nil
+	m.mu.Unlock()
+	if e == nil {
+		return
+	}
+	e.Server.Stop()
+	<-done
+}
+
+func (m *member) setState(s consensusv1.LifecycleState, reason string) {
+	m.mu.Lock()
+	m.state, m.reason = s, reason
+	m.mu.Unlock()
+}
+
+func (m *member) stateReason() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.reason
+}
+
+// running returns the etcd instance and the cluster client, or errNotRunning.
+func (m *member) running() (*embed.Etcd, *clientv3.Client, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.state != consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING || m.etcd == nil || m.client == nil {
+		reason := m.reason
+		if reason == "" {
+			reason = strings.ToLower(strings.TrimPrefix(m.state.String(), "LIFECYCLE_STATE_"))
+		}
+		return nil, nil, fmt.Errorf("%w (%s)", errNotRunning, reason)
+	}
+	return m.etcd, m.client, nil
+}
+
+// status reports the local member from the embedded server itself, so that
+// it works for learners and without quorum.
+func (m *member) status() *consensusv1.StatusResponse {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := &consensusv1.StatusResponse{
+		NodeId:      m.cfg.nodeID,
+		MemberId:    m.kept.MemberID,
+		State:       m.state,
+		StateReason: m.reason,
+		PeerUrls:    []string{m.cfg.AdvertisePeerURL},
+		ClientUrls:  []string{m.cfg.AdvertiseClientURL},
+		EtcdVersion: version.Version,
+	}
+	if e := m.etcd; e != nil && m.state == consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING {
+		srv := e.Server
+		st.MemberId = uint64(srv.MemberID())
+		st.ClusterId = uint64(srv.Cluster().ID())
+		// Not srv.IsLearner: it panics once this member is removed.
+		if self := srv.Cluster().Member(srv.MemberID()); self != nil {
+			st.Learner = self.IsLearner
+		} else {
+			st.StateReason = "this member is no longer in the cluster; etcd is stopping"
+		}
+		st.LeaderId = srv.Lead()
+		st.Leader = srv.Lead() == uint64(srv.MemberID())
+		st.RaftIndex = srv.AppliedIndex()
+		st.RaftTerm = srv.Term()
+		st.DbSize = srv.Backend().Size()
+	}
+	return st
+}
+
+// wipe deletes this node's etcd data. Only Leave calls it, after checking
+// that the node is no longer a member.
+func (m *member) wipe() error {
+	for _, p := range []string{m.etcdDir(), m.statePath(), m.crlPath()} {
+		if err := os.RemoveAll(p); err != nil {
+			return fmt.Errorf("wipe %s: %w", p, err)
+		}
+	}
+	m.mu.Lock()
+	m.kept = persisted{}
+	m.state, m.reason = consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE, ""
+	m.mu.Unlock()
+	return nil
+}
+
+// etcdConfig builds the embedded etcd's configuration. etcd's ports use our
+// cluster CA: the client port admits the curator and consensus identities,
+// the peer port only consensus peers (etcd checks the certificate CN, which
+// pki sets to the principal kind).
+func (m *member) etcdConfig(mode startMode, initialCluster string) (*embed.Config, error) {
+	peer, err := url.Parse(m.cfg.AdvertisePeerURL)
+	if err != nil {
+		return nil, err
+	}
+	client, err := url.Parse(m.cfg.AdvertiseClientURL)
+	if err != nil {
+		return nil, err
+	}
+	ec := embed.NewConfig()
+	ec.Name = m.cfg.nodeID
+	ec.Dir = m.etcdDir()
+	ec.ListenPeerUrls = []url.URL{{Scheme: "https", Host: m.cfg.ListenPeer}}
+	ec.AdvertisePeerUrls = []url.URL{*peer}
+	ec.ListenClientUrls = []url.URL{{Scheme: "https", Host: m.cfg.ListenClient}}
+	ec.AdvertiseClientUrls = []url.URL{*client}
+	ec.InitialClusterToken = m.cfg.Cluster
+	ec.TickMs = uint(m.cfg.TickInterval / time.Millisecond)
+	ec.ElectionMs = uint(m.cfg.ElectionTimeout / time.Millisecond)
+	ec.UnsafeNoFsync = m.cfg.UnsafeNoFsync
+	ec.EnableGRPCGateway = false
+	ec.AutoCompactionMode = "periodic"
+	ec.AutoCompactionRetention = "1h"
+	ec.Logger = "zap"
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(m.zap)
+
+	base := transport.TLSInfo{
+		CertFile:       m.cfg.TLS.Cert,
+		KeyFile:        m.cfg.TLS.Key,
+		TrustedCAFile:  m.cfg.TLS.CA,
+		ClientCertAuth: true,
+		MinVersion:     tls.VersionTLS13,
+		// Identity is the certificate's principal, not the address it
+		// connects from (containers move); see pki.
+		SkipClientSANVerify: true,
+	}
+	if _, err := os.Stat(m.crlPath()); err == nil {
+		base.CRLFile = m.crlPath()
+	}
+	ec.ClientTLSInfo = base
+	ec.ClientTLSInfo.AllowedCNs = []string{string(pki.KindCurator), string(pki.KindConsensus)}
+	ec.PeerTLSInfo = base
+	ec.PeerTLSInfo.AllowedCNs = []string{string(pki.KindConsensus)}
+
+	switch mode {
+	case modeBootstrap:
+		ec.ClusterState = embed.ClusterStateFlagNew
+		ec.InitialCluster = fmt.Sprintf("%s=%s", m.cfg.nodeID, m.cfg.AdvertisePeerURL)
+	case modeJoin:
+		ec.ClusterState = embed.ClusterStateFlagExisting
+		ec.InitialCluster = initialCluster
+	case modeRestart:
+		// etcd ignores the initial cluster once it has data, but the
+		// config must still name this member.
+		ec.ClusterState = embed.ClusterStateFlagExisting
+		ec.InitialCluster = fmt.Sprintf("%s=%s", m.cfg.nodeID, m.cfg.AdvertisePeerURL)
+	}
+	return ec, nil
+}
+
+// newClusterClient opens a client to the cluster's voters. A learner cannot
+// answer member lists or linearizable reads, so the client never talks to
+// learners. followVoters keeps its endpoints on the current voters.
+func (m *member) newClusterClient(e *embed.Etcd) (*clientv3.Client, error) {
+	eps := voterEndpoints(e)
+	if len(eps) == 0 {
+		return nil, errors.New("no voter with client URLs in the local view of the cluster")
+	}
+	cli, err := m.dial(eps)
+	if err != nil {
+		return nil, err
+	}
+	go m.followVoters(e, cli)
+	return cli, nil
+}
+
+// voterEndpoints are the client URLs of the voters in the local member's
+// view of the cluster (applied membership, no RPC needed).
+func voterEndpoints(e *embed.Etcd) []string {
+	var eps []string
+	for _, mem := range e.Server.Cluster().Members() {
+		if !mem.IsLearner && mem.Name != "" {
+			eps = append(eps, mem.ClientURLs...)
+		}
+	}
+	slices.Sort(eps)
+	return eps
+}
+
+// followVoters points the client at the current voters whenever membership
+// changes (this member's promotion, a removed voter), until etcd stops. A
+// client left on a removed voter would hang until its caller's deadline.
+func (m *member) followVoters(e *embed.Etcd, cli *clientv3.Client) {
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	last := voterEndpoints(e)
+	for {
+		select {
+		case <-e.Server.StopNotify():
+			return
+		case <-cli.Ctx().Done():
+			return
+		case <-tick.C:
+		}
+		eps := voterEndpoints(e)
+		if len(eps) == 0 || slices.Equal(eps, last) {
+			continue
+		}
+		cli.SetEndpoints(eps...)
+		last = eps
+		m.log.Debug("etcd client endpoints follow the voters", "endpoints", eps)
+	}
+}
+
+func (m *member) dial(endpoints []string) (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            endpoints,
+		TLS:                  rpc.ClientTLSConfig(m.creds, []pki.Kind{pki.KindConsensus}),
+		DialTimeout:          5 * time.Second,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		Logger:               m.zap,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd client for %v: %w", endpoints, err)
+	}
+	return cli, nil
+}
+
+// rememberEndpoints keeps the voters' client URLs for Leave.
+func (m *member) rememberEndpoints(members []*etcdMember) {
+	var eps []string
+	for _, mem := range members {
+		if !mem.IsLearner && mem.Name != "" {
+			eps = append(eps, mem.ClientURLs...)
+		}
+	}
+	slices.Sort(eps)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(eps) == 0 || slices.Equal(eps, m.kept.Endpoints) {
+		return
+	}
+	m.kept.Endpoints = eps
+	if err := m.save(); err != nil {
+		m.log.Warn("remember endpoints", "err", err)
+	}
+}
+
+// writeCRL stores the CRL from join parameters for etcd's ports.
+func (m *member) writeCRL(crl []byte) error {
+	if len(bytes.TrimSpace(crl)) == 0 {
+		return nil
+	}
+	return os.WriteFile(m.crlPath(), crl, 0o600)
+}
+
+// ensureEpoch creates the membership epoch key in a new cluster, so that the
+// epoch is never 0 once a cluster exists.
+func ensureEpoch(ctx context.Context, cli *clientv3.Client, recorder string) error {
+	_, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(keys.MembershipEpoch), "=", 0)).
+		Then(clientv3.OpPut(keys.MembershipEpoch, recorder)).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("create membership epoch: %w", err)
+	}
+	return nil
+}
