@@ -70,6 +70,10 @@ breaking: $(BUF) ## buf breaking against main (BREAKING_AGAINST=...)
 test: ## run every test (real etcd, real mTLS, loopback)
 	go test -race -count=1 -timeout 15m work
 
+.PHONY: bench
+bench: ## Go benchmarks (bootstrap-to-ready, join-to-voter, ...)
+	go test -run '^$$' -bench . -benchtime 3x ./services/consensus/
+
 .PHONY: build
 build: ## static binaries into bin/
 	@mkdir -p $(BIN)
