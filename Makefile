@@ -19,9 +19,9 @@ GRPCURL     := $(TOOLS)/grpcurl
 export PATH := $(TOOLS):$(PATH)
 
 # Go modules of the workspace (go.work); `go ... work` means all of them.
-MODULES := gen platform services/consensus
+MODULES := gen platform services/consensus services/curator
 # Binaries that `make build` produces, static, for FROM scratch images.
-CMDS    := services/consensus/cmd/consensus platform/cmd/curia-pki
+CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator platform/cmd/curia-pki
 BIN     := $(CURDIR)/bin
 
 # Where buf breaking compares the protos to.

@@ -9,6 +9,8 @@
 //	├── membership/joining/<url>   node id a learner was added for, by peer URL
 //	├── audit/<time>-<recorder>    audit log of membership and role changes
 //	├── nodes/<node id>            the node registry
+//	├── heartbeats/<node id>       a node's last heartbeat, bound to an etcd lease
+//	├── cluster/register-ticket    the ticket nodes register with (raw bytes)
 //	└── pki/crl                    the cluster CA's revocation list (PEM)
 package keys
 
@@ -52,6 +54,16 @@ const (
 	// NodesPrefix holds the node registry, nodes/<node id>.
 	NodesPrefix = Prefix + "nodes/"
 
+	// HeartbeatsPrefix holds heartbeats/<node id> = time of the node's last
+	// heartbeat (RFC 3339), bound to an etcd lease of the heartbeat timeout:
+	// the key exists while the node is healthy, and survives a curator
+	// leader change because etcd keeps it, not the leader's memory.
+	HeartbeatsPrefix = Prefix + "heartbeats/"
+
+	// RegisterTicket is the cluster's register ticket (raw bytes), created
+	// by the first curator leader.
+	RegisterTicket = Prefix + "cluster/register-ticket"
+
 	// CRL is the cluster CA's current certificate revocation list (PEM),
 	// written by the curator when it revokes a node's certificate.
 	CRL = Prefix + "pki/crl"
@@ -75,3 +87,6 @@ func Audit(t time.Time, recorder string) string {
 
 // Node is the key of a node's record.
 func Node(id string) string { return NodesPrefix + id }
+
+// Heartbeat is the key of a node's heartbeat.
+func Heartbeat(id string) string { return HeartbeatsPrefix + id }

@@ -25,12 +25,25 @@ const (
 	KindConsensus  Kind = "consensus"
 )
 
+// KindEnrolling is a node that has no certificate of the CA yet and
+// registers with the curator using a self-signed certificate of its ed25519
+// identity key (SelfSignedCert); its Name is NodeID of that key. It proves
+// only that the caller holds the key, which anyone can generate: servers admit
+// it only when asked to (rpc.ServerConfig.AllowEnrolling) and only to methods
+// that allow it.
+//
+// It is never a certificate identity: Validate, ParsePrincipal,
+// PrincipalFromURI and PrincipalFromCert refuse it, so the CA never issues
+// it and a URI SAN never carries it. ParseForwarded accepts it.
+const KindEnrolling Kind = "enrolling"
+
 // Named reports whether principals of this kind carry a name
-// (admin/<name>, node/<id>, consensus/<node-id>).
+// (admin/<name>, node/<id>, consensus/<node-id>, enrolling/<node-id>).
 func (k Kind) Named() bool {
-	return k == KindAdmin || k == KindNode || k == KindConsensus
+	return k == KindAdmin || k == KindNode || k == KindConsensus || k == KindEnrolling
 }
 
+// valid reports whether k is a kind of certificate identity.
 func (k Kind) valid() bool {
 	switch k {
 	case KindAdmin, KindCurator, KindReconciler, KindNode, KindConsensus:
@@ -74,8 +87,12 @@ func ValidateCluster(cluster string) error {
 	return nil
 }
 
-// Validate checks that the principal is well formed.
+// Validate checks that the principal is a well-formed certificate identity.
+// It refuses KindEnrolling, which no certificate of the CA carries.
 func (p Principal) Validate() error {
+	if p.Kind == KindEnrolling {
+		return fmt.Errorf("%s principals are not certificate identities: nodes present them with a self-signed certificate, the CA never issues them", KindEnrolling)
+	}
 	if !p.Kind.valid() {
 		return fmt.Errorf("unknown principal kind %q", p.Kind)
 	}
@@ -101,7 +118,8 @@ func (p Principal) Validate() error {
 // ErrNoIdentity is returned when a certificate carries no usable curia identity.
 var ErrNoIdentity = errors.New("certificate carries no curia identity")
 
-// ParsePrincipal parses "kind" or "kind/name" (the String form).
+// ParsePrincipal parses "kind" or "kind/name" (the String form) of a
+// certificate identity. Like Validate, it refuses enrolling principals.
 func ParsePrincipal(s string) (Principal, error) {
 	kind, name, slash := strings.Cut(s, "/")
 	if slash && name == "" {
@@ -115,7 +133,23 @@ func ParsePrincipal(s string) (Principal, error) {
 	return p, nil
 }
 
-// PrincipalFromURI parses a SPIFFE ID of the given cluster.
+// ParseForwarded parses the String form of any principal, enrolling ones
+// included: the form in which a curator follower forwards its caller to the
+// leader (rpc.ForwardedContext). It is not for certificates; they go through
+// PrincipalFromCert.
+func ParseForwarded(s string) (Principal, error) {
+	name, ok := strings.CutPrefix(s, string(KindEnrolling)+"/")
+	if !ok {
+		return ParsePrincipal(s)
+	}
+	if !nodeIDRE.MatchString(name) {
+		return Principal{}, fmt.Errorf("%s principal: %q is not a node id (node-<32 hex digits>)", KindEnrolling, name)
+	}
+	return Principal{Kind: KindEnrolling, Name: name}, nil
+}
+
+// PrincipalFromURI parses a SPIFFE ID of the given cluster. It refuses
+// enrolling principals (see KindEnrolling).
 func PrincipalFromURI(u *url.URL, cluster string) (Principal, error) {
 	if u.Scheme != "spiffe" {
 		return Principal{}, fmt.Errorf("%w: URI %q is not a spiffe:// ID", ErrNoIdentity, u)

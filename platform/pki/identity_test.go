@@ -2,8 +2,10 @@ package pki
 
 import (
 	"crypto/ed25519"
+	"errors"
 	"net/url"
 	"testing"
+	"time"
 )
 
 func TestParsePrincipal(t *testing.T) {
@@ -21,6 +23,8 @@ func TestParsePrincipal(t *testing.T) {
 		"node/node-1234":                {},
 		"consensus/" + testNodeID + "/": {},
 		"":                              {},
+		"enrolling/" + testNodeID:       {}, // never a certificate identity
+		"enrolling":                     {},
 	} {
 		t.Run(in, func(t *testing.T) {
 			got, err := ParsePrincipal(in)
@@ -45,6 +49,54 @@ func TestParsePrincipal(t *testing.T) {
 				t.Errorf("PrincipalFromURI(%v) = %v, %v", u, back, err)
 			}
 		})
+	}
+}
+
+func TestParseForwarded(t *testing.T) {
+	for in, want := range map[string]Principal{
+		"enrolling/" + testNodeID:        {Kind: KindEnrolling, Name: testNodeID},
+		"admin/alice":                    {Kind: KindAdmin, Name: "alice"},
+		"node/" + testNodeID:             {Kind: KindNode, Name: testNodeID},
+		"curator":                        {Kind: KindCurator},
+		"enrolling":                      {}, // errors below
+		"enrolling/":                     {},
+		"enrolling/node-1234":            {},
+		"enrolling/" + testNodeID + "/x": {},
+		"enrolling/alice":                {},
+		"admin/":                         {},
+		"root":                           {},
+		"":                               {},
+	} {
+		t.Run(in, func(t *testing.T) {
+			got, err := ParseForwarded(in)
+			if want == (Principal{}) {
+				if err == nil {
+					t.Fatalf("ParseForwarded(%q) = %v, want error", in, got)
+				}
+				return
+			}
+			if err != nil || got != want {
+				t.Fatalf("ParseForwarded(%q) = %v, %v; want %v", in, got, err, want)
+			}
+			if got.String() != in {
+				t.Errorf("String() = %q, want %q", got.String(), in)
+			}
+		})
+	}
+}
+
+func TestEnrollingIsNoCertificateIdentity(t *testing.T) {
+	p := Principal{Kind: KindEnrolling, Name: testNodeID}
+	if err := p.Validate(); err == nil {
+		t.Error("Validate accepted an enrolling principal")
+	}
+	if got, err := PrincipalFromURI(p.URI(testCluster), testCluster); !errors.Is(err, ErrNoIdentity) {
+		t.Errorf("PrincipalFromURI(%v) = %v, %v; want ErrNoIdentity", p.URI(testCluster), got, err)
+	}
+	// Nor can the CA be made to issue one.
+	ca := newTestCA(t, testCluster)
+	if _, err := ca.Issue(IssueRequest{Cluster: testCluster, Principal: p, Validity: time.Hour}); err == nil {
+		t.Error("Issue issued an enrolling principal")
 	}
 }
 

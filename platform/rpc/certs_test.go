@@ -1,7 +1,9 @@
 package rpc
 
 import (
+	"crypto"
 	"crypto/ecdsa"
+	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
@@ -120,6 +122,57 @@ func (ca *testCA) keyPair(t *testing.T, uris ...string) tls.Certificate {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// signed returns a client certificate of key, signed by issuer or, if issuer
+// is nil, by key itself, valid from an hour ago until notAfter, without
+// identity: the certificates of enrolling nodes and their impostors.
+func signed(t *testing.T, key crypto.Signer, issuer *testCA, notAfter time.Time) tls.Certificate {
+	t.Helper()
+	tmpl := &x509.Certificate{
+		SerialNumber: randomSerial(t),
+		Subject:      pkix.Name{CommonName: "enrolling"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     notAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	parent, parentKey := tmpl, key
+	if issuer != nil {
+		parent, parentKey = issuer.cert, issuer.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, key.Public(), parentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+}
+
+func newNodeKey(t *testing.T) ed25519.PrivateKey {
+	t.Helper()
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
+func newECDSAKey(t *testing.T) *ecdsa.PrivateKey {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
+// enrolling is the principal of a node presenting a certificate of key.
+func enrolling(key ed25519.PrivateKey) pki.Principal {
+	return pki.Principal{Kind: pki.KindEnrolling, Name: pki.NodeID(key.Public().(ed25519.PublicKey))}
 }
 
 func randomSerial(t *testing.T) *big.Int {

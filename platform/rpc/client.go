@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,8 +38,14 @@ func Dial(target string, cfg ClientConfig) (*grpc.ClientConn, error) {
 	if cfg.Credentials == nil {
 		return nil, errors.New("rpc client: no credentials")
 	}
+	return dial(target, ClientTLSConfig(cfg.Credentials, cfg.ServerKinds), cfg)
+}
+
+// dial is Dial with the TLS configuration made; cfg.Credentials and
+// cfg.ServerKinds are not used.
+func dial(target string, tlsConfig *tls.Config, cfg ClientConfig) (*grpc.ClientConn, error) {
 	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(credentials.NewTLS(ClientTLSConfig(cfg.Credentials, cfg.ServerKinds))),
+		grpc.WithTransportCredentials(credentials.NewTLS(tlsConfig)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
 			Time:                10 * time.Second,
 			Timeout:             5 * time.Second,

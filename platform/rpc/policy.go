@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"regexp"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
@@ -30,12 +32,14 @@ type Rule struct {
 
 // Policy maps full method names ("/curia.consensus.v1.Consensus/Status") to
 // rules. It denies by default: a method without a rule cannot be called,
-// except for the health and reflection services, which every authenticated
-// principal may use.
+// except for the health and reflection services, which every principal with
+// a certificate of the CA may use. Enrolling nodes (pki.KindEnrolling) may
+// call only methods whose rule allows them.
 type Policy map[string]Rule
 
-// alwaysAllowed are the service prefixes open to every authenticated
-// principal: operators and probes need them on every server (DESIGN §8).
+// alwaysAllowed are the service prefixes open to every principal with a
+// certificate of the CA: operators and probes need them on every server
+// (DESIGN §8).
 var alwaysAllowed = []string{
 	"/grpc.health.v1.Health/",
 	"/grpc.reflection.v1.ServerReflection/",
@@ -78,10 +82,17 @@ func (p Policy) Authorize(ctx context.Context, method string, who pki.Principal,
 
 // rule checks the principal's kind and returns the rule for further checks.
 func (p Policy) rule(method string, who pki.Principal) (Rule, error) {
+	rule, ok := p[method]
+	if who.Kind == pki.KindEnrolling {
+		// Anyone can be one, so nothing is open to them by default.
+		if !slices.Contains(rule.Allow, pki.KindEnrolling) {
+			return Rule{}, status.Errorf(codes.PermissionDenied, "enrolling node %s may only call methods open to enrolling nodes, not %s", who.Name, method)
+		}
+		return rule, nil
+	}
 	if isAlwaysAllowed(method) {
 		return Rule{}, nil
 	}
-	rule, ok := p[method]
 	if !ok {
 		return Rule{}, status.Errorf(codes.PermissionDenied, "method %s is not in the authorization policy", method)
 	}
@@ -119,31 +130,104 @@ func PrincipalFromContext(ctx context.Context) (pki.Principal, bool) {
 	return p, ok
 }
 
-// authorizer is interceptor 4: authentication (certificate → principal) and
-// authorization (policy).
+// ForwardedPrincipalHeader is the request metadata in which a forwarder (a
+// curator follower calling the leader) names the original caller, in the
+// String form of pki.Principal. Servers honour it only from the kinds in
+// ServerConfig.TrustForwardedFrom and refuse it from anyone else.
+const ForwardedPrincipalHeader = "curia-forwarded-principal"
+
+// ForwardedContext returns ctx for an outgoing call made on behalf of p: the
+// server authorizes p instead of the forwarder, if it trusts the forwarder.
+func ForwardedContext(ctx context.Context, p pki.Principal) context.Context {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	md = md.Copy()
+	md.Set(ForwardedPrincipalHeader, p.String())
+	return metadata.NewOutgoingContext(ctx, md)
+}
+
+type forwarderKey struct{}
+
+// WithForwarder returns ctx carrying the forwarder of the current call, as
+// the server's interceptor does for a forwarded call.
+func WithForwarder(ctx context.Context, p pki.Principal) context.Context {
+	return context.WithValue(ctx, forwarderKey{}, p)
+}
+
+// ForwarderFromContext returns the direct peer of a forwarded call (whose
+// original caller PrincipalFromContext returns); false if the call was not
+// forwarded.
+func ForwarderFromContext(ctx context.Context) (pki.Principal, bool) {
+	p, ok := ctx.Value(forwarderKey{}).(pki.Principal)
+	return p, ok
+}
+
+// authorizer is interceptor 4: authentication (certificate → principal, and
+// a trusted forwarder's header → the original caller) and authorization
+// (policy).
 type authorizer struct {
 	cluster string
 	policy  Policy
+	// enrolling is set when the server admits enrolling nodes: Go's TLS
+	// stack then verified nothing itself (enrollingServerTLSConfig), so it
+	// maps the client's certificates to a principal with the handshake's
+	// own check.
+	enrolling func([]*x509.Certificate) (pki.Principal, error)
+	// trustForwardedFrom are the kinds whose ForwardedPrincipalHeader is
+	// honoured.
+	trustForwardedFrom []pki.Kind
 }
 
-// authenticate maps the verified client certificate to a principal.
-func (a *authorizer) authenticate(ctx context.Context) (context.Context, pki.Principal, error) {
+// peerPrincipal maps the client's certificate to a principal.
+func (a *authorizer) peerPrincipal(ctx context.Context) (pki.Principal, error) {
 	pr, ok := peer.FromContext(ctx)
 	if !ok {
-		return nil, pki.Principal{}, status.Error(codes.Unauthenticated, "no peer information")
+		return pki.Principal{}, status.Error(codes.Unauthenticated, "no peer information")
 	}
-	info, ok := pr.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.VerifiedChains) == 0 {
-		return nil, pki.Principal{}, status.Error(codes.Unauthenticated, "no verified client certificate")
+	info, _ := pr.AuthInfo.(credentials.TLSInfo)
+	var who pki.Principal
+	var err error
+	switch {
+	case len(info.State.VerifiedChains) > 0:
+		who, err = pki.PrincipalFromCert(info.State.VerifiedChains[0][0], a.cluster)
+	case a.enrolling != nil && len(info.State.PeerCertificates) > 0:
+		who, err = a.enrolling(info.State.PeerCertificates)
+	default:
+		return pki.Principal{}, status.Error(codes.Unauthenticated, "no verified client certificate")
 	}
-	who, err := pki.PrincipalFromCert(info.State.VerifiedChains[0][0], a.cluster)
 	if err != nil {
-		return nil, pki.Principal{}, status.Errorf(codes.Unauthenticated, "client certificate: %v", err)
+		return pki.Principal{}, status.Errorf(codes.Unauthenticated, "client certificate: %v", err)
+	}
+	return who, nil
+}
+
+// authenticate returns the principal the policy applies to, in ctx too: the
+// client's own or, if a trusted forwarder sent ForwardedPrincipalHeader, the
+// one it names.
+func (a *authorizer) authenticate(ctx context.Context) (context.Context, pki.Principal, error) {
+	direct, err := a.peerPrincipal(ctx)
+	if err != nil {
+		return nil, pki.Principal{}, err
 	}
 	// The logging interceptor (3) runs outside this one; AddFields updates
 	// the fields it will log when the call finishes.
+	forwarded := metadata.ValueFromIncomingContext(ctx, ForwardedPrincipalHeader)
+	if len(forwarded) == 0 { // the usual case
+		logging.AddFields(ctx, logging.Fields{"principal", direct.String()})
+		return WithPrincipal(ctx, direct), direct, nil
+	}
+	logging.AddFields(ctx, logging.Fields{"forwarded_by", direct.String()})
+	if !slices.Contains(a.trustForwardedFrom, direct.Kind) {
+		return nil, pki.Principal{}, status.Errorf(codes.PermissionDenied, "principal %s may not forward calls", direct)
+	}
+	if len(forwarded) != 1 {
+		return nil, pki.Principal{}, status.Errorf(codes.Unauthenticated, "%d forwarded principals, want one", len(forwarded))
+	}
+	who, err := pki.ParseForwarded(forwarded[0])
+	if err != nil {
+		return nil, pki.Principal{}, status.Errorf(codes.Unauthenticated, "forwarded principal: %v", err)
+	}
 	logging.AddFields(ctx, logging.Fields{"principal", who.String()})
-	return WithPrincipal(ctx, who), who, nil
+	return WithForwarder(WithPrincipal(ctx, who), direct), who, nil
 }
 
 func (a *authorizer) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

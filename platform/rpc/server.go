@@ -9,9 +9,11 @@ import (
 	"net"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
+	"curia.dev/platform/pki"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
@@ -46,6 +48,16 @@ type ServerConfig struct {
 	// IsRevoked, if set, is asked about every client certificate during the
 	// handshake (the CRL check); a revoked certificate fails the handshake.
 	IsRevoked func(*x509.Certificate) bool
+	// AllowEnrolling admits, besides certificates of the CA, nodes that
+	// present a self-signed certificate of their ed25519 key
+	// (DialEnrolling). They are pki.KindEnrolling principals and may call
+	// only the methods whose rule allows that kind.
+	AllowEnrolling bool
+	// TrustForwardedFrom lists the kinds (e.g. curator, for followers
+	// forwarding to the leader) whose ForwardedPrincipalHeader is honoured:
+	// the policy then applies to the principal it names. Anyone else sending
+	// the header is refused.
+	TrustForwardedFrom []pki.Kind
 	// GracePeriod bounds the graceful stop in Serve; zero means
 	// DefaultGracePeriod.
 	GracePeriod time.Duration
@@ -75,6 +87,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	if err := cfg.Policy.Validate(); err != nil {
 		return nil, err
+	}
+	if slices.Contains(cfg.TrustForwardedFrom, pki.KindEnrolling) {
+		return nil, errors.New("rpc server: enrolling nodes may not forward calls: anyone can be one")
 	}
 	s := &Server{
 		health:      health.NewServer(),
@@ -120,7 +135,14 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		logging.WithLevels(codeToLevel),
 		logging.WithDurationField(func(d time.Duration) logging.Fields { return logging.Fields{"duration", d} }),
 	}
-	authz := &authorizer{cluster: cfg.Credentials.Cluster, policy: cfg.Policy}
+	tlsConfig := ServerTLSConfig(cfg.Credentials, cfg.IsRevoked)
+	authz := &authorizer{cluster: cfg.Credentials.Cluster, policy: cfg.Policy, trustForwardedFrom: slices.Clone(cfg.TrustForwardedFrom)}
+	if cfg.AllowEnrolling {
+		tlsConfig = enrollingServerTLSConfig(cfg.Credentials, cfg.IsRevoked)
+		authz.enrolling = func(certs []*x509.Certificate) (pki.Principal, error) {
+			return clientPrincipal(certs, cfg.Credentials, cfg.IsRevoked)
+		}
+	}
 
 	// The interceptor order, outermost first. Each layer sees what the
 	// layers inside it do, so the order is a decision:
@@ -133,10 +155,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		//    authz or validation reject.
 		s.metrics.UnaryServerInterceptor(),
 		// 3. Logging: one line per finished call, rejected ones included;
-		//    authn (4) adds the principal to it.
+		//    authn (4) adds the principal (and forwarder) to it.
 		logging.UnaryServerInterceptor(logger, logOpts...),
-		// 4. Authn/authz: nothing below runs for a caller the policy
-		//    does not allow.
+		// 4. Authn/authz: certificate → principal (an enrolling node's
+		//    from its self-signed key); a trusted forwarder's header →
+		//    the original caller, whom the policy then judges. Nothing
+		//    below runs for a caller the policy does not allow.
 		authz.unary,
 		// 5. Validation: after authz, so that strangers learn nothing
 		//    about what a valid request looks like.
@@ -151,7 +175,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 
 	s.grpc = grpc.NewServer(
-		grpc.Creds(credentials.NewTLS(ServerTLSConfig(cfg.Credentials, cfg.IsRevoked))),
+		grpc.Creds(credentials.NewTLS(tlsConfig)),
 		grpc.ChainUnaryInterceptor(append(unary, cfg.UnaryInterceptors...)...),
 		grpc.ChainStreamInterceptor(append(stream, cfg.StreamInterceptors...)...),
 		// Clients ping every 10s (Dial); anything much faster is abuse.

@@ -128,6 +128,7 @@ func TestServerRefusesHandshake(t *testing.T) {
 		"certificate of another CA":                      {env.rawClientTLS(otherCA.keyPair(t, adminURI)), codes.Unavailable},
 		"revoked certificate":                            {env.rawClientTLS(revokedCert), codes.Unavailable},
 		"TLS 1.2 (below the minimum)":                    {tls12, codes.Unavailable},
+		"self-signed ed25519 (AllowEnrolling is false)":  {env.rawClientTLS(signed(t, newNodeKey(t), nil, time.Now().Add(time.Hour))), codes.Unavailable},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -364,6 +365,7 @@ func TestNewServerRejectsBadConfig(t *testing.T) {
 		"bad method name":    {Credentials: creds, Policy: Policy{"Echo": {Allow: []pki.Kind{pki.KindAdmin}}}},
 		"rule allows nobody": {Credentials: creds, Policy: Policy{echoMethod("Echo"): {}}},
 		"registry in use":    {Credentials: creds, Registry: reg},
+		"enrolling forwards": {Credentials: creds, TrustForwardedFrom: []pki.Kind{pki.KindCurator, pki.KindEnrolling}},
 	}
 	for name, cfg := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package rpc
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -39,7 +40,8 @@ func (r *echoRequest) Validate() error {
 	return nil
 }
 
-// echo answers "<principal>:<value>" and panics on "panic".
+// echo answers "<principal>:<value>", followed by " via <forwarder>" for a
+// forwarded call, and panics on "panic".
 func echo(ctx context.Context, req *echoRequest) (*wrapperspb.StringValue, error) {
 	if req.GetValue() == "panic" {
 		panic("test panic")
@@ -48,7 +50,11 @@ func echo(ctx context.Context, req *echoRequest) (*wrapperspb.StringValue, error
 	if !ok {
 		return nil, status.Error(codes.Internal, "no principal in context")
 	}
-	return wrapperspb.String(who.String() + ":" + req.GetValue()), nil
+	reply := who.String() + ":" + req.GetValue()
+	if fwd, ok := ForwarderFromContext(ctx); ok {
+		reply += " via " + fwd.String()
+	}
+	return wrapperspb.String(reply), nil
 }
 
 // flaky fails the first two calls to each method with UNAVAILABLE.
@@ -115,6 +121,7 @@ func echoServiceDesc(f *flaky) *grpc.ServiceDesc {
 		HandlerType: (*any)(nil),
 		Methods: []grpc.MethodDesc{
 			unaryMethod("Echo", echo),
+			unaryMethod("Register", echo),
 			unaryMethod("Unlisted", echo),
 			unaryMethod("Flaky", f.handle("Flaky")),
 			unaryMethod("FlakyUnsafe", f.handle("FlakyUnsafe")),
@@ -135,6 +142,7 @@ func testPolicy() Policy {
 	echoRule := Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindNode}, Check: nodeActsOnItself}
 	adminOnly := Rule{Allow: []pki.Kind{pki.KindAdmin}}
 	return Policy{
+		echoMethod("Register"):    {Allow: []pki.Kind{pki.KindEnrolling}},
 		echoMethod("Echo"):        echoRule,
 		echoMethod("Watch"):       echoRule,
 		echoMethod("Flaky"):       adminOnly,
@@ -242,12 +250,29 @@ func (e *testEnv) dialTLS(t *testing.T, cfg *tls.Config) *grpc.ClientConn {
 	return conn
 }
 
-// rawClientTLS trusts the test CA and presents certs (possibly none).
+// rawClientTLS trusts the test CA and presents the first of certs, if any,
+// whatever the server asks for: from Certificates, Go's client would present
+// none of an issuer the server does not name.
 func (e *testEnv) rawClientTLS(certs ...tls.Certificate) *tls.Config {
 	creds := &Credentials{Cluster: testCluster, CAPool: poolOf(e.ca)}
 	cfg := ClientTLSConfig(creds, nil)
-	cfg.Certificates = certs
+	cfg.Certificates = nil
+	if len(certs) > 0 {
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &certs[0], nil }
+	}
 	return cfg
+}
+
+// dialEnrolling connects as an enrolling node with key, expecting a curator
+// server.
+func (e *testEnv) dialEnrolling(t *testing.T, key ed25519.PrivateKey) *grpc.ClientConn {
+	t.Helper()
+	conn, err := DialEnrolling(e.addr, e.ca.pem, key, []pki.Kind{pki.KindCurator})
+	if err != nil {
+		t.Fatalf("DialEnrolling: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 func poolOf(ca *testCA) *x509.CertPool {

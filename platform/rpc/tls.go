@@ -19,6 +19,9 @@ import (
 // identity: the authorization interceptor then rejects it with
 // codes.Unauthenticated and a reason, which is easier to act on than a
 // handshake failure.
+//
+// A server that also admits enrolling nodes (ServerConfig.AllowEnrolling)
+// uses enrollingServerTLSConfig instead.
 func ServerTLSConfig(creds *Credentials, isRevoked func(*x509.Certificate) bool) *tls.Config {
 	cfg := &tls.Config{
 		MinVersion:   tls.VersionTLS13,
@@ -31,13 +34,17 @@ func ServerTLSConfig(creds *Credentials, isRevoked func(*x509.Certificate) bool)
 			if len(cs.VerifiedChains) == 0 {
 				return errors.New("no verified client certificate")
 			}
-			if leaf := cs.VerifiedChains[0][0]; isRevoked(leaf) {
-				return fmt.Errorf("client certificate %x (%v) is revoked", leaf.SerialNumber, leaf.URIs)
-			}
-			return nil
+			return checkRevoked(cs.VerifiedChains[0][0], isRevoked)
 		}
 	}
 	return cfg
+}
+
+func checkRevoked(leaf *x509.Certificate, isRevoked func(*x509.Certificate) bool) error {
+	if isRevoked != nil && isRevoked(leaf) {
+		return fmt.Errorf("client certificate %x (%v) is revoked", leaf.SerialNumber, leaf.URIs)
+	}
+	return nil
 }
 
 // ClientTLSConfig is the TLS configuration of every curia client: TLS 1.3,
@@ -58,34 +65,41 @@ func ClientTLSConfig(creds *Credentials, serverKinds []pki.Kind) *tls.Config {
 		// Not insecure: VerifyConnection verifies the chain and identity.
 		InsecureSkipVerify: true, //nolint:gosec // see above
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			p, err := verifyPeer(cs.PeerCertificates, creds, x509.ExtKeyUsageServerAuth)
-			if err != nil {
-				return fmt.Errorf("server certificate: %w", err)
-			}
-			if len(serverKinds) > 0 && !slices.Contains(serverKinds, p.Kind) {
-				return fmt.Errorf("server is %s, want one of %v", p, serverKinds)
-			}
-			return nil
+			return verifyServer(cs.PeerCertificates, creds.CAPool, creds.Cluster, serverKinds)
 		},
 	}
 }
 
-// verifyPeer verifies a presented chain against the cluster CA and returns the
-// principal of its leaf.
-func verifyPeer(certs []*x509.Certificate, creds *Credentials, usage x509.ExtKeyUsage) (pki.Principal, error) {
+// verifyServer verifies a server's chain against the cluster CA and its
+// principal: of the cluster and, if serverKinds are given, of one of them.
+func verifyServer(certs []*x509.Certificate, caPool *x509.CertPool, cluster string, serverKinds []pki.Kind) error {
+	if err := verifyChain(certs, caPool, x509.ExtKeyUsageServerAuth); err != nil {
+		return fmt.Errorf("server certificate: %w", err)
+	}
+	p, err := pki.PrincipalFromCert(certs[0], cluster)
+	if err != nil {
+		return fmt.Errorf("server certificate: %w", err)
+	}
+	if len(serverKinds) > 0 && !slices.Contains(serverKinds, p.Kind) {
+		return fmt.Errorf("server is %s, want one of %v", p, serverKinds)
+	}
+	return nil
+}
+
+// verifyChain verifies a presented chain against the cluster CA as Go's TLS
+// stack does.
+func verifyChain(certs []*x509.Certificate, caPool *x509.CertPool, usage x509.ExtKeyUsage) error {
 	if len(certs) == 0 {
-		return pki.Principal{}, errors.New("no certificate presented")
+		return errors.New("no certificate presented")
 	}
 	intermediates := x509.NewCertPool()
 	for _, c := range certs[1:] {
 		intermediates.AddCert(c)
 	}
-	if _, err := certs[0].Verify(x509.VerifyOptions{
-		Roots:         creds.CAPool,
+	_, err := certs[0].Verify(x509.VerifyOptions{
+		Roots:         caPool,
 		Intermediates: intermediates,
 		KeyUsages:     []x509.ExtKeyUsage{usage},
-	}); err != nil {
-		return pki.Principal{}, err
-	}
-	return pki.PrincipalFromCert(certs[0], creds.Cluster)
+	})
+	return err
 }

@@ -6,16 +6,14 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/audit"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
@@ -90,9 +88,7 @@ func checkFence(actor pki.Principal, f fence.Fence) error {
 // audit log and applies extra ops, all or nothing. It returns the new epoch.
 func (c *change) commit(ctx context.Context, nodeID string, memberID uint64, reason string, ops ...clientv3.Op) (int64, error) {
 	recorder := "consensus/" + c.x.s.cfg.nodeID
-	now := time.Now()
-	ev, err := proto.Marshal(&auditv1.Event{
-		Time:       timestamppb.New(now),
+	ops = append(ops, fence.BumpEpoch(recorder), audit.Put(&auditv1.Event{
 		Actor:      c.actor.String(),
 		RecordedBy: recorder,
 		Action:     c.action,
@@ -100,11 +96,7 @@ func (c *change) commit(ctx context.Context, nodeID string, memberID uint64, rea
 		MemberId:   memberID,
 		Fence:      c.fence.Strings(),
 		Reason:     reason,
-	})
-	if err != nil {
-		return 0, err
-	}
-	ops = append(ops, fence.BumpEpoch(recorder), clientv3.OpPut(keys.Audit(now, strings.ReplaceAll(recorder, "/", "-")), string(ev)))
+	}))
 	resp, err := fence.Apply(ctx, c.cli, c.fence, nil, ops...)
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", c.action, err)

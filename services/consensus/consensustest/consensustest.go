@@ -5,19 +5,14 @@
 package consensustest
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
-	"errors"
-	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,6 +27,7 @@ import (
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
 )
 
@@ -93,39 +89,23 @@ func (k *PKI) Creds(t testing.TB, p pki.Principal) *rpc.Credentials {
 // NewNodeID returns the id of a fresh node key.
 func NewNodeID(t testing.TB) string {
 	t.Helper()
-	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	_, id := NewNodeKey(t)
+	return id
+}
+
+// NewNodeKey returns a fresh node key and its node id.
+func NewNodeKey(t testing.TB) (ed25519.PrivateKey, string) {
+	t.Helper()
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pki.NodeID(pub)
+	return key, pki.NodeID(pub)
 }
-
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
 
 // Binary builds the consensus command once per test process.
 func Binary(t testing.TB) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "curia-consensus-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "consensus")
-		cmd := exec.Command("go", "build", "-o", binPath, "curia.dev/services/consensus/cmd/consensus")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build consensus: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return proctest.Build(t, "curia.dev/services/consensus/cmd/consensus")
 }
 
 // Cluster is a set of test nodes sharing one PKI.
@@ -144,28 +124,16 @@ func NewCluster(t testing.TB) *Cluster {
 
 // Node is one consensus process (started or not).
 type Node struct {
-	c         *Cluster
-	ID        string
+	c  *Cluster
+	ID string
+	// Key is the node's ed25519 key; its public half names the node.
+	Key       ed25519.PrivateKey
 	API       string
 	PeerURL   string
 	ClientURL string
 	DataDir   string
 	TLS       rpc.TLSFiles
-	logPath   string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func freePort(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	*proctest.Proc
 }
 
 // NewNode allocates a node (id, ports, certificates, data dir) and starts
@@ -173,54 +141,17 @@ func freePort(t testing.TB) string {
 func (c *Cluster) NewNode() *Node {
 	t := c.t
 	t.Helper()
-	id := NewNodeID(t)
-	dir := t.TempDir()
+	key, id := NewNodeKey(t)
 	n := &Node{
-		c: c, ID: id,
-		API:       freePort(t),
-		PeerURL:   "https://" + freePort(t),
-		ClientURL: "https://" + freePort(t),
-		DataDir:   filepath.Join(dir, "data"),
+		c: c, ID: id, Key: key,
+		API:       proctest.FreeAddr(t),
+		PeerURL:   "https://" + proctest.FreeAddr(t),
+		ClientURL: "https://" + proctest.FreeAddr(t),
+		DataDir:   filepath.Join(t.TempDir(), "data"),
 		TLS:       c.PKI.Files(t, pki.Principal{Kind: pki.KindConsensus, Name: id}),
-		logPath:   filepath.Join(dir, "consensus.log"),
 	}
-	c.Nodes = append(c.Nodes, n)
-	n.Start()
-	t.Cleanup(func() {
-		// The data is thrown away: no need for a graceful stop.
-		n.Kill()
-		if t.Failed() {
-			b, _ := os.ReadFile(n.logPath)
-			t.Logf("--- log of %s ---\n%s", n.ID, tail(b, 60))
-		}
-	})
-	return n
-}
-
-func tail(b []byte, lines int) string {
-	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(ls) > lines {
-		ls = ls[len(ls)-lines:]
-	}
-	return strings.Join(ls, "\n")
-}
-
-// Start starts the process (a no-op when it runs). With data on disk, the
-// member restarts from it.
-func (n *Node) Start() {
-	t := n.c.t
-	t.Helper()
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.cmd != nil {
-		return
-	}
-	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(Binary(t),
-		"--cluster", n.c.PKI.Cluster,
+	n.Proc = proctest.New(t, id, Binary(t),
+		"--cluster", c.PKI.Cluster,
 		"--data-dir", n.DataDir,
 		"--ca", n.TLS.CA, "--cert", n.TLS.Cert, "--key", n.TLS.Key,
 		"--listen", n.API,
@@ -231,41 +162,21 @@ func (n *Node) Start() {
 		"--unsafe-no-fsync",
 		"--log-level", "debug",
 	)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); logf.Close(); close(done) }()
-	n.cmd, n.done = cmd, done
-	// Ready when the API answers.
+	c.Nodes = append(c.Nodes, n)
+	n.Start()
+	return n
+}
+
+// Start starts the process (a no-op when it runs) and waits until its API
+// answers. With data on disk, the member restarts from it.
+func (n *Node) Start() {
+	t := n.c.t
+	t.Helper()
+	n.Proc.Start()
 	Eventually(t, 30*time.Second, func() error {
 		_, err := n.Consensus(pki.Principal{Kind: pki.KindAdmin, Name: "test"}).Status(context.Background(), &consensusv1.StatusRequest{})
 		return err
 	})
-}
-
-// Kill sends SIGKILL and waits for the process to die.
-func (n *Node) Kill() { n.signal(syscall.SIGKILL) }
-
-// Stop sends SIGTERM and waits for the process to exit.
-func (n *Node) Stop() { n.signal(syscall.SIGTERM) }
-
-func (n *Node) signal(sig syscall.Signal) {
-	n.mu.Lock()
-	cmd, done := n.cmd, n.done
-	n.cmd = nil
-	n.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		<-done
-	}
 }
 
 var (
@@ -345,6 +256,14 @@ func (c *Cluster) Etcd(endpoints ...string) *clientv3.Client {
 type Leader struct {
 	Session *concurrency.Session
 	Fence   fence.Fence
+}
+
+// Resign ends the leader's term: its key is gone, its fence stale.
+func (l *Leader) Resign() {
+	l.Session.Orphan()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	l.Session.Client().Revoke(ctx, l.Session.Lease())
 }
 
 // Campaign wins the curator election through cli and returns its fence.
@@ -461,30 +380,7 @@ func (n *Node) Members() *consensusv1.ListMembersResponse {
 // Eventually polls f until it returns nil or the deadline passes.
 func Eventually(t testing.TB, timeout time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	wait := 10 * time.Millisecond
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %v", timeout, err)
-		}
-		time.Sleep(wait)
-		if wait < 500*time.Millisecond {
-			wait *= 2
-		}
-	}
-}
-
-// ErrNotYet is a convenience for Eventually conditions.
-var ErrNotYet = errors.New("not yet")
-
-// LogContains reports whether the node's log contains s.
-func (n *Node) LogContains(s string) bool {
-	b, _ := os.ReadFile(n.logPath)
-	return bytes.Contains(b, []byte(s))
+	proctest.Eventually(t, timeout, f)
 }
 
 // RetryUnavailable calls f until it returns anything but Unavailable: etcd

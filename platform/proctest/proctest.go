@@ -1,0 +1,180 @@
+// Package proctest runs curia's binaries as real processes in tests, so that
+// a test can kill -9 a service the way a machine failure would, and polls
+// for conditions with a deadline instead of sleeping.
+package proctest
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildMu sync.Mutex
+	built   = map[string]string{}
+)
+
+// Build builds the command package pkg (e.g.
+// "curia.dev/services/consensus/cmd/consensus") once per test process and
+// returns the binary's path. The test must run inside the go.work.
+func Build(t testing.TB, pkg string) string {
+	t.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if p, ok := built[pkg]; ok {
+		return p
+	}
+	dir, err := os.MkdirTemp("", "curia-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+	}
+	built[pkg] = bin
+	return bin
+}
+
+// Proc is one service process, started and stopped as often as a test
+// likes; its output goes to a log file that is printed when the test fails.
+type Proc struct {
+	t    testing.TB
+	Name string
+	bin  string
+	args []string
+	Log  string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// New prepares a process; Start runs it. It is killed when the test ends.
+func New(t testing.TB, name, bin string, args ...string) *Proc {
+	p := &Proc{t: t, Name: name, bin: bin, args: args, Log: filepath.Join(t.TempDir(), name+".log")}
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			b, _ := os.ReadFile(p.Log)
+			t.Logf("--- log of %s ---\n%s", name, tail(b, 80))
+		}
+	})
+	return p
+}
+
+func tail(b []byte, lines int) string {
+	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(ls) > lines {
+		ls = ls[len(ls)-lines:]
+	}
+	return strings.Join(ls, "\n")
+}
+
+// Start starts the process unless it runs.
+func (p *Proc) Start() {
+	p.t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return
+	}
+	logf, err := os.OpenFile(p.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); logf.Close(); close(done) }()
+	p.cmd, p.done = cmd, done
+}
+
+// Running reports whether the process runs.
+func (p *Proc) Running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd != nil
+}
+
+// PID is the running process's id (0 when stopped).
+func (p *Proc) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// Kill sends SIGKILL and waits for the process to die.
+func (p *Proc) Kill() { p.Signal(syscall.SIGKILL) }
+
+// Stop sends SIGTERM and waits for the process to exit.
+func (p *Proc) Stop() { p.Signal(syscall.SIGTERM) }
+
+// Signal sends sig and waits for the process to exit (SIGKILL after 30s).
+func (p *Proc) Signal(sig syscall.Signal) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.cmd = nil
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-done
+	}
+}
+
+// LogContains reports whether the process's log contains s.
+func (p *Proc) LogContains(s string) bool {
+	b, _ := os.ReadFile(p.Log)
+	return strings.Contains(string(b), s)
+}
+
+// FreeAddr returns a loopback address with a port free right now.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Eventually polls f until it returns nil, or fails the test with f's last
+// error when timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	wait := 10 * time.Millisecond
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %v", timeout, err)
+		}
+		time.Sleep(wait)
+		if wait < 500*time.Millisecond {
+			wait *= 2
+		}
+	}
+}

@@ -1,0 +1,131 @@
+package rpc
+
+import (
+	"crypto/ed25519"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"time"
+
+	"curia.dev/platform/pki"
+	"google.golang.org/grpc"
+)
+
+// Enrolling nodes (ServerConfig.AllowEnrolling) have no certificate of the
+// CA yet: they present a self-signed certificate of their ed25519 identity
+// key (pki.SelfSignedCert) and are pki.KindEnrolling principals named by
+// their node id. Anyone can make such a key, so the policy gives them only
+// the methods that allow pki.KindEnrolling; not even health or reflection.
+
+// enrollingCertValidity is the validity of DialEnrolling's certificate. It
+// serves the connection's whole life, reconnections included, and a
+// self-signed certificate proves nothing but possession of the key, which
+// the handshake proves anyway: so it is long.
+const enrollingCertValidity = 365 * 24 * time.Hour
+
+// enrollingServerTLSConfig is ServerTLSConfig for a server that also admits
+// enrolling nodes. Go's TLS stack can require a certificate of the CA or any
+// certificate, nothing in between, so it requires any and VerifyConnection
+// applies clientPrincipal. No client CAs are announced: a Go client offers no
+// certificate of an issuer the server does not name.
+func enrollingServerTLSConfig(creds *Credentials, isRevoked func(*x509.Certificate) bool) *tls.Config {
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{creds.Certificate},
+		ClientAuth:   tls.RequireAnyClientCert,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			_, err := clientPrincipal(cs.PeerCertificates, creds, isRevoked)
+			if errors.Is(err, pki.ErrNoIdentity) {
+				// A certificate of the CA without a usable identity: the
+				// authorizer rejects it with the reason (see
+				// ServerTLSConfig).
+				return nil
+			}
+			return err
+		},
+	}
+}
+
+// clientPrincipal verifies a client's certificates on a server that admits
+// enrolling nodes, at the handshake and again for every call (Go's TLS stack
+// records no verified chain for RequireAnyClientCert). A chain of the cluster
+// CA is verified as ServerTLSConfig does, revocation included, and its leaf's
+// URI SAN is the principal (or an error wrapping pki.ErrNoIdentity).
+// Anything else must be exactly one self-signed certificate of an ed25519
+// key, valid now: an enrolling node.
+func clientPrincipal(certs []*x509.Certificate, creds *Credentials, isRevoked func(*x509.Certificate) bool) (pki.Principal, error) {
+	chainErr := verifyChain(certs, creds.CAPool, x509.ExtKeyUsageClientAuth)
+	if chainErr == nil {
+		if err := checkRevoked(certs[0], isRevoked); err != nil {
+			return pki.Principal{}, err
+		}
+		return pki.PrincipalFromCert(certs[0], creds.Cluster)
+	}
+	if len(certs) == 0 {
+		return pki.Principal{}, chainErr
+	}
+	leaf := certs[0]
+	if leaf.CheckSignature(leaf.SignatureAlgorithm, leaf.RawTBSCertificate, leaf.Signature) != nil {
+		return pki.Principal{}, chainErr // neither the CA's nor self-signed
+	}
+	if len(certs) != 1 {
+		return pki.Principal{}, fmt.Errorf("self-signed client certificate followed by %d more, want it alone", len(certs)-1)
+	}
+	pub, ok := leaf.PublicKey.(ed25519.PublicKey)
+	if !ok {
+		return pki.Principal{}, fmt.Errorf("self-signed client certificate has a %v key, want ed25519", leaf.PublicKeyAlgorithm)
+	}
+	if now := time.Now(); now.Before(leaf.NotBefore) || now.After(leaf.NotAfter) {
+		return pki.Principal{}, fmt.Errorf("self-signed client certificate is valid from %v to %v, not now", leaf.NotBefore, leaf.NotAfter)
+	}
+	return pki.Principal{Kind: pki.KindEnrolling, Name: pki.NodeID(pub)}, nil
+}
+
+// DialEnrolling is Dial for a node without a certificate of the CA: it
+// presents a self-signed certificate of key (pki.SelfSignedCert) and verifies
+// the server as Dial does, against the cluster CA (caPEM) and, if given,
+// serverKinds. Only servers with ServerConfig.AllowEnrolling accept it.
+func DialEnrolling(target string, caPEM []byte, key ed25519.PrivateKey, serverKinds []pki.Kind) (*grpc.ClientConn, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, errors.New("CA: no PEM certificate found")
+	}
+	cert, err := pki.SelfSignedCert(key, enrollingCertValidity)
+	if err != nil {
+		return nil, err
+	}
+	return dial(target, enrollingClientTLSConfig(cert, pool, serverKinds), ClientConfig{})
+}
+
+// enrollingClientTLSConfig is ClientTLSConfig for a node that knows the
+// cluster CA but not necessarily the cluster's name: the server's trust
+// domain is the one in its certificate, which must chain to the CA. One CA
+// serves one cluster (DESIGN §2), so the CA vouches for the name; every other
+// check is verifyServer's, as for any client.
+func enrollingClientTLSConfig(cert tls.Certificate, caPool *x509.CertPool, serverKinds []pki.Kind) *tls.Config {
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		// Not insecure: VerifyConnection verifies the chain and identity.
+		InsecureSkipVerify: true, //nolint:gosec // see ClientTLSConfig
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			return verifyServer(cs.PeerCertificates, caPool, trustDomain(cs.PeerCertificates), serverKinds)
+		},
+	}
+}
+
+// trustDomain is the host of the leaf's first spiffe:// URI SAN if it is a
+// valid cluster name (no port, for one), else ""; pki.PrincipalFromCert
+// checks the rest.
+func trustDomain(certs []*x509.Certificate) string {
+	if len(certs) == 0 {
+		return ""
+	}
+	for _, u := range certs[0].URIs {
+		if u.Scheme == "spiffe" && pki.ValidateCluster(u.Host) == nil {
+			return u.Host
+		}
+	}
+	return ""
+}

@@ -1,0 +1,98 @@
+package curator
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/keys"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
+)
+
+// consensusPool reaches the consensus services: the addresses configured,
+// then those that consensus-member nodes report. Membership calls are
+// idempotent per node, so trying the next service after an unavailable one
+// is safe.
+type consensusPool struct {
+	s     *Service
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+func newConsensusPool(s *Service) *consensusPool {
+	return &consensusPool{s: s, conns: map[string]*grpc.ClientConn{}}
+}
+
+func (p *consensusPool) addresses(ctx context.Context) []string {
+	addrs := slices.Clone(p.s.cfg.Consensus)
+	resp, err := p.s.etcd.Get(ctx, keys.NodesPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return addrs
+	}
+	for _, kv := range resp.Kvs {
+		n, err := decodeNode(kv.Value, kv.ModRevision)
+		if err != nil || n.GetRoles().GetConsensusMember() == nil {
+			continue
+		}
+		if a := n.GetStatus().GetConsensusApi(); a != "" && !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
+}
+
+func (p *consensusPool) conn(addr string) (consensusv1.ConsensusClient, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cc, ok := p.conns[addr]
+	if !ok {
+		var err error
+		cc, err = rpc.Dial(addr, rpc.ClientConfig{Credentials: p.s.creds, ServerKinds: []pki.Kind{pki.KindConsensus}})
+		if err != nil {
+			return nil, err
+		}
+		p.conns[addr] = cc
+	}
+	return consensusv1.NewConsensusClient(cc), nil
+}
+
+// do calls f on consensus services until one answers with anything but
+// Unavailable.
+func (p *consensusPool) do(ctx context.Context, what string, f func(consensusv1.ConsensusClient) error) error {
+	addrs := p.addresses(ctx)
+	if len(addrs) == 0 {
+		return fmt.Errorf("%w: %s: no consensus service is known (start the curator with --consensus)", errUnavailable, what)
+	}
+	var last error
+	for _, a := range addrs {
+		c, err := p.conn(a)
+		if err == nil {
+			err = f(c)
+		}
+		if err == nil {
+			return nil
+		}
+		if status.Code(err) != codes.Unavailable {
+			return fmt.Errorf("%s via consensus %s: %w", what, a, err)
+		}
+		last = err
+	}
+	return fmt.Errorf("%w: %s: no consensus service answered (tried %v): %v", errUnavailable, what, addrs, last)
+}
+
+func (p *consensusPool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for a, cc := range p.conns {
+		cc.Close()
+		delete(p.conns, a)
+	}
+}

@@ -1,0 +1,227 @@
+// Package curator is the curator service: the cluster's memory and the
+// operator's front door. N replicas elect a leader through etcd; the leader
+// serves every call and guards every write with its term; followers forward.
+//
+//	grpcurl, roleserve, reconciler
+//	        │ mTLS gRPC (any replica)
+//	        ▼
+//	follower ──forward (original principal in metadata)──▶ leader
+//	                                                        │ txn If(CreateRevision(leader key) == term)
+//	                                                        ▼
+//	                                              etcd (/curia/...)  ◀── consensus AddNode/RemoveMember
+//
+// Files: curator.go (config, run), leader.go (election, term-guarded
+// writes), follower.go (forwarding), store.go (node records),
+// leader_enrolment.go (bootstrap, register, commit), leader_management.go
+// (the admin API), consensus.go (calls to the consensus services),
+// policy.go (who may call what), errors.go (the one mapping to gRPC codes).
+package curator
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
+	"curia.dev/platform/run"
+)
+
+// Config configures one curator replica.
+type Config struct {
+	// Cluster is the cluster name, the trust domain of every identity.
+	Cluster string
+	// Name identifies this replica in the election (default: hostname).
+	Name string
+	// TLS is this replica's curator certificate.
+	TLS rpc.TLSFiles
+	// CAKey is the cluster CA's private key: the leader issues node
+	// certificates and revokes them.
+	CAKey string
+	// Listen is the gRPC address; Advertise the address other replicas
+	// forward to (default: Listen).
+	Listen    string
+	Advertise string
+	// Etcd are etcd client URLs (https://host:port).
+	Etcd []string
+	// Consensus are consensus service API addresses (host:port) used for
+	// membership changes, besides those nodes report.
+	Consensus []string
+	// SessionTTL is the election session's TTL: how long a dead leader
+	// keeps leading.
+	SessionTTL time.Duration
+	// HeartbeatInterval is how often nodes send heartbeats;
+	// HeartbeatTimeout after which a silent node is HEARTBEAT_TIMEOUT.
+	HeartbeatInterval time.Duration
+	HeartbeatTimeout  time.Duration
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		Cluster:           "curia",
+		Name:              host,
+		Listen:            "127.0.0.1:7200",
+		SessionTTL:        5 * time.Second,
+		HeartbeatInterval: 5 * time.Second,
+		HeartbeatTimeout:  20 * time.Second,
+	}
+}
+
+// AddFlags registers the curator's flags.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Cluster, "cluster", c.Cluster, "cluster name (trust domain of every identity)")
+	fs.StringVar(&c.Name, "name", c.Name, "this replica's name in the election")
+	c.TLS.AddFlags(fs, "")
+	fs.StringVar(&c.CAKey, "ca-key", c.CAKey, "cluster CA private key (PEM), to issue and revoke node certificates")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "gRPC address (host:port)")
+	fs.StringVar(&c.Advertise, "advertise", c.Advertise, "address other replicas forward to (default: --listen)")
+	fs.Func("etcd", "etcd client URL (repeatable or comma-separated)", func(s string) error {
+		c.Etcd = append(c.Etcd, splitList(s)...)
+		return nil
+	})
+	fs.Func("consensus", "consensus service API address host:port (repeatable or comma-separated)", func(s string) error {
+		c.Consensus = append(c.Consensus, splitList(s)...)
+		return nil
+	})
+	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "election session TTL: how long a crashed leader keeps leading")
+	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "how often nodes send heartbeats")
+	fs.DurationVar(&c.HeartbeatTimeout, "heartbeat-timeout", c.HeartbeatTimeout, "silence after which a node is HEARTBEAT_TIMEOUT")
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Validate checks the configuration and fills in defaults.
+func (c *Config) Validate() error {
+	if err := pki.ValidateCluster(c.Cluster); err != nil {
+		return err
+	}
+	if c.Name == "" {
+		return errors.New("--name is required")
+	}
+	if c.TLS.CA == "" || c.TLS.Cert == "" || c.TLS.Key == "" || c.CAKey == "" {
+		return errors.New("--ca, --cert, --key (a curator certificate) and --ca-key are required")
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("--listen %q: %w", c.Listen, err)
+	}
+	if c.Advertise == "" {
+		c.Advertise = c.Listen
+	}
+	if len(c.Etcd) == 0 {
+		return errors.New("--etcd is required: at least one etcd client URL")
+	}
+	if c.SessionTTL < time.Second {
+		return fmt.Errorf("--session-ttl %v: at least 1s", c.SessionTTL)
+	}
+	if c.HeartbeatInterval <= 0 || c.HeartbeatTimeout <= c.HeartbeatInterval {
+		return fmt.Errorf("--heartbeat-timeout (%v) must exceed --heartbeat-interval (%v)", c.HeartbeatTimeout, c.HeartbeatInterval)
+	}
+	return nil
+}
+
+// Service is one curator replica.
+type Service struct {
+	cfg       Config
+	log       *slog.Logger
+	creds     *rpc.Credentials
+	ca        *pki.CA
+	etcd      *clientv3.Client
+	rpc       *rpc.Server
+	lead      *leadership
+	consensus *consensusPool
+}
+
+// New prepares a replica; nothing listens until Run.
+func New(cfg Config, log *slog.Logger) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	creds, err := rpc.LoadCredentials(cfg.Cluster, cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
+	if creds.Principal.Kind != pki.KindCurator {
+		return nil, fmt.Errorf("certificate %s is for %s, not the curator", cfg.TLS.Cert, creds.Principal)
+	}
+	keyPEM, err := os.ReadFile(cfg.CAKey)
+	if err != nil {
+		return nil, fmt.Errorf("read CA key: %w", err)
+	}
+	ca, err := pki.LoadCA(creds.CAPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("load cluster CA: %w", err)
+	}
+	log = log.With("component", "curator", "replica", cfg.Name)
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            cfg.Etcd,
+		TLS:                  rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindConsensus}),
+		DialTimeout:          5 * time.Second,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		AutoSyncInterval:     time.Minute,
+		Logger:               zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd client: %w", err)
+	}
+	s := &Service{cfg: cfg, log: log, creds: creds, ca: ca, etcd: cli}
+	s.lead = newLeadership(s)
+	s.consensus = newConsensusPool(s)
+	srv, err := rpc.NewServer(rpc.ServerConfig{
+		Credentials:        creds,
+		Policy:             policy(),
+		Logger:             log.With("part", "grpc"),
+		AllowEnrolling:     true,
+		TrustForwardedFrom: []pki.Kind{pki.KindCurator},
+		UnaryInterceptors:  []grpc.UnaryServerInterceptor{s.lead.forwardUnary},
+		StreamInterceptors: []grpc.StreamServerInterceptor{s.lead.forwardStream},
+	})
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	curatorv1.RegisterCuratorServer(srv.GRPC(), &curatorServer{s: s})
+	curatorv1.RegisterManagementServer(srv.GRPC(), &managementServer{s: s})
+	s.rpc = srv
+	return s, nil
+}
+
+// Run serves until ctx ends; on the way out a leader resigns, so that a
+// follower leads at once.
+func (s *Service) Run(ctx context.Context) error {
+	defer s.etcd.Close()
+	defer s.consensus.close()
+	lis, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", s.cfg.Listen, err)
+	}
+	s.rpc.Health().SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	var g run.Group
+	g.Add("grpc", func(ctx context.Context) error { return s.rpc.Serve(ctx, lis) })
+	g.Add("election", s.lead.campaign)
+	g.Add("observe", s.lead.observe)
+	s.log.Info("curator serving", "listen", lis.Addr().String(), "advertise", s.cfg.Advertise)
+	return g.Run(ctx)
+}

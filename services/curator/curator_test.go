@@ -1,0 +1,269 @@
+package curator_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/proctest"
+	cut "curia.dev/services/curator/curatortest"
+)
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func wantCode(t *testing.T, err error, code codes.Code, contains string) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Fatalf("got %v, want code %v", err, code)
+	}
+	if contains != "" && !strings.Contains(status.Convert(err).Message(), contains) {
+		t.Fatalf("error %q does not say %q", status.Convert(err).Message(), contains)
+	}
+}
+
+func getNodes(t *testing.T, m curatorv1.ManagementClient, filter string) map[string]*curatorv1.Node {
+	t.Helper()
+	stream, err := m.GetNodes(context.Background(), &curatorv1.GetNodesRequest{Filter: filter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*curatorv1.Node{}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range resp.Nodes {
+			out[n.Id] = n
+		}
+	}
+}
+
+// TestLifecycle: bootstrap, register (idempotent, wrong ticket refused),
+// approve, commit, roles, delete with both bypasses and revocation.
+func TestLifecycle(t *testing.T) {
+	c := cut.New(t, 2)
+	ctx := ctxT(t)
+	m := c.Management()
+
+	nodes := getNodes(t, m, "")
+	boot := nodes[c.Voters[0].ID]
+	if len(nodes) != 1 || boot == nil || boot.State != curatorv1.NodeState_NODE_STATE_UP ||
+		boot.Roles.GetConsensusMember().GetJoin().GetMemberId() == 0 || boot.Roles.GetKubernetesController() == nil {
+		t.Fatalf("after bootstrap: %v", nodes)
+	}
+	// A second bootstrap for another node is refused.
+	other, _ := newKey(t)
+	_, err := curatorv1.NewCuratorClient(c.Conn(c.Running(), cut.Admin)).BootstrapCluster(ctx, &curatorv1.BootstrapClusterRequest{PublicKey: other, Status: cut.VoterStatus(c.Voters[0])})
+	wantCode(t, err, codes.FailedPrecondition, "initialised already")
+
+	a := c.NewAgent()
+	enrolling := a.Enrolling(c.Running())
+	pub := a.Key.Public().(ed25519.PublicKey)
+	_, err = enrolling.RegisterNode(ctx, &curatorv1.RegisterNodeRequest{RegisterTicket: []byte("wrong"), PublicKey: pub})
+	wantCode(t, err, codes.PermissionDenied, "wrong register ticket")
+	if _, ok := getNodes(t, m, "")[a.ID]; ok {
+		t.Fatal("a wrong ticket wrote a node")
+	}
+	ticket, err := m.GetRegisterTicket(ctx, &curatorv1.GetRegisterTicketRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // idempotent while NEW
+		resp, err := enrolling.RegisterNode(ctx, &curatorv1.RegisterNodeRequest{RegisterTicket: ticket.Ticket, PublicKey: pub})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Node.State != curatorv1.NodeState_NODE_STATE_NEW || resp.Node.Id != a.ID {
+			t.Fatalf("registered node: %v", resp.Node)
+		}
+	}
+	_, err = enrolling.CommitNode(ctx, &curatorv1.CommitNodeRequest{})
+	wantCode(t, err, codes.FailedPrecondition, "not approved")
+	// An enrolling node cannot call anything else.
+	_, err = enrolling.UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID})
+	wantCode(t, err, codes.PermissionDenied, "")
+
+	for range 2 { // approve twice: the second is a no-op
+		resp, err := m.ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: a.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Node.State != curatorv1.NodeState_NODE_STATE_STANDBY {
+			t.Fatalf("approved node: %v", resp.Node)
+		}
+	}
+	committed := a.Enrol(ctx) // register again (no-op), approve (no-op), commit
+	if committed.State != curatorv1.NodeState_NODE_STATE_UP || committed.CertificateSerial == "" {
+		t.Fatalf("committed node: %v", committed)
+	}
+	if a.Creds.Principal != (pki.Principal{Kind: pki.KindNode, Name: a.ID}) {
+		t.Fatalf("node certificate is for %v", a.Creds.Principal)
+	}
+	// The node speaks with its certificate now.
+	if _, err := a.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: &curatorv1.NodeStatus{Address: "127.0.0.9", Version: "test"}}); err != nil {
+		t.Fatal(err)
+	}
+	// ...but only for itself.
+	_, err = a.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: c.Voters[0].ID, Status: &curatorv1.NodeStatus{}})
+	wantCode(t, err, codes.PermissionDenied, "only its own")
+
+	// Roles: KubernetesController needs ConsensusMember; a node without a
+	// consensus peer URL cannot become a member.
+	_, err = m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesController: new(true)})
+	wantCode(t, err, codes.FailedPrecondition, "requires ConsensusMember")
+	_, err = m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(true)})
+	wantCode(t, err, codes.FailedPrecondition, "consensus peer URL")
+	resp, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesWorker: new(true)})
+	if err != nil || resp.Node.Roles.GetKubernetesWorker() == nil {
+		t.Fatalf("give KubernetesWorker: %v %v", resp, err)
+	}
+	// Taking ConsensusMember from the bootstrap node while it is a
+	// KubernetesController is refused with what to do instead.
+	_, err = m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: c.Voters[0].ID, ConsensusMember: new(false)})
+	wantCode(t, err, codes.FailedPrecondition, "kubernetes_controller=false")
+
+	// Delete: roles and UP state each need their bypass.
+	_, err = m.DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: a.ID})
+	wantCode(t, err, codes.FailedPrecondition, "safety_bypass_has_roles")
+	_, err = m.DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: a.ID, SafetyBypassHasRoles: true})
+	wantCode(t, err, codes.FailedPrecondition, "safety_bypass_not_decommissioned")
+	del, err := m.DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: a.ID, SafetyBypassHasRoles: true, SafetyBypassNotDecommissioned: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if del.RevokedSerial != committed.CertificateSerial {
+		t.Fatalf("revoked %s, want %s", del.RevokedSerial, committed.CertificateSerial)
+	}
+	if _, ok := getNodes(t, m, "")[a.ID]; ok {
+		t.Fatal("deleted node still listed")
+	}
+	_, err = m.ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: a.ID})
+	wantCode(t, err, codes.NotFound, "does not exist")
+}
+
+// newKey returns a fresh node public key and id.
+func newKey(t *testing.T) (ed25519.PublicKey, string) {
+	pub, _, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub, pki.NodeID(pub)
+}
+
+// TestConsensusMemberRole: giving ConsensusMember adds the node to etcd
+// first (a learner with join parameters in the role); taking it removes the
+// member first.
+func TestConsensusMemberRole(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := ctxT(t)
+	m := c.Management()
+	a, n := c.NewConsensusAgent()
+	a.Enrol(ctx)
+	if _, err := a.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: cut.VoterStatus(n)}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(true), Reason: "grow the control plane"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	join := resp.Node.Roles.GetConsensusMember().GetJoin()
+	if join.GetMemberId() == 0 || join.GetPeerUrl() != n.PeerURL {
+		t.Fatalf("role carries join parameters %v", join)
+	}
+	members := c.Voters[0].Members()
+	found := false
+	for _, mem := range members.Members {
+		found = found || (mem.Id == join.MemberId && mem.Learner && mem.NodeId == a.ID)
+	}
+	if !found {
+		t.Fatalf("node is not a learner in etcd: %v", members.Members)
+	}
+	// The node's consensus joins with the role's parameters.
+	if _, err := n.Self().Start(ctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: join}}); err != nil {
+		t.Fatal(err)
+	}
+	// Giving the role again changes nothing.
+	again, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(true)})
+	if err != nil || again.Node.Revision != resp.Node.Revision {
+		t.Fatalf("repeated role grant: %v %v", again, err)
+	}
+	// Take it: membership goes first, then the role.
+	proctest.Eventually(t, time.Minute, func() error {
+		_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(false)})
+		if status.Code(err) == codes.Unavailable {
+			return err
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return nil
+	})
+	for _, mem := range c.Voters[0].Members().Members {
+		if mem.NodeId == a.ID {
+			t.Fatalf("member of node %s still in etcd: %v", a.ID, mem)
+		}
+	}
+	if got := getNodes(t, m, "")[a.ID]; got.Roles.GetConsensusMember() != nil {
+		t.Fatalf("role still set: %v", got.Roles)
+	}
+}
+
+// TestFailover: a follower forwards; SIGTERM hands leadership over at once,
+// SIGKILL within the session TTL; writes carry on.
+func TestFailover(t *testing.T) {
+	c := cut.New(t, 2)
+	ctx := ctxT(t)
+	leader := c.Leader()
+	var follower *cut.Curator
+	for _, cur := range c.Curators {
+		if cur != leader {
+			follower = cur
+		}
+	}
+	// Unary and streaming calls through the follower.
+	fm := curatorv1.NewManagementClient(c.Conn(follower, cut.Admin))
+	if _, err := fm.GetRegisterTicket(ctx, &curatorv1.GetRegisterTicketRequest{}); err != nil {
+		t.Fatalf("unary through follower: %v", err)
+	}
+	if got := getNodes(t, fm, ""); len(got) != 1 {
+		t.Fatalf("stream through follower: %v", got)
+	}
+
+	for _, how := range []string{"SIGTERM", "SIGKILL"} {
+		t.Run(how, func(t *testing.T) {
+			old := c.Leader()
+			begun := time.Now()
+			if how == "SIGTERM" {
+				old.Stop()
+			} else {
+				old.Kill()
+			}
+			next := c.Leader()
+			t.Logf("%s: new leader %s after %v", how, next.Name, time.Since(begun).Round(time.Millisecond))
+			if next == old {
+				t.Fatal("the stopped replica still leads")
+			}
+			a := c.NewAgent()
+			a.Enrol(ctx)
+			old.Start()
+		})
+	}
+}

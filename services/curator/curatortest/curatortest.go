@@ -1,0 +1,271 @@
+// Package curatortest runs a real curia control plane for tests: consensus
+// processes (real etcd), curator replicas as processes, real mTLS, loopback.
+// Agent plays a node's agent through the real enrolment flow.
+package curatortest
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/proctest"
+	"curia.dev/platform/rpc"
+	ct "curia.dev/services/consensus/consensustest"
+)
+
+// Cluster is a consensus cluster with curator replicas on top.
+type Cluster struct {
+	t testing.TB
+	*ct.Cluster
+	// Voters are the consensus nodes; Voters[0] is the bootstrap node.
+	Voters   []*ct.Node
+	Curators []*Curator
+	// Extra flags for every curator, e.g. a shorter heartbeat timeout.
+	CuratorFlags []string
+}
+
+// Curator is one curator replica process.
+type Curator struct {
+	Name string
+	Addr string
+	*proctest.Proc
+}
+
+// New starts a one-voter consensus cluster and n curators, and bootstraps
+// the cluster with the voter's node (UP, ConsensusMember and
+// KubernetesController).
+func New(t testing.TB, curators int, flags ...string) *Cluster {
+	t.Helper()
+	cc := ct.NewCluster(t)
+	voters, leader := cc.Voters(1)
+	leader.Resign() // the test's stand-in leader makes way for the curators
+	c := &Cluster{t: t, Cluster: cc, Voters: voters, CuratorFlags: flags}
+	for i := 0; i < curators; i++ {
+		c.AddCurator()
+	}
+	c.Leader()
+	v := voters[0]
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := c.Management().GetRegisterTicket(ctx, &curatorv1.GetRegisterTicketRequest{})
+	for err != nil && ctx.Err() == nil {
+		_, err = c.Management().GetRegisterTicket(ctx, &curatorv1.GetRegisterTicketRequest{})
+	}
+	_, err = curatorv1.NewCuratorClient(c.Conn(c.Curators[0], pki.Principal{Kind: pki.KindAdmin, Name: "test"})).BootstrapCluster(ctx, &curatorv1.BootstrapClusterRequest{
+		PublicKey: v.Key.Public().(ed25519.PublicKey),
+		Status:    VoterStatus(v),
+	})
+	if err != nil {
+		t.Fatalf("bootstrap cluster: %v", err)
+	}
+	return c
+}
+
+// VoterStatus is the status a consensus node's agent would report.
+func VoterStatus(n *ct.Node) *curatorv1.NodeStatus {
+	return &curatorv1.NodeStatus{
+		Address:            "127.0.0.1",
+		ConsensusApi:       n.API,
+		ConsensusPeerUrl:   n.PeerURL,
+		ConsensusClientUrl: n.ClientURL,
+		RunningServices:    []string{"consensus"},
+	}
+}
+
+// Binary builds the curator command.
+func Binary(t testing.TB) string {
+	return proctest.Build(t, "curia.dev/services/curator/cmd/curator")
+}
+
+// AddCurator starts one more replica.
+func (c *Cluster) AddCurator() *Curator {
+	t := c.t
+	t.Helper()
+	files := c.PKI.Files(t, pki.Principal{Kind: pki.KindCurator})
+	name := fmt.Sprintf("curator-%d", len(c.Curators))
+	addr := proctest.FreeAddr(t)
+	var etcd, apis []string
+	for _, v := range c.Voters {
+		etcd = append(etcd, v.ClientURL)
+		apis = append(apis, v.API)
+	}
+	args := append([]string{
+		"--cluster", c.PKI.Cluster, "--name", name,
+		"--ca", files.CA, "--cert", files.Cert, "--key", files.Key,
+		"--ca-key", filepath.Join(c.PKI.Dir, pki.CAKeyFile),
+		"--listen", addr,
+		"--etcd", strings.Join(etcd, ","),
+		"--consensus", strings.Join(apis, ","),
+		"--session-ttl", "2s",
+		"--log-level", "debug",
+	}, c.CuratorFlags...)
+	cur := &Curator{Name: name, Addr: addr, Proc: proctest.New(t, name, Binary(t), args...)}
+	cur.Start()
+	c.Curators = append(c.Curators, cur)
+	return cur
+}
+
+var (
+	connMu sync.Mutex
+	conns  = map[string]*grpc.ClientConn{}
+)
+
+// Conn dials a curator as principal p (cached).
+func (c *Cluster) Conn(cur *Curator, p pki.Principal) *grpc.ClientConn {
+	t := c.t
+	t.Helper()
+	key := cur.Addr + "|" + p.String()
+	connMu.Lock()
+	defer connMu.Unlock()
+	if cc, ok := conns[key]; ok {
+		return cc
+	}
+	cc, err := rpc.Dial(cur.Addr, rpc.ClientConfig{Credentials: c.PKI.Creds(t, p), ServerKinds: []pki.Kind{pki.KindCurator}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns[key] = cc
+	t.Cleanup(func() {
+		connMu.Lock()
+		delete(conns, key)
+		connMu.Unlock()
+		cc.Close()
+	})
+	return cc
+}
+
+// Admin is the admin principal of tests.
+var Admin = pki.Principal{Kind: pki.KindAdmin, Name: "test"}
+
+// Management is the admin API through the first running curator (any
+// replica works: followers forward).
+func (c *Cluster) Management() curatorv1.ManagementClient {
+	return curatorv1.NewManagementClient(c.Conn(c.Running(), Admin))
+}
+
+// Running returns a running curator replica.
+func (c *Cluster) Running() *Curator {
+	for _, cur := range c.Curators {
+		if cur.Running() {
+			return cur
+		}
+	}
+	c.t.Fatal("no curator runs")
+	return nil
+}
+
+// Leader waits until a running replica leads and returns it.
+func (c *Cluster) Leader() *Curator {
+	t := c.t
+	t.Helper()
+	var leader *Curator
+	proctest.Eventually(t, time.Minute, func() error {
+		for _, cur := range c.Curators {
+			if !cur.Running() {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			stream, err := curatorv1.NewCuratorClient(c.Conn(cur, Admin)).GetCurrentLeader(ctx, &curatorv1.GetCurrentLeaderRequest{})
+			if err != nil {
+				cancel()
+				continue
+			}
+			resp, err := stream.Recv()
+			cancel()
+			if err == nil && resp.ThisIsLeader {
+				leader = cur
+				return nil
+			}
+		}
+		return errors.New("no running curator leads")
+	})
+	return leader
+}
+
+// Agent plays a node's agent: its own ed25519 key, enrolment with a
+// self-signed certificate, then its node certificate.
+type Agent struct {
+	c   *Cluster
+	ID  string
+	Key ed25519.PrivateKey
+	// Creds is the node's identity once committed.
+	Creds *rpc.Credentials
+}
+
+// NewAgent makes a node key.
+func (c *Cluster) NewAgent() *Agent {
+	key, id := ct.NewNodeKey(c.t)
+	return &Agent{c: c, ID: id, Key: key}
+}
+
+// NewConsensusAgent starts an idle consensus process and returns the agent
+// of its node (same key), able to become a consensus member.
+func (c *Cluster) NewConsensusAgent() (*Agent, *ct.Node) {
+	n := c.NewNode()
+	return &Agent{c: c, ID: n.ID, Key: n.Key}, n
+}
+
+// Enrolling is the Curator API with the agent's self-signed certificate.
+func (a *Agent) Enrolling(cur *Curator) curatorv1.CuratorClient {
+	t := a.c.t
+	t.Helper()
+	cc, err := rpc.DialEnrolling(cur.Addr, a.c.PKI.CA.CertPEM, a.Key, []pki.Kind{pki.KindCurator})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return curatorv1.NewCuratorClient(cc)
+}
+
+// Enrol registers, gets approved by the admin, and commits; afterwards the
+// agent has its node certificate.
+func (a *Agent) Enrol(ctx context.Context) *curatorv1.Node {
+	t := a.c.t
+	t.Helper()
+	ticket, err := a.c.Management().GetRegisterTicket(ctx, &curatorv1.GetRegisterTicketRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := a.Enrolling(a.c.Running())
+	if _, err := cl.RegisterNode(ctx, &curatorv1.RegisterNodeRequest{RegisterTicket: ticket.Ticket, PublicKey: a.Key.Public().(ed25519.PublicKey)}); err != nil {
+		t.Fatalf("register %s: %v", a.ID, err)
+	}
+	if _, err := a.c.Management().ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: a.ID}); err != nil {
+		t.Fatalf("approve %s: %v", a.ID, err)
+	}
+	resp, err := cl.CommitNode(ctx, &curatorv1.CommitNodeRequest{})
+	if err != nil {
+		t.Fatalf("commit %s: %v", a.ID, err)
+	}
+	keyPEM, err := pki.MarshalPrivateKeyPEM(a.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Creds, err = rpc.NewCredentials(a.c.PKI.Cluster, resp.CaCertificate, resp.Certificate, keyPEM)
+	if err != nil {
+		t.Fatalf("node certificate from commit: %v", err)
+	}
+	return resp.Node
+}
+
+// Curator is the Curator API as the committed node.
+func (a *Agent) Curator(cur *Curator) curatorv1.CuratorClient {
+	t := a.c.t
+	t.Helper()
+	cc, err := rpc.Dial(cur.Addr, rpc.ClientConfig{Credentials: a.Creds, ServerKinds: []pki.Kind{pki.KindCurator}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return curatorv1.NewCuratorClient(cc)
+}

@@ -1,0 +1,58 @@
+package curator
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"curia.dev/platform/fence"
+)
+
+// Sentinels: handlers wrap them with the facts; toStatus maps them to gRPC
+// codes, in this one place.
+var (
+	errNotLeader   = errors.New("not leader")
+	errConflict    = errors.New("the record changed while this call ran")
+	errBadRequest  = errors.New("invalid request")
+	errNotFound    = errors.New("not found")
+	errRefused     = errors.New("refused")
+	errDenied      = errors.New("permission denied")
+	errUnavailable = errors.New("unavailable")
+	errStale       = errors.New("stale")
+)
+
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown {
+		return err
+	}
+	msg := err.Error()
+	switch {
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, msg)
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, msg)
+	case errors.Is(err, errNotLeader), errors.Is(err, errNoLeader), errors.Is(err, errUnavailable):
+		return status.Error(codes.Unavailable, msg)
+	case errors.Is(err, errBadRequest):
+		return status.Error(codes.InvalidArgument, msg)
+	case errors.Is(err, errNotFound):
+		return status.Error(codes.NotFound, msg)
+	case errors.Is(err, errRefused):
+		return status.Error(codes.FailedPrecondition, msg)
+	case errors.Is(err, errDenied):
+		return status.Error(codes.PermissionDenied, msg)
+	case errors.Is(err, errStale), errors.Is(err, fence.ErrStale), errors.Is(err, errConflict):
+		return status.Error(codes.Aborted, msg)
+	}
+	// An error a consensus service returned keeps its code.
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) && se.GRPCStatus().Code() != codes.Unknown {
+		return status.Error(se.GRPCStatus().Code(), msg)
+	}
+	return status.Error(codes.Internal, msg)
+}

@@ -1,0 +1,259 @@
+package curator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"google.golang.org/grpc"
+
+	"curia.dev/platform/fence"
+	"curia.dev/platform/keys"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
+)
+
+// electionPrefix is the election's prefix without the trailing slash that
+// concurrency.Election adds itself.
+var electionPrefix = strings.TrimSuffix(keys.LeaderElection, "/")
+
+// leaderValue is what a candidate writes into its election key.
+type leaderValue struct {
+	Name    string `json:"name"`
+	Address string `json:"address"`
+}
+
+// leaderInfo is who leads, as this replica knows it.
+type leaderInfo struct {
+	leaderValue
+	// Term is the create revision of the leader's election key.
+	Term  int64
+	Since time.Time
+}
+
+// leadership tracks this replica's role in the election and who leads.
+type leadership struct {
+	s *Service
+
+	mu sync.Mutex
+	// Our own leadership: key and term while we lead, else empty.
+	key     string
+	term    int64
+	session *concurrency.Session
+	// The leader as observed (maybe us), and a channel closed on change.
+	current leaderInfo
+	changed chan struct{}
+
+	connMu sync.Mutex
+	conns  map[string]*grpc.ClientConn
+}
+
+func newLeadership(s *Service) *leadership {
+	return &leadership{s: s, changed: make(chan struct{}), conns: map[string]*grpc.ClientConn{}}
+}
+
+// campaign runs for leader until ctx ends: it wins, leads until its session
+// dies, and campaigns again. On ctx's end a leader resigns before returning.
+func (l *leadership) campaign(ctx context.Context) error {
+	ttl := int(l.s.cfg.SessionTTL / time.Second)
+	val, _ := json.Marshal(leaderValue{Name: l.s.cfg.Name, Address: l.s.cfg.Advertise})
+	for ctx.Err() == nil {
+		sess, err := concurrency.NewSession(l.s.etcd, concurrency.WithTTL(ttl), concurrency.WithContext(ctx))
+		if err != nil {
+			l.s.log.Warn("election session", "err", err)
+			sleepCtx(ctx, time.Second)
+			continue
+		}
+		el := concurrency.NewElection(sess, electionPrefix)
+		if err := el.Campaign(ctx, string(val)); err != nil {
+			orphan(sess)
+			if ctx.Err() == nil {
+				l.s.log.Warn("campaign", "err", err)
+				sleepCtx(ctx, time.Second)
+			}
+			continue
+		}
+		l.mu.Lock()
+		l.key, l.term, l.session = el.Key(), el.Rev(), sess
+		l.mu.Unlock()
+		l.s.log.Info("leading", "term", el.Rev(), "key", el.Key())
+		l.s.becameLeader(ctx, el.Rev())
+
+		select {
+		case <-ctx.Done():
+			// SIGTERM: hand over at once instead of making followers wait
+			// for the session TTL.
+			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if err := el.Resign(rctx); err != nil {
+				l.s.log.Warn("resign", "err", err)
+			}
+			cancel()
+			l.stepDown("shutting down")
+			orphan(sess)
+			return nil
+		case <-sess.Done():
+			l.stepDown("election session ended")
+		}
+	}
+	return nil
+}
+
+// orphan drops a session without waiting for etcd (Close waits up to the
+// TTL when etcd is away); its lease expires on its own.
+func orphan(s *concurrency.Session) {
+	s.Orphan()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	s.Client().Revoke(ctx, s.Lease())
+}
+
+func (l *leadership) stepDown(why string) {
+	l.mu.Lock()
+	term := l.term
+	l.key, l.term, l.session = "", 0, nil
+	l.mu.Unlock()
+	if term != 0 {
+		l.s.log.Warn("stepped down", "term", term, "why", why)
+	}
+}
+
+// lost is called when a term-guarded write found the term gone: stop
+// acting as leader at once and campaign again.
+func (l *leadership) lost() {
+	l.mu.Lock()
+	sess := l.session
+	l.mu.Unlock()
+	if sess != nil {
+		orphan(sess)
+	}
+}
+
+// term returns the leader key and term while this replica leads.
+func (l *leadership) ours() (key string, term int64, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.key, l.term, l.term != 0
+}
+
+// fence is the leader's fence: [leader key @ term].
+func (l *leadership) fence() (fence.Fence, error) {
+	key, term, ok := l.ours()
+	if !ok {
+		return fence.Fence{}, errNotLeader
+	}
+	return fence.Fence{Conditions: []fence.Condition{{Key: key, CreateRevision: term}}}, nil
+}
+
+// observe follows the election: who leads and since when.
+func (l *leadership) observe(ctx context.Context) error {
+	for ctx.Err() == nil {
+		sess, err := concurrency.NewSession(l.s.etcd, concurrency.WithTTL(int(l.s.cfg.SessionTTL/time.Second)), concurrency.WithContext(ctx))
+		if err != nil {
+			sleepCtx(ctx, time.Second)
+			continue
+		}
+		el := concurrency.NewElection(sess, electionPrefix)
+		for resp := range el.Observe(ctx) {
+			if len(resp.Kvs) == 0 {
+				continue
+			}
+			var v leaderValue
+			if err := json.Unmarshal(resp.Kvs[0].Value, &v); err != nil {
+				l.s.log.Warn("unreadable election value", "key", string(resp.Kvs[0].Key), "err", err)
+				continue
+			}
+			l.setCurrent(leaderInfo{leaderValue: v, Term: resp.Kvs[0].CreateRevision, Since: time.Now()})
+		}
+		orphan(sess)
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+	return nil
+}
+
+func (l *leadership) setCurrent(info leaderInfo) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.current.Term == info.Term && l.current.Name == info.Name {
+		return
+	}
+	l.current = info
+	close(l.changed)
+	l.changed = make(chan struct{})
+	l.s.log.Info("leader observed", "leader", info.Name, "address", info.Address, "term", info.Term)
+}
+
+// leader returns the observed leader and a channel closed when it changes.
+func (l *leadership) leader() (leaderInfo, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.current, l.changed
+}
+
+// txn runs ops in a transaction guarded by this replica's term, plus cmps.
+// A lost term is errNotLeader (and ends our leadership); failed cmps are
+// errConflict. The caller decides what a conflict means.
+func (l *leadership) txn(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	key, term, ok := l.ours()
+	if !ok {
+		return nil, errNotLeader
+	}
+	guard := clientv3.Compare(clientv3.CreateRevision(key), "=", term)
+	resp, err := l.s.etcd.Txn(ctx).
+		If(append([]clientv3.Cmp{guard}, cmps...)...).
+		Then(ops...).
+		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
+		Commit()
+	if err != nil {
+		return nil, fmt.Errorf("etcd txn: %w", err)
+	}
+	if resp.Succeeded {
+		return resp, nil
+	}
+	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != term {
+		l.s.log.Warn("term lost during a write", "term", term)
+		l.lost()
+		return nil, errNotLeader
+	}
+	return nil, errConflict
+}
+
+// conn returns a cached connection to another replica.
+func (l *leadership) conn(addr string) (*grpc.ClientConn, error) {
+	l.connMu.Lock()
+	defer l.connMu.Unlock()
+	if cc, ok := l.conns[addr]; ok {
+		return cc, nil
+	}
+	cc, err := rpc.Dial(addr, rpc.ClientConfig{Credentials: l.s.creds, ServerKinds: []pki.Kind{pki.KindCurator}})
+	if err != nil {
+		return nil, err
+	}
+	l.conns[addr] = cc
+	return cc, nil
+}
+
+func (l *leadership) closeConns() {
+	l.connMu.Lock()
+	defer l.connMu.Unlock()
+	for a, cc := range l.conns {
+		cc.Close()
+		delete(l.conns, a)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+var errNoLeader = errors.New("no curator leader is elected yet; retry shortly")

@@ -1,0 +1,289 @@
+package curator
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/subtle"
+	"fmt"
+	"regexp"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	auditv1 "curia.dev/gen/curia/audit/v1"
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/audit"
+	"curia.dev/platform/keys"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
+)
+
+// curatorServer implements curia.curator.v1.Curator.
+type curatorServer struct {
+	curatorv1.UnimplementedCuratorServer
+	s *Service
+}
+
+// nodeCertValidity is how long a node certificate lives.
+const nodeCertValidity = 365 * 24 * time.Hour
+
+// becameLeader prepares what a leader needs: the register ticket.
+func (s *Service) becameLeader(ctx context.Context, term int64) {
+	ticket := make([]byte, 24)
+	rand.Read(ticket)
+	_, err := s.lead.txn(ctx,
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.RegisterTicket), "=", 0)},
+		clientv3.OpPut(keys.RegisterTicket, string(ticket)))
+	if err != nil && err != errConflict {
+		s.log.Warn("create register ticket", "term", term, "err", err)
+	}
+}
+
+// caller is the principal the interceptor verified.
+func caller(ctx context.Context) pki.Principal {
+	p, _ := rpc.PrincipalFromContext(ctx)
+	return p
+}
+
+// auditOp records a change made by the curator leader.
+func (s *Service) auditOp(ctx context.Context, action, nodeID, reason string) clientv3.Op {
+	f, _ := s.lead.fence()
+	return audit.Put(&auditv1.Event{
+		Actor:      caller(ctx).String(),
+		RecordedBy: "curator/" + s.cfg.Name,
+		Action:     action,
+		NodeId:     nodeID,
+		Fence:      f.Strings(),
+		Reason:     reason,
+	})
+}
+
+func nodeKey(pub []byte) (ed25519.PublicKey, string, error) {
+	if len(pub) != ed25519.PublicKeySize {
+		return nil, "", fmt.Errorf("%w: public_key must be a %d-byte ed25519 key, got %d bytes", errBadRequest, ed25519.PublicKeySize, len(pub))
+	}
+	return ed25519.PublicKey(pub), pki.NodeID(pub), nil
+}
+
+func (x *curatorServer) BootstrapCluster(ctx context.Context, req *curatorv1.BootstrapClusterRequest) (*curatorv1.BootstrapClusterResponse, error) {
+	resp, err := x.s.bootstrap(ctx, req)
+	return resp, toStatus(err)
+}
+
+// bootstrap records the first node of a fresh cluster: the node whose
+// consensus service bootstrapped etcd and is its only member. It is UP and
+// holds ConsensusMember (its join parameters from an idempotent AddNode)
+// and KubernetesController.
+func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapClusterRequest) (*curatorv1.BootstrapClusterResponse, error) {
+	pub, id, err := nodeKey(req.GetPublicKey())
+	if err != nil {
+		return nil, err
+	}
+	if p := caller(ctx); p.Kind == pki.KindNode && p.Name != id {
+		return nil, fmt.Errorf("%w: %s may bootstrap only itself, not %s", errDenied, p, id)
+	}
+	if err := validateStatus(req.GetStatus()); err != nil {
+		return nil, err
+	}
+	peerURL := req.GetStatus().GetConsensusPeerUrl()
+	if peerURL == "" {
+		return nil, fmt.Errorf("%w: status.consensus_peer_url is required: the bootstrap node runs the cluster's first etcd member", errBadRequest)
+	}
+	existing, err := s.etcd.Get(ctx, keys.NodesPrefix, clientv3.WithPrefix(), clientv3.WithLimit(2))
+	if err != nil {
+		return nil, fmt.Errorf("read nodes: %w", err)
+	}
+	for _, kv := range existing.Kvs {
+		n, err := decodeNode(kv.Value, kv.ModRevision)
+		if err == nil && n.Id == id {
+			return &curatorv1.BootstrapClusterResponse{Node: n, AlreadyBootstrapped: true}, nil
+		}
+	}
+	if len(existing.Kvs) > 0 {
+		return nil, fmt.Errorf("%w: the cluster is initialised already (it has nodes); new nodes register with the register ticket", errRefused)
+	}
+
+	f, err := s.lead.fence()
+	if err != nil {
+		return nil, err
+	}
+	var members *consensusv1.ListMembersResponse
+	var added *consensusv1.AddNodeResponse
+	err = s.consensus.do(ctx, "bootstrap", func(c consensusv1.ConsensusClient) error {
+		if members, err = c.ListMembers(ctx, &consensusv1.ListMembersRequest{}); err != nil {
+			return err
+		}
+		isMember := false
+		for _, m := range members.GetMembers() {
+			isMember = isMember || m.GetNodeId() == id
+		}
+		if !isMember {
+			return fmt.Errorf("%w: node %s is not an etcd member: start its consensus service with Start(bootstrap) first", errRefused, id)
+		}
+		// Already a member: AddNode changes nothing and answers with the
+		// join parameters the role carries.
+		added, err = c.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: id, PeerUrl: peerURL, Fence: f.Proto()})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	n := &curatorv1.Node{
+		Id:        id,
+		PublicKey: pub,
+		State:     curatorv1.NodeState_NODE_STATE_UP,
+		Roles: &curatorv1.Roles{
+			ConsensusMember:      &curatorv1.ConsensusMember{Join: added.GetJoin()},
+			KubernetesController: &curatorv1.KubernetesController{},
+		},
+		Status: req.GetStatus(),
+	}
+	_, err = s.lead.txn(ctx,
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0)},
+		putNode(n), s.auditOp(ctx, "cluster.bootstrap", id, "first node of the cluster"))
+	if err == errConflict {
+		return s.bootstrap(ctx, req) // created meanwhile: answer as for an existing node
+	}
+	if err != nil {
+		return nil, err
+	}
+	n, err = s.getNode(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("cluster bootstrapped", "node", id)
+	return &curatorv1.BootstrapClusterResponse{Node: n}, nil
+}
+
+var labelRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$`)
+
+func validateLabels(labels map[string]string) error {
+	if len(labels) > 64 {
+		return fmt.Errorf("%w: at most 64 labels, got %d", errBadRequest, len(labels))
+	}
+	for k, v := range labels {
+		if !labelRE.MatchString(k) {
+			return fmt.Errorf("%w: label key %q: letters, digits, '.', '_', '/', '-', at most 63 characters", errBadRequest, k)
+		}
+		if v != "" && !labelRE.MatchString(v) {
+			return fmt.Errorf("%w: label %q value %q: letters, digits, '.', '_', '/', '-', at most 63 characters", errBadRequest, k, v)
+		}
+	}
+	return nil
+}
+
+func (x *curatorServer) RegisterNode(ctx context.Context, req *curatorv1.RegisterNodeRequest) (*curatorv1.RegisterNodeResponse, error) {
+	resp, err := x.s.register(ctx, req)
+	return resp, toStatus(err)
+}
+
+func (s *Service) register(ctx context.Context, req *curatorv1.RegisterNodeRequest) (*curatorv1.RegisterNodeResponse, error) {
+	pub, id, err := nodeKey(req.GetPublicKey())
+	if err != nil {
+		return nil, err
+	}
+	if p := caller(ctx); p.Name != id {
+		return nil, fmt.Errorf("%w: the call's certificate is for %s but public_key is %s's", errDenied, p.Name, id)
+	}
+	if err := validateLabels(req.GetLabels()); err != nil {
+		return nil, err
+	}
+	t, err := s.etcd.Get(ctx, keys.RegisterTicket)
+	if err != nil {
+		return nil, fmt.Errorf("read register ticket: %w", err)
+	}
+	if len(t.Kvs) == 0 {
+		return nil, fmt.Errorf("%w: the cluster has no register ticket yet; retry shortly", errUnavailable)
+	}
+	if subtle.ConstantTimeCompare(t.Kvs[0].Value, req.GetRegisterTicket()) != 1 {
+		return nil, fmt.Errorf("%w: wrong register ticket (an admin gets the right one with Management/GetRegisterTicket)", errDenied)
+	}
+	if n, err := s.getNode(ctx, id); err == nil {
+		// A node that registers again (a restarted agent) learns its state.
+		return &curatorv1.RegisterNodeResponse{Node: n}, nil
+	}
+	n := &curatorv1.Node{Id: id, PublicKey: pub, State: curatorv1.NodeState_NODE_STATE_NEW, Labels: req.GetLabels()}
+	_, err = s.lead.txn(ctx,
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0)},
+		putNode(n))
+	if err != nil && err != errConflict {
+		return nil, err
+	}
+	if n, err = s.getNode(ctx, id); err != nil {
+		return nil, err
+	}
+	s.log.Info("node registered", "node", id)
+	return &curatorv1.RegisterNodeResponse{Node: n}, nil
+}
+
+func (x *curatorServer) CommitNode(ctx context.Context, req *curatorv1.CommitNodeRequest) (*curatorv1.CommitNodeResponse, error) {
+	resp, err := x.s.commit(ctx)
+	return resp, toStatus(err)
+}
+
+// commit moves an approved node UP and issues its certificate. Committing
+// an UP node again issues a new certificate for the same key, so an agent
+// that lost the answer can finish.
+func (s *Service) commit(ctx context.Context) (*curatorv1.CommitNodeResponse, error) {
+	id := caller(ctx).Name
+	n, err := s.getNode(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("%w (register first)", err)
+	}
+	switch n.State {
+	case curatorv1.NodeState_NODE_STATE_NEW:
+		return nil, fmt.Errorf("%w: node %s is not approved yet: an admin approves it with Management/ApproveNode", errRefused, id)
+	case curatorv1.NodeState_NODE_STATE_STANDBY, curatorv1.NodeState_NODE_STATE_UP:
+	default:
+		return nil, fmt.Errorf("%w: node %s is %s and cannot commit", errRefused, id, n.State)
+	}
+	iss, err := s.ca.Issue(pki.IssueRequest{
+		Cluster:   s.cfg.Cluster,
+		Principal: pki.Principal{Kind: pki.KindNode, Name: id},
+		PublicKey: ed25519.PublicKey(n.PublicKey),
+		Validity:  nodeCertValidity,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("issue node certificate: %w", err)
+	}
+	n.State = curatorv1.NodeState_NODE_STATE_UP
+	n.CertificateSerial = iss.Cert.SerialNumber.Text(16)
+	if _, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, "node.commit", id, "node committed, certificate "+n.CertificateSerial)); err != nil {
+		return nil, err
+	}
+	if n, err = s.getNode(ctx, id); err != nil {
+		return nil, err
+	}
+	s.log.Info("node committed", "node", id, "serial", n.CertificateSerial)
+	return &curatorv1.CommitNodeResponse{Node: n, Certificate: iss.CertPEM, CaCertificate: s.creds.CAPEM}, nil
+}
+
+func (x *curatorServer) UpdateNodeStatus(ctx context.Context, req *curatorv1.UpdateNodeStatusRequest) (*curatorv1.UpdateNodeStatusResponse, error) {
+	err := x.s.updateStatus(ctx, req)
+	return &curatorv1.UpdateNodeStatusResponse{}, toStatus(err)
+}
+
+func (s *Service) updateStatus(ctx context.Context, req *curatorv1.UpdateNodeStatusRequest) error {
+	if p := caller(ctx); p.Name != req.GetNodeId() {
+		return fmt.Errorf("%w: %s may update only its own status, not %s's", errDenied, p, req.GetNodeId())
+	}
+	if err := validateStatus(req.GetStatus()); err != nil {
+		return err
+	}
+	for {
+		n, err := s.getNode(ctx, req.GetNodeId())
+		if err != nil {
+			return err
+		}
+		if protoEqual(n.Status, req.GetStatus()) {
+			return nil
+		}
+		n.Status = req.GetStatus()
+		_, err = s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n))
+		if err != errConflict {
+			return err
+		}
+	}
+}

@@ -1,0 +1,344 @@
+package curator
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"math/big"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/keys"
+	"curia.dev/platform/pki"
+)
+
+// managementServer implements curia.curator.v1.Management.
+type managementServer struct {
+	curatorv1.UnimplementedManagementServer
+	s *Service
+}
+
+func (x *managementServer) ApproveNode(ctx context.Context, req *curatorv1.ApproveNodeRequest) (*curatorv1.ApproveNodeResponse, error) {
+	n, err := x.s.approve(ctx, req.GetNodeId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &curatorv1.ApproveNodeResponse{Node: n}, nil
+}
+
+// approve moves NEW to STANDBY; STANDBY and UP are left alone.
+func (s *Service) approve(ctx context.Context, id string) (*curatorv1.Node, error) {
+	n, err := s.getNode(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	switch n.State {
+	case curatorv1.NodeState_NODE_STATE_STANDBY, curatorv1.NodeState_NODE_STATE_UP:
+		return n, nil
+	case curatorv1.NodeState_NODE_STATE_NEW:
+	default:
+		return nil, fmt.Errorf("%w: node %s is %s; only NEW nodes are approved", errRefused, id, n.State)
+	}
+	n.State = curatorv1.NodeState_NODE_STATE_STANDBY
+	if _, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, "node.approve", id, "approved")); err != nil {
+		return nil, err
+	}
+	s.log.Info("node approved", "node", id, "by", caller(ctx).String())
+	return s.getNode(ctx, id)
+}
+
+func (x *managementServer) UpdateNodeRoles(ctx context.Context, req *curatorv1.UpdateNodeRolesRequest) (*curatorv1.UpdateNodeRolesResponse, error) {
+	n, err := x.s.updateRoles(ctx, req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &curatorv1.UpdateNodeRolesResponse{Node: n}, nil
+}
+
+// updateRoles changes roles in DESIGN §5's fixed order: etcd membership
+// first, the role second. A crash in between leaves "membership ahead of
+// roles", which the reconciler completes; it never leaves a role without
+// membership.
+func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRolesRequest) (*curatorv1.Node, error) {
+	n, err := s.getNode(ctx, req.GetNodeId())
+	if err != nil {
+		return nil, err
+	}
+	if n.State != curatorv1.NodeState_NODE_STATE_UP {
+		return nil, fmt.Errorf("%w: node %s is %s: roles are for UP nodes (approve it and let it commit)", errRefused, n.Id, n.State)
+	}
+	r := n.GetRoles()
+	hasCM, hasKC := r.GetConsensusMember() != nil, r.GetKubernetesController() != nil
+	wantCM, wantKC, wantKW := hasCM, hasKC, r.GetKubernetesWorker() != nil
+	if req.ConsensusMember != nil {
+		wantCM = req.GetConsensusMember()
+	}
+	if req.KubernetesController != nil {
+		wantKC = req.GetKubernetesController()
+	}
+	if req.KubernetesWorker != nil {
+		wantKW = req.GetKubernetesWorker()
+	}
+	if wantKC && !wantCM {
+		if hasKC {
+			return nil, fmt.Errorf("%w: node %s has KubernetesController, which requires ConsensusMember: take it first (kubernetes_controller=false, in this call or before)", errRefused, n.Id)
+		}
+		return nil, fmt.Errorf("%w: KubernetesController requires ConsensusMember: give consensus_member=true (in this call or before)", errRefused)
+	}
+
+	var join *consensusv1.JoinParameters
+	switch {
+	case wantCM && !hasCM:
+		peerURL := n.GetStatus().GetConsensusPeerUrl()
+		if peerURL == "" {
+			return nil, fmt.Errorf("%w: node %s has not reported a consensus peer URL (status.consensus_peer_url); its agent reports one when the node can run consensus", errRefused, n.Id)
+		}
+		f, err := s.lead.fence()
+		if err != nil {
+			return nil, err
+		}
+		err = s.consensus.do(ctx, "add "+n.Id+" to etcd", func(c consensusv1.ConsensusClient) error {
+			resp, err := c.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: n.Id, PeerUrl: peerURL, Fence: f.Proto()})
+			join = resp.GetJoin()
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	case !wantCM && hasCM:
+		f, err := s.lead.fence()
+		if err != nil {
+			return nil, err
+		}
+		err = s.consensus.do(ctx, "remove "+n.Id+" from etcd", func(c consensusv1.ConsensusClient) error {
+			_, err := c.RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: n.Id}, Fence: f.Proto()})
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	// The role follows. Other writes (status updates) may race with us:
+	// re-read and apply again; membership already moved and the role must
+	// follow it.
+	reason := req.GetReason()
+	if reason == "" {
+		reason = "UpdateNodeRoles"
+	}
+	for {
+		roles := &curatorv1.Roles{}
+		if wantCM {
+			roles.ConsensusMember = n.GetRoles().GetConsensusMember()
+			if join != nil {
+				roles.ConsensusMember = &curatorv1.ConsensusMember{Join: join}
+			}
+		}
+		if wantKC {
+			roles.KubernetesController = &curatorv1.KubernetesController{}
+		}
+		if wantKW {
+			roles.KubernetesWorker = &curatorv1.KubernetesWorker{}
+		}
+		if protoEqual(roles, n.GetRoles()) {
+			return n, nil
+		}
+		action := fmt.Sprintf("roles.update consensus_member=%v kubernetes_controller=%v kubernetes_worker=%v", wantCM, wantKC, wantKW)
+		n.Roles = roles
+		_, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, action, n.Id, reason))
+		if err == nil {
+			s.log.Info("roles updated", "node", n.Id, "consensus_member", wantCM, "kubernetes_controller", wantKC, "kubernetes_worker", wantKW, "by", caller(ctx).String())
+			return s.getNode(ctx, n.Id)
+		}
+		if err != errConflict {
+			return nil, err
+		}
+		if n, err = s.getNode(ctx, n.Id); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func (x *managementServer) DeleteNode(ctx context.Context, req *curatorv1.DeleteNodeRequest) (*curatorv1.DeleteNodeResponse, error) {
+	resp, err := x.s.deleteNode(ctx, req)
+	return resp, toStatus(err)
+}
+
+// deleteNode deletes a node and revokes its certificate, in one write. A
+// node that is still an etcd member loses that membership to the
+// reconciler afterwards.
+func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeRequest) (*curatorv1.DeleteNodeResponse, error) {
+	for {
+		n, err := s.getNode(ctx, req.GetNodeId())
+		if err != nil {
+			return nil, err
+		}
+		if hasRoles(n.GetRoles()) && !req.GetSafetyBypassHasRoles() {
+			return nil, fmt.Errorf("%w: node %s has roles (%s): take them away with UpdateNodeRoles first, or set safety_bypass_has_roles (the reconciler then removes its etcd member)", errRefused, n.Id, roleNames(n.GetRoles()))
+		}
+		if n.State == curatorv1.NodeState_NODE_STATE_UP && !req.GetSafetyBypassNotDecommissioned() {
+			return nil, fmt.Errorf("%w: node %s is UP, not decommissioned: set safety_bypass_not_decommissioned to delete it anyway", errRefused, n.Id)
+		}
+		ops := []clientv3.Op{clientv3.OpDelete(keys.Node(n.Id)), clientv3.OpDelete(keys.Heartbeat(n.Id)), s.auditOp(ctx, "node.delete", n.Id, "deleted; certificate "+n.CertificateSerial+" revoked")}
+		cmps := []clientv3.Cmp{unchanged(n)}
+		if n.CertificateSerial != "" {
+			put, cmp, err := s.revoke(ctx, n.CertificateSerial)
+			if err != nil {
+				return nil, err
+			}
+			ops, cmps = append(ops, put), append(cmps, cmp)
+		}
+		_, err = s.lead.txn(ctx, cmps, ops...)
+		if err == errConflict {
+			continue // the node or the CRL changed: decide again
+		}
+		if err != nil {
+			return nil, err
+		}
+		s.log.Info("node deleted", "node", n.Id, "revoked", n.CertificateSerial, "by", caller(ctx).String())
+		return &curatorv1.DeleteNodeResponse{RevokedSerial: n.CertificateSerial}, nil
+	}
+}
+
+func roleNames(r *curatorv1.Roles) string {
+	var names []string
+	if r.GetConsensusMember() != nil {
+		names = append(names, "ConsensusMember")
+	}
+	if r.GetKubernetesController() != nil {
+		names = append(names, "KubernetesController")
+	}
+	if r.GetKubernetesWorker() != nil {
+		names = append(names, "KubernetesWorker")
+	}
+	return strings.Join(names, ", ")
+}
+
+// crlValidity is how long a CRL stays valid; it is re-signed on every
+// revocation.
+const crlValidity = 365 * 24 * time.Hour
+
+// revoke returns the write of a new CRL that also revokes serial (hex), and
+// the comparison that the CRL did not change since it was read.
+func (s *Service) revoke(ctx context.Context, serial string) (clientv3.Op, clientv3.Cmp, error) {
+	sn, ok := new(big.Int).SetString(serial, 16)
+	if !ok {
+		return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("certificate serial %q is not hex", serial)
+	}
+	resp, err := s.etcd.Get(ctx, keys.CRL)
+	if err != nil {
+		return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("read CRL: %w", err)
+	}
+	var entries []x509.RevocationListEntry
+	number := big.NewInt(1)
+	var rev int64
+	if len(resp.Kvs) > 0 {
+		rev = resp.Kvs[0].ModRevision
+		crl, err := pki.VerifyCRL(resp.Kvs[0].Value, s.ca.Cert)
+		if err != nil {
+			return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("stored CRL: %w", err)
+		}
+		entries = crl.RevokedCertificateEntries
+		number.Add(crl.Number, big.NewInt(1))
+	}
+	entries = append(entries, x509.RevocationListEntry{SerialNumber: sn, RevocationTime: time.Now()})
+	pem, err := s.ca.CRL(entries, number, crlValidity)
+	if err != nil {
+		return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("sign CRL: %w", err)
+	}
+	return clientv3.OpPut(keys.CRL, string(pem)), clientv3.Compare(clientv3.ModRevision(keys.CRL), "=", rev), nil
+}
+
+func (x *managementServer) GetRegisterTicket(ctx context.Context, _ *curatorv1.GetRegisterTicketRequest) (*curatorv1.GetRegisterTicketResponse, error) {
+	resp, err := x.s.etcd.Get(ctx, keys.RegisterTicket)
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("read register ticket: %w", err))
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, toStatus(fmt.Errorf("%w: no register ticket yet (the leader creates it); retry shortly", errUnavailable))
+	}
+	return &curatorv1.GetRegisterTicketResponse{Ticket: resp.Kvs[0].Value}, nil
+}
+
+func (x *managementServer) GetClusterInfo(ctx context.Context, _ *curatorv1.GetClusterInfoRequest) (*curatorv1.GetClusterInfoResponse, error) {
+	s := x.s
+	cur, _ := s.lead.leader()
+	info := &curatorv1.GetClusterInfoResponse{
+		ClusterName:   s.cfg.Cluster,
+		CaCertificate: s.creds.CAPEM,
+		LeaderName:    cur.Name,
+		Term:          cur.Term,
+		NodesByState:  map[string]int64{},
+	}
+	err := s.eachNode(ctx, func(n *curatorv1.Node) error {
+		info.NodesByState[n.State.String()]++
+		return nil
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return info, nil
+}
+
+// eachNode calls f for every node, reading in pages.
+func (s *Service) eachNode(ctx context.Context, f func(*curatorv1.Node) error) error {
+	const page = 500
+	key := keys.NodesPrefix
+	end := clientv3.GetPrefixRangeEnd(keys.NodesPrefix)
+	var rev int64
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(page)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev)) // one consistent snapshot
+		}
+		resp, err := s.etcd.Get(ctx, key, opts...)
+		if err != nil {
+			return fmt.Errorf("read nodes: %w", err)
+		}
+		rev = resp.Header.Revision
+		for _, kv := range resp.Kvs {
+			n, err := decodeNode(kv.Value, kv.ModRevision)
+			if err != nil {
+				return fmt.Errorf("node %s: %w", kv.Key, err)
+			}
+			if err := f(n); err != nil {
+				return err
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+func (x *curatorServer) GetCurrentLeader(_ *curatorv1.GetCurrentLeaderRequest, stream curatorv1.Curator_GetCurrentLeaderServer) error {
+	s := x.s
+	for {
+		cur, changed := s.lead.leader()
+		_, _, ours := s.lead.ours()
+		resp := &curatorv1.GetCurrentLeaderResponse{
+			LeaderName:    cur.Name,
+			LeaderAddress: cur.Address,
+			Term:          cur.Term,
+			ThisName:      s.cfg.Name,
+			ThisIsLeader:  ours && cur.Name == s.cfg.Name,
+		}
+		if !cur.Since.IsZero() {
+			resp.Since = timestamppb.New(cur.Since)
+		}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-changed:
+		}
+	}
+}

@@ -1,0 +1,94 @@
+package curator
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/keys"
+	"curia.dev/platform/pki"
+)
+
+// Nodes are stored as curia.curator.v1.Node under keys.Node(id), without the
+// fields computed on read (health, last heartbeat, revision).
+
+// getNode reads a node; its Revision is the record's ModRevision.
+func (s *Service) getNode(ctx context.Context, id string) (*curatorv1.Node, error) {
+	if err := validNodeID(id); err != nil {
+		return nil, err
+	}
+	resp, err := s.etcd.Get(ctx, keys.Node(id))
+	if err != nil {
+		return nil, fmt.Errorf("read node %s: %w", id, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, fmt.Errorf("%w: node %s does not exist", errNotFound, id)
+	}
+	return decodeNode(resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
+}
+
+func decodeNode(b []byte, rev int64) (*curatorv1.Node, error) {
+	n := &curatorv1.Node{}
+	if err := proto.Unmarshal(b, n); err != nil {
+		return nil, fmt.Errorf("decode node record: %w", err)
+	}
+	n.Revision = rev
+	return n, nil
+}
+
+// putNode is the operation that stores n.
+func putNode(n *curatorv1.Node) clientv3.Op {
+	c := proto.Clone(n).(*curatorv1.Node)
+	c.Health, c.LastHeartbeat, c.Revision = curatorv1.NodeHealth_NODE_HEALTH_UNSPECIFIED, nil, 0
+	b, err := proto.Marshal(c)
+	if err != nil {
+		panic(fmt.Sprintf("marshal node: %v", err)) // cannot happen for a valid message
+	}
+	return clientv3.OpPut(keys.Node(n.Id), string(b))
+}
+
+// unchanged is the comparison "n's record is still at the revision read".
+func unchanged(n *curatorv1.Node) clientv3.Cmp {
+	return clientv3.Compare(clientv3.ModRevision(keys.Node(n.Id)), "=", n.Revision)
+}
+
+func validNodeID(id string) error {
+	if err := (pki.Principal{Kind: pki.KindNode, Name: id}).Validate(); err != nil {
+		return fmt.Errorf("%w: node id %q is not node-<32 hex digits>", errBadRequest, id)
+	}
+	return nil
+}
+
+// hasRoles reports whether a node holds any role.
+func hasRoles(r *curatorv1.Roles) bool {
+	return r.GetConsensusMember() != nil || r.GetKubernetesController() != nil || r.GetKubernetesWorker() != nil
+}
+
+func protoEqual(a, b proto.Message) bool { return proto.Equal(a, b) }
+
+// validateStatus checks what a node reports about itself.
+func validateStatus(st *curatorv1.NodeStatus) error {
+	for name, u := range map[string]string{"consensus_peer_url": st.GetConsensusPeerUrl(), "consensus_client_url": st.GetConsensusClientUrl()} {
+		if u == "" {
+			continue
+		}
+		parsed, err := url.Parse(u)
+		if err != nil || parsed.Scheme != "https" || parsed.Port() == "" || (parsed.Path != "" && parsed.Path != "/") {
+			return fmt.Errorf("%w: status.%s %q: want https://host:port", errBadRequest, name, u)
+		}
+	}
+	if a := st.GetConsensusApi(); a != "" {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("%w: status.consensus_api %q: want host:port", errBadRequest, a)
+		}
+	}
+	if len(st.GetAddress()) > 253 || len(st.GetVersion()) > 128 || len(st.GetRunningServices()) > 32 {
+		return fmt.Errorf("%w: status too large (address ≤253, version ≤128 characters, ≤32 services)", errBadRequest)
+	}
+	return nil
+}
