@@ -151,6 +151,7 @@ type Service struct {
 	rpc       *rpc.Server
 	lead      *leadership
 	consensus *consensusPool
+	watch     *watchHub
 }
 
 // New prepares a replica; nothing listens until Run.
@@ -189,6 +190,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	s := &Service{cfg: cfg, log: log, creds: creds, ca: ca, etcd: cli}
 	s.lead = newLeadership(s)
 	s.consensus = newConsensusPool(s)
+	s.watch = newWatchHub(s)
 	srv, err := rpc.NewServer(rpc.ServerConfig{
 		Credentials:        creds,
 		Policy:             policy(),
@@ -204,6 +206,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	}
 	curatorv1.RegisterCuratorServer(srv.GRPC(), &curatorServer{s: s})
 	curatorv1.RegisterManagementServer(srv.GRPC(), &managementServer{s: s})
+	curatorv1.RegisterLeasesServer(srv.GRPC(), &leasesServer{s: s})
 	s.rpc = srv
 	return s, nil
 }
@@ -222,6 +225,7 @@ func (s *Service) Run(ctx context.Context) error {
 	g.Add("grpc", func(ctx context.Context) error { return s.rpc.Serve(ctx, lis) })
 	g.Add("election", s.lead.campaign)
 	g.Add("observe", s.lead.observe)
+	g.Add("watch", s.watch.run)
 	s.log.Info("curator serving", "listen", lis.Addr().String(), "advertise", s.cfg.Advertise)
 	return g.Run(ctx)
 }
