@@ -72,7 +72,7 @@ test: ## run every test (real etcd, real mTLS, loopback)
 
 .PHONY: bench
 bench: ## Go benchmarks (bootstrap-to-ready, join-to-voter, ...)
-	go test -run '^$$' -bench . -benchtime 3x ./services/consensus/
+	go test -run '^$$' -bench . -benchtime 3x ./services/consensus/ ./services/curator/
 
 .PHONY: build
 build: ## static binaries into bin/

@@ -123,6 +123,21 @@ func (p *Proc) Kill() { p.Signal(syscall.SIGKILL) }
 // Stop sends SIGTERM and waits for the process to exit.
 func (p *Proc) Stop() { p.Signal(syscall.SIGTERM) }
 
+// Pause freezes the process (SIGSTOP), as a long GC pause or a stalled VM
+// would; Resume lets it go on (SIGCONT).
+func (p *Proc) Pause() { p.send(syscall.SIGSTOP) }
+
+// Resume continues a paused process.
+func (p *Proc) Resume() { p.send(syscall.SIGCONT) }
+
+func (p *Proc) send(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		p.cmd.Process.Signal(sig)
+	}
+}
+
 // Signal sends sig and waits for the process to exit (SIGKILL after 30s).
 func (p *Proc) Signal(sig syscall.Signal) {
 	p.mu.Lock()

@@ -175,6 +175,9 @@ type authorizer struct {
 	// trustForwardedFrom are the kinds whose ForwardedPrincipalHeader is
 	// honoured.
 	trustForwardedFrom []pki.Kind
+	// isRevoked is asked on every call too, not only at the handshake: a
+	// connection opened before a revocation must not outlive it.
+	isRevoked func(*x509.Certificate) bool
 }
 
 // peerPrincipal maps the client's certificate to a principal.
@@ -188,7 +191,11 @@ func (a *authorizer) peerPrincipal(ctx context.Context) (pki.Principal, error) {
 	var err error
 	switch {
 	case len(info.State.VerifiedChains) > 0:
-		who, err = pki.PrincipalFromCert(info.State.VerifiedChains[0][0], a.cluster)
+		leaf := info.State.VerifiedChains[0][0]
+		if a.isRevoked != nil && a.isRevoked(leaf) {
+			return pki.Principal{}, status.Errorf(codes.Unauthenticated, "client certificate %s is revoked", leaf.SerialNumber.Text(16))
+		}
+		who, err = pki.PrincipalFromCert(leaf, a.cluster)
 	case a.enrolling != nil && len(info.State.PeerCertificates) > 0:
 		who, err = a.enrolling(info.State.PeerCertificates)
 	default:

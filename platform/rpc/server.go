@@ -136,7 +136,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		logging.WithDurationField(func(d time.Duration) logging.Fields { return logging.Fields{"duration", d} }),
 	}
 	tlsConfig := ServerTLSConfig(cfg.Credentials, cfg.IsRevoked)
-	authz := &authorizer{cluster: cfg.Credentials.Cluster, policy: cfg.Policy, trustForwardedFrom: slices.Clone(cfg.TrustForwardedFrom)}
+	authz := &authorizer{cluster: cfg.Credentials.Cluster, policy: cfg.Policy, trustForwardedFrom: slices.Clone(cfg.TrustForwardedFrom), isRevoked: cfg.IsRevoked}
 	if cfg.AllowEnrolling {
 		tlsConfig = enrollingServerTLSConfig(cfg.Credentials, cfg.IsRevoked)
 		authz.enrolling = func(certs []*x509.Certificate) (pki.Principal, error) {

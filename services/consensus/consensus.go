@@ -29,6 +29,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/crl"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
@@ -162,6 +163,7 @@ type Service struct {
 	creds  *rpc.Credentials
 	member *member
 	rpc    *rpc.Server
+	crl    *crl.Watcher
 }
 
 // New prepares the service; nothing listens until Run.
@@ -182,11 +184,16 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, log: log, creds: creds, member: m}
+	caCert, err := pki.ParseCertPEM(creds.CAPEM)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, log: log, creds: creds, member: m, crl: crl.New(caCert, log.With("part", "crl"))}
 	srv, err := rpc.NewServer(rpc.ServerConfig{
 		Credentials: creds,
 		Policy:      policy(cfg.nodeID),
 		Logger:      log.With("part", "grpc"),
+		IsRevoked:   s.crl.IsRevoked,
 	})
 	if err != nil {
 		return nil, err
@@ -213,6 +220,7 @@ func (s *Service) Run(ctx context.Context) error {
 	var g run.Group
 	g.Add("grpc", func(ctx context.Context) error { return s.rpc.Serve(ctx, lis) })
 	g.Add("member", s.runMember)
+	g.Add("crl", s.followCRL)
 	if s.cfg.ListenMetrics != "" {
 		g.Add("metrics", func(ctx context.Context) error { return serveMetrics(ctx, s.cfg.ListenMetrics, s.rpc.MetricsHandler()) })
 	}
@@ -235,6 +243,23 @@ func (s *Service) runMember(ctx context.Context) error {
 	s.member.lifeMu.Unlock()
 	<-ctx.Done()
 	s.member.stop()
+	return nil
+}
+
+// followCRL enforces the cluster's revocation list on the API while the
+// local member runs (it reads the list from etcd through the member).
+func (s *Service) followCRL(ctx context.Context) error {
+	for ctx.Err() == nil {
+		if _, cli, err := s.member.running(); err == nil {
+			s.crl.Run(ctx, cli)
+		}
+		t := time.NewTimer(time.Second)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
 	return nil
 }
 

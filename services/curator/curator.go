@@ -34,6 +34,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/crl"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
@@ -152,6 +153,7 @@ type Service struct {
 	lead      *leadership
 	consensus *consensusPool
 	watch     *watchHub
+	crl       *crl.Watcher
 }
 
 // New prepares a replica; nothing listens until Run.
@@ -188,6 +190,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}
 	s := &Service{cfg: cfg, log: log, creds: creds, ca: ca, etcd: cli}
+	s.crl = crl.New(ca.Cert, log.With("part", "crl"))
 	s.lead = newLeadership(s)
 	s.consensus = newConsensusPool(s)
 	s.watch = newWatchHub(s)
@@ -196,6 +199,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		Policy:             policy(),
 		Logger:             log.With("part", "grpc"),
 		AllowEnrolling:     true,
+		IsRevoked:          s.crl.IsRevoked,
 		TrustForwardedFrom: []pki.Kind{pki.KindCurator},
 		UnaryInterceptors:  []grpc.UnaryServerInterceptor{s.lead.forwardUnary},
 		StreamInterceptors: []grpc.StreamServerInterceptor{s.lead.forwardStream},
@@ -226,6 +230,7 @@ func (s *Service) Run(ctx context.Context) error {
 	g.Add("election", s.lead.campaign)
 	g.Add("observe", s.lead.observe)
 	g.Add("watch", s.watch.run)
+	g.Add("crl", func(ctx context.Context) error { return s.crl.Run(ctx, s.etcd) })
 	s.log.Info("curator serving", "listen", lis.Addr().String(), "advertise", s.cfg.Advertise)
 	return g.Run(ctx)
 }
