@@ -19,7 +19,7 @@ GRPCURL     := $(TOOLS)/grpcurl
 export PATH := $(TOOLS):$(PATH)
 
 # Go modules of the workspace (go.work); `go ... work` means all of them.
-MODULES := gen platform services/consensus services/curator
+MODULES := gen platform services/consensus services/curator services/reconciler
 # Binaries that `make build` produces, static, for FROM scratch images.
 CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator platform/cmd/curia-pki
 BIN     := $(CURDIR)/bin
