@@ -10,6 +10,7 @@
 //	├── audit/<time>-<recorder>    audit log of membership and role changes
 //	├── nodes/<node id>            the node registry
 //	├── heartbeats/<node id>       a node's last heartbeat, bound to an etcd lease
+//	├── heartbeats-seen/<node id>  a node's last recorded heartbeat, no lease
 //	├── cluster/register-ticket    the ticket nodes register with (raw bytes)
 //	└── pki/crl                    the cluster CA's revocation list (PEM)
 package keys
@@ -60,6 +61,15 @@ const (
 	// leader change because etcd keeps it, not the leader's memory.
 	HeartbeatsPrefix = Prefix + "heartbeats/"
 
+	// HeartbeatsSeenPrefix holds heartbeats-seen/<node id> = time of the
+	// node's last recorded heartbeat (RFC 3339), without a lease. It tells a
+	// node whose heartbeats stopped (HEARTBEAT_TIMEOUT: this key, no
+	// heartbeats/<node id>) from one that never sent any (UNKNOWN: neither
+	// key), also after a curator leader change, and says when the silent node
+	// was last heard. The curator leader writes it in the same transaction as
+	// heartbeats/<node id>; it is deleted with the node.
+	HeartbeatsSeenPrefix = Prefix + "heartbeats-seen/"
+
 	// RegisterTicket is the cluster's register ticket (raw bytes), created
 	// by the first curator leader.
 	RegisterTicket = Prefix + "cluster/register-ticket"
@@ -90,3 +100,6 @@ func Node(id string) string { return NodesPrefix + id }
 
 // Heartbeat is the key of a node's heartbeat.
 func Heartbeat(id string) string { return HeartbeatsPrefix + id }
+
+// HeartbeatSeen is the key of the record that a node has sent heartbeats.
+func HeartbeatSeen(id string) string { return HeartbeatsSeenPrefix + id }

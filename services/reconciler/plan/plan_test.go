@@ -247,8 +247,8 @@ func TestBackgroundSyncEtcd(t *testing.T) {
 func TestGuardsAndLearners(t *testing.T) {
 	base := func() Observed {
 		return Observed{Epoch: 3, AnsweredBy: 1, Now: time.Unix(1000, 0),
-			Members: []Member{{ID: 1, NodeID: "a", Started: true}, {ID: 2, NodeID: "b", Started: true}},
-			Nodes:   []Node{{ID: "a", ConsensusMember: true}, {ID: "b", ConsensusMember: true}},
+			Members:      []Member{{ID: 1, NodeID: "a", Started: true}, {ID: 2, NodeID: "b", Started: true}},
+			Nodes:        []Node{{ID: "a", ConsensusMember: true}, {ID: "b", ConsensusMember: true}},
 			LearnerSince: map[uint64]time.Time{}, ReadySince: map[uint64]time.Time{}}
 	}
 	cases := map[string]struct {
@@ -257,8 +257,8 @@ func TestGuardsAndLearners(t *testing.T) {
 		want   Kind
 		says   string
 	}{
-		"converged": {func(o *Observed) {}, cfg, None, "converged"},
-		"answering member unknown": {func(o *Observed) { o.AnsweredBy = 9 }, cfg, Refuse, "not in it"},
+		"converged":                   {func(o *Observed) {}, cfg, None, "converged"},
+		"answering member unknown":    {func(o *Observed) { o.AnsweredBy = 9 }, cfg, Refuse, "not in it"},
 		"answering member not a node": {func(o *Observed) { o.Nodes = o.Nodes[1:] }, cfg, Refuse, "not a cluster node"},
 		"most members match no node": {func(o *Observed) {
 			o.Members = append(o.Members, Member{ID: 3, NodeID: "x", Started: true}, Member{ID: 4, NodeID: "y", Started: true}, Member{ID: 5, NodeID: "z", Started: true})
