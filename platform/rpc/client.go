@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 )
 
 // ClientConfig configures Dial.
@@ -43,7 +45,30 @@ func Dial(target string, cfg ClientConfig) (*grpc.ClientConn, error) {
 
 // dial is Dial with the TLS configuration made; cfg.Credentials and
 // cfg.ServerKinds are not used.
-func dial(target string, tlsConfig *tls.Config, cfg ClientConfig) (*grpc.ClientConn, error) {
+// DialAny connects to one of several replicas of a service (host:port
+// each): the connection uses the first that answers and moves to another
+// when it fails. A single address is dialled as is (a DNS name that
+// resolves to every replica, as in compose, works too).
+func DialAny(addrs []string, cfg ClientConfig) (*grpc.ClientConn, error) {
+	if cfg.Credentials == nil {
+		return nil, errors.New("rpc client: no credentials")
+	}
+	switch len(addrs) {
+	case 0:
+		return nil, errors.New("rpc client: no address")
+	case 1:
+		return Dial(addrs[0], cfg)
+	}
+	r := manual.NewBuilderWithScheme("curia-replicas")
+	state := resolver.State{}
+	for _, a := range addrs {
+		state.Addresses = append(state.Addresses, resolver.Address{Addr: a})
+	}
+	r.InitialState(state)
+	return dial(r.Scheme()+":///"+strings.Join(addrs, ","), ClientTLSConfig(cfg.Credentials, cfg.ServerKinds), cfg, grpc.WithResolvers(r))
+}
+
+func dial(target string, tlsConfig *tls.Config, cfg ClientConfig, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsConfig)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
@@ -73,7 +98,7 @@ func dial(target string, tlsConfig *tls.Config, cfg ClientConfig) (*grpc.ClientC
 			grpc.WithChainStreamInterceptor(logging.StreamClientInterceptor(logger, logOpts...)),
 		)
 	}
-	conn, err := grpc.NewClient(target, opts...)
+	conn, err := grpc.NewClient(target, append(opts, extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", target, err)
 	}

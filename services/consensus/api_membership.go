@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/types"
@@ -260,21 +261,25 @@ func (x *server) promote(ctx context.Context, req *consensusv1.PromoteMemberRequ
 // learnerReady approximates etcd's own readiness rule (the learner's log is
 // within 10% of the leader's) from the members' status.
 func (c *change) learnerReady(ctx context.Context, m *etcdMember) error {
-	node := c.snap.nodeID(m)
+	return learnerCaughtUp(ctx, c.cli, c.snap, m, c.x.s.cfg.HealthTimeout)
+}
+
+func learnerCaughtUp(ctx context.Context, cli *clientv3.Client, snap *membership, m *etcdMember, timeout time.Duration) error {
+	node := snap.nodeID(m)
 	if m.Name == "" || len(m.ClientURLs) == 0 {
 		return fmt.Errorf("%w: learner %s (node %q) has not started yet: start its consensus service with the join parameters, then promote", errRefused, types.ID(m.ID), node)
 	}
-	pctx, cancel := context.WithTimeout(ctx, c.x.s.cfg.HealthTimeout)
+	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	ls, err := c.cli.Status(pctx, m.ClientURLs[0])
+	ls, err := cli.Status(pctx, m.ClientURLs[0])
 	if err != nil {
 		return fmt.Errorf("%w: learner %s (node %q) does not answer (%v): it cannot be promoted until it runs", errRefused, types.ID(m.ID), node, err)
 	}
-	leader := c.snap.byID(ls.Leader)
+	leader := snap.byID(ls.Leader)
 	if leader == nil || len(leader.ClientURLs) == 0 {
 		return fmt.Errorf("%w: learner %s (node %q) knows no leader yet", errRefused, types.ID(m.ID), node)
 	}
-	lead, err := c.cli.Status(pctx, leader.ClientURLs[0])
+	lead, err := cli.Status(pctx, leader.ClientURLs[0])
 	if err != nil {
 		return fmt.Errorf("ask leader %s for its raft index: %w", types.ID(leader.ID), err)
 	}

@@ -41,6 +41,7 @@ func (x *server) ListMembers(ctx context.Context, _ *consensusv1.ListMembersRequ
 	}
 	for _, m := range snap.members {
 		pm := snap.toProto(m)
+		pm.CaughtUp = !m.IsLearner || learnerCaughtUp(ctx, cli, snap, m, x.s.cfg.HealthTimeout) == nil
 		if m.ID == snap.answeredBy {
 			resp.AnsweredByNodeId = pm.NodeId
 		}

@@ -453,7 +453,10 @@ type Member struct {
 	// Whether the member is a learner.
 	Learner bool `protobuf:"varint,5,opt,name=learner,proto3" json:"learner,omitempty"`
 	// Whether the member ever started (it has published its name).
-	Started       bool `protobuf:"varint,6,opt,name=started,proto3" json:"started,omitempty"`
+	Started bool `protobuf:"varint,6,opt,name=started,proto3" json:"started,omitempty"`
+	// For a learner: whether its log is close enough to the leader's for etcd
+	// to promote it (within 10% of the leader's raft index). Voters: true.
+	CaughtUp      bool `protobuf:"varint,7,opt,name=caught_up,json=caughtUp,proto3" json:"caught_up,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -526,6 +529,13 @@ func (x *Member) GetLearner() bool {
 func (x *Member) GetStarted() bool {
 	if x != nil {
 		return x.Started
+	}
+	return false
+}
+
+func (x *Member) GetCaughtUp() bool {
+	if x != nil {
+		return x.CaughtUp
 	}
 	return false
 }
@@ -1452,7 +1462,7 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\tpeer_urls\x18\r \x03(\tR\bpeerUrls\x12\x1f\n" +
 	"\vclient_urls\x18\x0e \x03(\tR\n" +
 	"clientUrls\"\x14\n" +
-	"\x12ListMembersRequest\"\xa3\x01\n" +
+	"\x12ListMembersRequest\"\xc0\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1b\n" +
@@ -1460,7 +1470,8 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\vclient_urls\x18\x04 \x03(\tR\n" +
 	"clientUrls\x12\x18\n" +
 	"\alearner\x18\x05 \x01(\bR\alearner\x12\x18\n" +
-	"\astarted\x18\x06 \x01(\bR\astarted\"\xd8\x01\n" +
+	"\astarted\x18\x06 \x01(\bR\astarted\x12\x1b\n" +
+	"\tcaught_up\x18\a \x01(\bR\bcaughtUp\"\xd8\x01\n" +
 	"\x13ListMembersResponse\x124\n" +
 	"\amembers\x18\x01 \x03(\v2\x1a.curia.consensus.v1.MemberR\amembers\x121\n" +
 	"\x15answered_by_member_id\x18\x02 \x01(\x04R\x12answeredByMemberId\x12-\n" +
