@@ -113,6 +113,16 @@ func (f Fence) HasKeyUnder(prefix string) bool {
 	return false
 }
 
+// HasKey reports whether some condition is on exactly key.
+func (f Fence) HasKey(key string) bool {
+	for _, c := range f.Conditions {
+		if c.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
 // StaleError says why a fence no longer holds. Nothing was written.
 type StaleError struct {
 	Reason string

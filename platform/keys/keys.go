@@ -4,7 +4,7 @@
 //
 //	/curia/
 //	├── leader/<lease id>          curator election (concurrency.Election)
-//	├── leases/<name>              named leases, e.g. leases/reconciler
+//	├── leases/<name>              named leases (JSON), e.g. leases/reconciler
 //	├── membership/epoch           bumped by every real membership change
 //	├── membership/joining/<url>   node id a learner was added for, by peer URL
 //	├── audit/<time>-<recorder>    audit log of membership and role changes
@@ -31,9 +31,21 @@ const (
 	// fence is [leader key @ term]. Written by concurrency.Election.
 	LeaderElection = Prefix + "leader/"
 
-	// LeasesPrefix holds named leases granted by the curator leader
-	// (leases/<name>, value curia.curator.v1 lease record), each bound to an
-	// etcd lease. Its create revision is the holder's fence.
+	// LeasesPrefix holds named leases granted by the curator leader,
+	// leases/<name> (a DNS label, e.g. leases/reconciler). The value is JSON
+	// (not protobuf; no proto message exists for it):
+	//
+	//	{"holder": "<who acquired it>", "term": <granting leader's term>,
+	//	 "leader_key": "<its election key>", "ttl_seconds": <etcd lease TTL>,
+	//	 "granted": "<RFC 3339 time of the grant>"}
+	//
+	// Each record is bound to an etcd lease of the TTL and created by the
+	// leader in a term-guarded txn with CreateRevision == 0; it is never
+	// rewritten in place (keep-alives extend only the etcd lease, which is
+	// the truth about expiry), only deleted and created anew. The holder's
+	// fence is [leader_key @ term, leases/<name> @ create revision]. A record
+	// of an older term is never kept alive and is replaced by the next
+	// Acquire.
 	LeasesPrefix = Prefix + "leases/"
 
 	// MembershipEpoch is bumped (re-Put) in the fenced transaction before

@@ -21,13 +21,15 @@ var (
 )
 
 // Build builds the command package pkg (e.g.
-// "curia.dev/services/consensus/cmd/consensus") once per test process and
-// returns the binary's path. The test must run inside the go.work.
-func Build(t testing.TB, pkg string) string {
+// "curia.dev/services/consensus/cmd/consensus") with the given build tags
+// once per test process and returns the binary's path. The test must run
+// inside the go.work.
+func Build(t testing.TB, pkg string, tags ...string) string {
 	t.Helper()
 	buildMu.Lock()
 	defer buildMu.Unlock()
-	if p, ok := built[pkg]; ok {
+	key := pkg + " " + strings.Join(tags, ",")
+	if p, ok := built[key]; ok {
 		return p
 	}
 	dir, err := os.MkdirTemp("", "curia-bin-")
@@ -35,11 +37,11 @@ func Build(t testing.TB, pkg string) string {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, filepath.Base(pkg))
-	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+	out, err := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", bin, pkg).CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 	}
-	built[pkg] = bin
+	built[key] = bin
 	return bin
 }
 
@@ -51,6 +53,8 @@ type Proc struct {
 	bin  string
 	args []string
 	Log  string
+	// Env is the process's environment (the test's, by default).
+	Env []string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -60,6 +64,7 @@ type Proc struct {
 // New prepares a process; Start runs it. It is killed when the test ends.
 func New(t testing.TB, name, bin string, args ...string) *Proc {
 	p := &Proc{t: t, Name: name, bin: bin, args: args, Log: filepath.Join(t.TempDir(), name+".log")}
+	p.Env = os.Environ()
 	t.Cleanup(func() {
 		p.Kill()
 		if t.Failed() {
@@ -84,13 +89,18 @@ func (p *Proc) Start() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd != nil {
-		return
+		select {
+		case <-p.done: // it exited on its own: start it again
+		default:
+			return
+		}
 	}
 	logf, err := os.OpenFile(p.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		p.t.Fatal(err)
 	}
 	cmd := exec.Command(p.bin, p.args...)
+	cmd.Env = p.Env
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		p.t.Fatal(err)
@@ -100,11 +110,19 @@ func (p *Proc) Start() {
 	p.cmd, p.done = cmd, done
 }
 
-// Running reports whether the process runs.
+// Running reports whether the process runs (started and not exited).
 func (p *Proc) Running() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.cmd != nil
+	if p.cmd == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
 }
 
 // PID is the running process's id (0 when stopped).

@@ -77,7 +77,7 @@ func checkFence(actor pki.Principal, f fence.Fence) error {
 			return fmt.Errorf("%w: the curator's fence must include its leader key (under %s)", errBadRequest, keys.LeaderElection)
 		}
 	case pki.KindReconciler:
-		if !f.HasKeyUnder(keys.LeaderElection) || !f.HasKeyUnder(keys.Lease("reconciler")) {
+		if !f.HasKeyUnder(keys.LeaderElection) || !f.HasKey(keys.Lease("reconciler")) {
 			return fmt.Errorf("%w: the reconciler's fence must include the leader key that granted its lease (under %s) and the lease %s", errBadRequest, keys.LeaderElection, keys.Lease("reconciler"))
 		}
 	}

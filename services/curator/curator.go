@@ -13,8 +13,13 @@
 // Files: curator.go (config, run), leader.go (election, term-guarded
 // writes), follower.go (forwarding), store.go (node records),
 // leader_enrolment.go (bootstrap, register, commit), leader_management.go
-// (the admin API), consensus.go (calls to the consensus services),
-// policy.go (who may call what), errors.go (the one mapping to gRPC codes).
+// (roles, delete, cluster info), leader_nodes.go and filter.go (GetNodes
+// with CEL filters), heartbeat.go (heartbeats and health),
+// leader_consensus_status.go, leader_audit.go, leader_leases.go (leases and
+// the reconciler's fenced role writes), watch.go (one etcd watch fanned out
+// to every Watch stream), consensus.go (calls to the consensus services),
+// policy.go (who may call what), errors.go (the one mapping to gRPC codes),
+// failpoint.go (test-only crash points).
 package curator
 
 import (
@@ -67,6 +72,8 @@ type Config struct {
 	// HeartbeatTimeout after which a silent node is HEARTBEAT_TIMEOUT.
 	HeartbeatInterval time.Duration
 	HeartbeatTimeout  time.Duration
+	// Watch sizes the watch hub (watch.go).
+	Watch WatchConfig
 }
 
 // DefaultConfig returns the defaults.
@@ -101,6 +108,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "election session TTL: how long a crashed leader keeps leading")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "how often nodes send heartbeats")
 	fs.DurationVar(&c.HeartbeatTimeout, "heartbeat-timeout", c.HeartbeatTimeout, "silence after which a node is HEARTBEAT_TIMEOUT")
+	c.Watch.AddFlags(fs)
 }
 
 func splitList(s string) []string {

@@ -26,6 +26,7 @@ import (
 // localMethods are answered by every replica itself.
 var localMethods = map[string]bool{
 	"/curia.curator.v1.Curator/GetCurrentLeader": true,
+	"/curia.curator.v1.Curator/Watch":            true, // every replica has its own watch hub (watch.go)
 }
 
 func forwarded(method string) bool {

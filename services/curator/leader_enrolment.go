@@ -29,8 +29,12 @@ type curatorServer struct {
 // nodeCertValidity is how long a node certificate lives.
 const nodeCertValidity = 365 * 24 * time.Hour
 
-// becameLeader prepares what a leader needs: the register ticket.
+// becameLeader prepares what a leader needs: the register ticket, and no
+// lease of an earlier term.
 func (s *Service) becameLeader(ctx context.Context, term int64) {
+	if err := s.dropOldTermLeases(ctx, term); err != nil {
+		s.log.Warn("drop old-term leases", "term", term, "err", err)
+	}
 	ticket := make([]byte, 24)
 	rand.Read(ticket)
 	_, err := s.lead.txn(ctx,

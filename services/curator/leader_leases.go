@@ -1,9 +1,692 @@
 package curator
 
-import curatorv1 "curia.dev/gen/curia/curator/v1"
+// Named leases and the reconciler's fenced role writes (DESIGN §4).
+//
+// A lease is the record keys.Lease(name) = leaseRecord (JSON), bound to an
+// etcd lease of the holder's TTL and created by the leader in a txn guarded
+// by its term and by CreateRevision(key) == 0: one holder per name. The
+// holder's fence is
+//
+//	[leader key @ the term that granted the lease, leases/<name> @ its create revision]
+//
+// and every fenced write compares both in one etcd txn.
+//
+// Why a curator leader change invalidates the leases of the old term:
+//
+//   - A new leader is elected only after the old leader's election key is
+//     gone (concurrency.Election: the lowest key leads, and the next waits
+//     for its deletion). The first condition of an old fence names that key,
+//     so every old fence fails in etcd — at the consensus service and here —
+//     from the moment another replica leads, whether or not the lease record
+//     itself is still alive.
+//   - The record of an old term may live on in etcd until its TTL ends. The
+//     new leader never treats it as valid: KeepAlive compares the lease's term
+//     with its own and answers Aborted ("acquire again"), so the record
+//     expires within one TTL; Acquire, by its holder or anyone else, deletes
+//     it (term-guarded, pinned to its create revision) and grants a new
+//     record, whose create revision differs, so nothing of the old fence can
+//     hold again.
+//   - A fence could still be forged from the current leader key and an
+//     old-term record that has not expired yet. ReconcileNodeRoles reads the
+//     record and refuses it unless it was granted in this leader's term, and
+//     pins the record's revision in the write's txn.
+//   - A deposed leader that has not noticed yet may answer a KeepAlive for a
+//     lease of its own (ended) term: harmless, because that lease's fence
+//     already fails; it cannot grant or write anything, since every write is
+//     guarded by its term.
+//
+// Keep-alives do not rewrite the record: the etcd lease is the truth about
+// expiry, the record's revisions stay put (the fence pins them) and a
+// keep-alive costs no write.
 
-// leasesServer implements curia.curator.v1.Leases (to be written).
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+	"unicode"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	auditv1 "curia.dev/gen/curia/audit/v1"
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/audit"
+	"curia.dev/platform/fence"
+	"curia.dev/platform/keys"
+)
+
+// leasesServer implements curia.curator.v1.Leases. The policy admits only
+// the reconciler; followers forward to the leader.
 type leasesServer struct {
 	curatorv1.UnimplementedLeasesServer
 	s *Service
+}
+
+const (
+	// reconcilerLeaseName is the lease that fences the reconciler's writes.
+	reconcilerLeaseName = "reconciler"
+	// Bounds of AcquireRequest.
+	leaseMinTTL       = 2
+	leaseMaxTTL       = 60
+	leaseMaxHolderLen = 128
+	// reconcileMaxReason bounds the reason of a role write (audit log).
+	reconcileMaxReason = 1024
+	// acquireAttempts bounds how often Acquire decides again when the
+	// record changed under it (a concurrent Acquire, an expiry).
+	acquireAttempts = 5
+)
+
+// leaseNameRE: a DNS label, so that a name is a plain etcd key segment.
+var leaseNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// leaseRecord is the value of keys.Lease(name), stored as JSON.
+type leaseRecord struct {
+	// Holder is who acquired the lease.
+	Holder string `json:"holder"`
+	// Term is the granting leader's term; LeaderKey its election key.
+	Term      int64  `json:"term"`
+	LeaderKey string `json:"leader_key"`
+	// TTLSeconds is the etcd lease's TTL; Granted when it was granted.
+	// The live expiry is the etcd lease's (keep-alives do not rewrite the
+	// record).
+	TTLSeconds int64     `json:"ttl_seconds"`
+	Granted    time.Time `json:"granted"`
+}
+
+// storedLease is a lease record as read from etcd.
+type storedLease struct {
+	rec       leaseRecord
+	createRev int64
+	modRev    int64
+	id        clientv3.LeaseID
+}
+
+// leaseClaim is a lease as a caller presents it (KeepAlive, Release).
+type leaseClaim struct {
+	name, holder string
+	leader       fence.Condition // leader key @ granting term
+	rev          int64           // create revision of keys.Lease(name)
+}
+
+func (x *leasesServer) log() *slog.Logger { return x.s.log.With("part", "leases") }
+
+func (x *leasesServer) Acquire(ctx context.Context, req *curatorv1.AcquireRequest) (*curatorv1.AcquireResponse, error) {
+	l, err := x.acquire(ctx, req.GetName(), req.GetHolder(), req.GetTtlSeconds())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &curatorv1.AcquireResponse{Lease: l}, nil
+}
+
+// acquire grants the lease, or returns the caller's own lease of this term
+// (kept alive), or says who holds it until when (FailedPrecondition). A
+// record of an older term, or one that expired, is replaced.
+func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int64) (*curatorv1.Lease, error) {
+	if err := validLeaseName(name); err != nil {
+		return nil, err
+	}
+	if err := validLeaseHolder(holder); err != nil {
+		return nil, err
+	}
+	if ttl < leaseMinTTL || ttl > leaseMaxTTL {
+		return nil, fmt.Errorf("%w: ttl_seconds %d: want %d..%d", errBadRequest, ttl, leaseMinTTL, leaseMaxTTL)
+	}
+	s := x.s
+	key := keys.Lease(name)
+	for range acquireAttempts {
+		leaderKey, term, ok := s.lead.ours()
+		if !ok {
+			return nil, errNotLeader
+		}
+		cur, err := x.read(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		if cur != nil {
+			switch {
+			case cur.rec.Term > term:
+				// Only a later leader writes a later term, and it leads
+				// only after our key is gone: confirm, and step down.
+				if _, err := s.lead.txn(ctx, nil); err != nil {
+					return nil, err
+				}
+				return nil, fmt.Errorf("%w: lease %s was granted in term %d, after this replica's term %d", errConflict, name, cur.rec.Term, term)
+			case cur.rec.Term == term && cur.rec.Holder == holder:
+				// Idempotent: the caller's own lease, kept alive.
+				start := time.Now()
+				ka, err := s.etcd.KeepAliveOnce(ctx, cur.id)
+				if err == nil {
+					return cur.proto(name, leaderKey, start.Add(time.Duration(ka.TTL)*time.Second)), nil
+				}
+				if left, alive, lerr := x.remaining(ctx, cur.id); lerr != nil || (alive && left > 0) {
+					return nil, fmt.Errorf("keep lease %s alive: %w", name, err)
+				}
+				// Expired a moment ago: replace it below.
+			case cur.rec.Term == term:
+				left, alive, err := x.remaining(ctx, cur.id)
+				if err != nil {
+					return nil, err
+				}
+				if alive {
+					return nil, fmt.Errorf("%w: lease %s is held by %s until %s", errRefused, name, cur.rec.Holder, time.Now().Add(left).UTC().Format(time.RFC3339))
+				}
+			}
+			// A record of an older term (or unreadable, term 0), or an
+			// expired one: delete it, pinned to the revision read, then
+			// grant afresh.
+			_, err := s.lead.txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", cur.createRev)}, clientv3.OpDelete(key))
+			if errors.Is(err, errConflict) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			x.revoke(cur.id)
+			x.log().Info("lease record replaced", "lease", name, "holder", cur.rec.Holder, "granted_term", cur.rec.Term, "term", term, "for", holder)
+			continue
+		}
+
+		start := time.Now()
+		g, err := s.etcd.Grant(ctx, ttl)
+		if err != nil {
+			return nil, fmt.Errorf("grant etcd lease for %s: %w", name, err)
+		}
+		rec := leaseRecord{Holder: holder, Term: term, LeaderKey: leaderKey, TTLSeconds: g.TTL, Granted: start.UTC()}
+		val, err := json.Marshal(rec)
+		if err != nil {
+			x.revoke(g.ID)
+			return nil, fmt.Errorf("encode lease record: %w", err)
+		}
+		resp, err := s.lead.txn(ctx,
+			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
+			clientv3.OpPut(key, string(val), clientv3.WithLease(g.ID)))
+		if err != nil {
+			x.revoke(g.ID)
+			if errors.Is(err, errConflict) {
+				continue // someone acquired it meanwhile: decide again
+			}
+			return nil, err
+		}
+		got := &storedLease{rec: rec, createRev: resp.Header.Revision, modRev: resp.Header.Revision, id: g.ID}
+		x.log().Info("lease granted", "lease", name, "holder", holder, "term", term, "revision", got.createRev, "ttl", g.TTL)
+		return got.proto(name, leaderKey, start.Add(time.Duration(g.TTL)*time.Second)), nil
+	}
+	return nil, fmt.Errorf("%w: lease %s changed under every attempt; retry", errConflict, name)
+}
+
+func (x *leasesServer) KeepAlive(ctx context.Context, req *curatorv1.KeepAliveRequest) (*curatorv1.KeepAliveResponse, error) {
+	l, err := x.keepAlive(ctx, req.GetLease())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &curatorv1.KeepAliveResponse{Lease: l}, nil
+}
+
+// keepAlive extends the caller's lease if it is still the stored one and
+// was granted in this leader's term; anything else is stale (Aborted).
+func (x *leasesServer) keepAlive(ctx context.Context, l *curatorv1.Lease) (*curatorv1.Lease, error) {
+	c, err := parseLeaseClaim(l)
+	if err != nil {
+		return nil, err
+	}
+	leaderKey, term, ok := x.s.lead.ours()
+	if !ok {
+		return nil, errNotLeader
+	}
+	if c.leader.Key != leaderKey || c.leader.CreateRevision != term {
+		return nil, fmt.Errorf("%w: lease %s was granted in term %d, the leader's term is %d: acquire again", errStale, c.name, c.leader.CreateRevision, term)
+	}
+	cur, err := x.read(ctx, c.name)
+	if err != nil {
+		return nil, err
+	}
+	if err := cur.matches(c, term); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	ka, err := x.s.etcd.KeepAliveOnce(ctx, cur.id)
+	if err != nil {
+		if left, alive, lerr := x.remaining(ctx, cur.id); lerr == nil && (!alive || left == 0) {
+			return nil, fmt.Errorf("%w: lease %s expired: acquire again", errStale, c.name)
+		}
+		return nil, fmt.Errorf("keep lease %s alive: %w", c.name, err)
+	}
+	return cur.proto(c.name, leaderKey, start.Add(time.Duration(ka.TTL)*time.Second)), nil
+}
+
+func (x *leasesServer) Release(ctx context.Context, req *curatorv1.ReleaseRequest) (*curatorv1.ReleaseResponse, error) {
+	if err := x.release(ctx, req.GetLease()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &curatorv1.ReleaseResponse{}, nil
+}
+
+// release deletes the caller's lease record (and revokes its etcd lease)
+// if it is still the caller's. A lease that is gone, or held by someone
+// else by now, is released already: success, nothing touched.
+func (x *leasesServer) release(ctx context.Context, l *curatorv1.Lease) error {
+	c, err := parseLeaseClaim(l)
+	if err != nil {
+		return err
+	}
+	cur, err := x.read(ctx, c.name)
+	if err != nil {
+		return err
+	}
+	if cur == nil || cur.createRev != c.rev || cur.rec.Holder != c.holder {
+		return nil
+	}
+	key := keys.Lease(c.name)
+	_, err = x.s.lead.txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", c.rev)}, clientv3.OpDelete(key))
+	if errors.Is(err, errConflict) {
+		return nil // expired or replaced meanwhile
+	}
+	if err != nil {
+		return err
+	}
+	x.revoke(cur.id)
+	x.log().Info("lease released", "lease", c.name, "holder", c.holder, "revision", c.rev)
+	return nil
+}
+
+// read returns the stored lease record, nil if there is none. An
+// unreadable record reads as one of term 0: stale, and replaced by the next
+// Acquire.
+func (x *leasesServer) read(ctx context.Context, name string) (*storedLease, error) {
+	resp, err := x.s.etcd.Get(ctx, keys.Lease(name))
+	if err != nil {
+		return nil, fmt.Errorf("read lease %s: %w", name, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, nil
+	}
+	kv := resp.Kvs[0]
+	sl := &storedLease{createRev: kv.CreateRevision, modRev: kv.ModRevision, id: clientv3.LeaseID(kv.Lease)}
+	if err := json.Unmarshal(kv.Value, &sl.rec); err != nil {
+		x.log().Warn("unreadable lease record", "lease", name, "err", err)
+		sl.rec = leaseRecord{}
+	}
+	return sl, nil
+}
+
+// remaining is how long the etcd lease id has left, in whole seconds, and
+// whether it still exists. etcd truncates: 0 means less than a second left
+// (or expired a moment ago and not revoked yet), so a lease at 0 still
+// counts as held; only a lease etcd no longer knows (TTL -1) is gone.
+func (x *leasesServer) remaining(ctx context.Context, id clientv3.LeaseID) (left time.Duration, alive bool, err error) {
+	if id == clientv3.NoLease {
+		return 0, false, nil
+	}
+	resp, err := x.s.etcd.TimeToLive(ctx, id)
+	if err != nil {
+		return 0, false, fmt.Errorf("read etcd lease %x: %w", int64(id), err)
+	}
+	if resp.TTL < 0 {
+		return 0, false, nil
+	}
+	return time.Duration(resp.TTL) * time.Second, true, nil
+}
+
+// revoke drops an etcd lease whose record is deleted or was never written.
+// Only clean-up: the lease expires on its own otherwise.
+func (x *leasesServer) revoke(id clientv3.LeaseID) {
+	if id == clientv3.NoLease {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := x.s.etcd.Revoke(ctx, id); err != nil {
+		x.log().Debug("revoke etcd lease", "id", fmt.Sprintf("%x", int64(id)), "err", err)
+	}
+}
+
+// matches says whether the stored lease is still the one the caller
+// claims, granted in this term; if not, why (errStale: Aborted).
+func (sl *storedLease) matches(c leaseClaim, term int64) error {
+	switch {
+	case sl == nil:
+		return fmt.Errorf("%w: lease %s expired (or was released): acquire again", errStale, c.name)
+	case sl.rec.Holder != c.holder:
+		return fmt.Errorf("%w: lease %s is held by %s now: acquire again", errStale, c.name, sl.rec.Holder)
+	case sl.createRev != c.rev:
+		return fmt.Errorf("%w: lease %s was granted again (revision %d, not %d): use the lease the latest Acquire returned", errStale, c.name, sl.createRev, c.rev)
+	case sl.rec.Term != term:
+		return fmt.Errorf("%w: lease %s was granted in term %d, the leader's term is %d: acquire again", errStale, c.name, sl.rec.Term, term)
+	}
+	return nil
+}
+
+// proto is the lease as granted by the leader at leaderKey, with its fence.
+func (sl *storedLease) proto(name, leaderKey string, expires time.Time) *curatorv1.Lease {
+	f := fence.Fence{Conditions: []fence.Condition{
+		{Key: leaderKey, CreateRevision: sl.rec.Term},
+		{Key: keys.Lease(name), CreateRevision: sl.createRev},
+	}}
+	return &curatorv1.Lease{
+		Name:    name,
+		Holder:  sl.rec.Holder,
+		Fence:   f.Proto(),
+		Expires: timestamppb.New(expires),
+		Term:    sl.rec.Term,
+	}
+}
+
+func validLeaseName(name string) error {
+	if !leaseNameRE.MatchString(name) {
+		return fmt.Errorf("%w: lease name %q: lower-case letters, digits and '-', at most 63 characters, starting and ending with a letter or digit", errBadRequest, name)
+	}
+	return nil
+}
+
+func validLeaseHolder(holder string) error {
+	if holder == "" || len(holder) > leaseMaxHolderLen {
+		return fmt.Errorf("%w: holder must be 1..%d bytes, got %d", errBadRequest, leaseMaxHolderLen, len(holder))
+	}
+	if strings.ContainsFunc(holder, func(r rune) bool { return r == '\uFFFD' || !unicode.IsPrint(r) }) {
+		return fmt.Errorf("%w: holder %q: printable UTF-8 only", errBadRequest, holder)
+	}
+	return nil
+}
+
+// parseLeaseClaim checks a lease as Acquire returned it: its fence is
+// [leader key @ term, leases/<name> @ revision].
+func parseLeaseClaim(l *curatorv1.Lease) (leaseClaim, error) {
+	if l == nil {
+		return leaseClaim{}, fmt.Errorf("%w: lease is required (as Acquire returned it)", errBadRequest)
+	}
+	c := leaseClaim{name: l.GetName(), holder: l.GetHolder()}
+	if err := validLeaseName(c.name); err != nil {
+		return c, err
+	}
+	if err := validLeaseHolder(c.holder); err != nil {
+		return c, err
+	}
+	leader, lease, err := leaseFenceShape(fence.FromProto(l.GetFence()), c.name)
+	if err != nil {
+		return c, err
+	}
+	if l.GetTerm() != leader.CreateRevision {
+		return c, fmt.Errorf("%w: lease term %d disagrees with its fence (leader key @ %d)", errBadRequest, l.GetTerm(), leader.CreateRevision)
+	}
+	c.leader, c.rev = leader, lease.CreateRevision
+	return c, nil
+}
+
+// leaseFenceShape checks that f is exactly [a leader key, leases/<name>]
+// and returns the two conditions.
+func leaseFenceShape(f fence.Fence, name string) (leader, lease fence.Condition, err error) {
+	if err := f.Validate(keys.LeaderElection, keys.LeasesPrefix); err != nil {
+		return leader, lease, fmt.Errorf("%w: %v", errBadRequest, err)
+	}
+	var nLeader, nLease int
+	for _, c := range f.Conditions {
+		switch {
+		case strings.HasPrefix(c.Key, keys.LeaderElection):
+			leader, nLeader = c, nLeader+1
+		case c.Key == keys.Lease(name):
+			lease, nLease = c, nLease+1
+		}
+	}
+	if nLeader != 1 || nLease != 1 || len(f.Conditions) != 2 {
+		return leader, lease, fmt.Errorf("%w: the fence of lease %s is [the leader key that granted it (under %s) @ term, %s @ its revision], as Acquire returned it; got [%s]",
+			errBadRequest, name, keys.LeaderElection, keys.Lease(name), f)
+	}
+	return leader, lease, nil
+}
+
+func (x *leasesServer) ReconcileNodeRoles(ctx context.Context, req *curatorv1.ReconcileNodeRolesRequest) (*curatorv1.ReconcileNodeRolesResponse, error) {
+	n, err := x.reconcileNodeRoles(ctx, req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &curatorv1.ReconcileNodeRolesResponse{Node: n}, nil
+}
+
+// reconcileNodeRoles is the reconciler's fenced role write: one etcd txn
+// that checks the fence (leader key and lease), the membership epoch, the
+// node's revision and this leader's term, and writes the node and the
+// audit event. Any stale part is Aborted with the reason; nothing is
+// written then. The fence is checked even when the write would change
+// nothing, so that a stale caller always learns it is stale.
+func (x *leasesServer) reconcileNodeRoles(ctx context.Context, req *curatorv1.ReconcileNodeRolesRequest) (*curatorv1.Node, error) {
+	s := x.s
+	f := fence.FromProto(req.GetFence())
+	leaderCond, leaseCond, err := leaseFenceShape(f, reconcilerLeaseName)
+	if err != nil {
+		return nil, err
+	}
+	if f.Epoch <= 0 {
+		return nil, fmt.Errorf("%w: fence.membership_epoch is required: the epoch read before listing members (ListMembersResponse.membership_epoch)", errBadRequest)
+	}
+	id, rev := req.GetNodeId(), req.GetNodeRevision()
+	if err := validNodeID(id); err != nil {
+		return nil, err
+	}
+	if rev <= 0 {
+		return nil, fmt.Errorf("%w: node_revision must be the node's revision as read (Node.revision), got %d", errBadRequest, rev)
+	}
+	var join *consensusv1.JoinParameters
+	var action string
+	switch req.GetChange().(type) {
+	case *curatorv1.ReconcileNodeRolesRequest_AddConsensusMember:
+		join = req.GetAddConsensusMember()
+		if err := validJoin(join); err != nil {
+			return nil, err
+		}
+		action = "roles.reconcile add_consensus_member"
+	case *curatorv1.ReconcileNodeRolesRequest_RemoveConsensusMember:
+		if !req.GetRemoveConsensusMember() {
+			return nil, fmt.Errorf("%w: remove_consensus_member must be true", errBadRequest)
+		}
+		action = "roles.reconcile remove_consensus_member"
+	default:
+		return nil, fmt.Errorf("%w: change is required: add_consensus_member or remove_consensus_member", errBadRequest)
+	}
+	reason := req.GetReason()
+	if len(reason) > reconcileMaxReason {
+		return nil, fmt.Errorf("%w: reason: at most %d bytes, got %d", errBadRequest, reconcileMaxReason, len(reason))
+	}
+	if reason == "" {
+		reason = "ReconcileNodeRoles"
+	}
+
+	// The fence's leader key is the term that granted the lease; this
+	// leader accepts only its own term.
+	leaderKey, term, ok := s.lead.ours()
+	if !ok {
+		return nil, errNotLeader
+	}
+	if leaderCond.Key != leaderKey || leaderCond.CreateRevision != term {
+		return nil, fmt.Errorf("%w: fence from term %d; the leader is at term %d: re-acquire the lease", errStale, leaderCond.CreateRevision, term)
+	}
+	extra := []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(leaderKey), "=", term), // the leader guard (also in the fence)
+		clientv3.Compare(clientv3.ModRevision(keys.Node(id)), "=", rev),
+	}
+	// The lease record must be of this term too (see the file comment), and
+	// stay as read.
+	lease, err := x.read(ctx, reconcilerLeaseName)
+	if err != nil {
+		return nil, err
+	}
+	var leaseMod int64
+	if lease != nil && lease.createRev == leaseCond.CreateRevision {
+		if lease.rec.Term != term {
+			return nil, fmt.Errorf("%w: lease %s was granted in term %d; the leader is at term %d: re-acquire the lease", errStale, reconcilerLeaseName, lease.rec.Term, term)
+		}
+		leaseMod = lease.modRev
+		extra = append(extra, clientv3.Compare(clientv3.ModRevision(keys.Lease(reconcilerLeaseName)), "=", leaseMod))
+	}
+	// Otherwise the lease condition fails in the txn and says why.
+
+	// Decide on the node as the caller read it. If it is gone or at another
+	// revision, the txn fails on the node's revision (after the fence).
+	var ops []clientv3.Op
+	var refused error
+	n, err := s.getNode(ctx, id)
+	switch {
+	case errors.Is(err, errNotFound):
+	case err != nil:
+		return nil, err
+	case n.Revision == rev:
+		roles := cloneRoles(n.GetRoles())
+		var memberID uint64
+		if join != nil {
+			memberID = join.GetMemberId()
+			switch have := roles.GetConsensusMember(); {
+			case have == nil:
+				roles.ConsensusMember = &curatorv1.ConsensusMember{Join: join}
+			case !protoEqual(have.GetJoin(), join):
+				refused = fmt.Errorf("%w: node %s has ConsensusMember already (member %x): remove it first", errRefused, id, have.GetJoin().GetMemberId())
+			}
+		} else {
+			memberID = roles.GetConsensusMember().GetJoin().GetMemberId()
+			// KubernetesController requires ConsensusMember: both go in
+			// one write. KubernetesWorker stays.
+			roles.ConsensusMember, roles.KubernetesController = nil, nil
+		}
+		if refused == nil && !protoEqual(roles, cloneRoles(n.GetRoles())) {
+			n.Roles = roles
+			ops = append(ops, putNode(n), audit.Put(&auditv1.Event{
+				Actor:      caller(ctx).String(),
+				RecordedBy: "curator/" + s.cfg.Name,
+				Action:     action,
+				NodeId:     id,
+				MemberId:   memberID,
+				Fence:      f.Strings(),
+				Reason:     reason,
+			}))
+		}
+	}
+
+	if _, err := fence.Apply(ctx, s.etcd, f, extra, ops...); err != nil {
+		var se *fence.StaleError
+		if errors.As(err, &se) {
+			return nil, x.whyStale(ctx, se, f, leaderKey, term, id, rev, leaseMod)
+		}
+		return nil, err
+	}
+	if refused != nil {
+		return nil, refused
+	}
+	if len(ops) == 0 {
+		return n, nil // nothing to change; the fence holds
+	}
+	x.log().Info("node roles reconciled", "node", id, "action", action, "fence", f.String(), "term", term, "by", caller(ctx).String(), "reason", reason)
+	return s.getNode(ctx, id)
+}
+
+// whyStale names the condition of a failed reconcile txn: this leader's
+// term, then the caller's fence and epoch (in fence.Apply's words), then
+// the node, then the lease record. It reads after the txn; every condition
+// only ever goes from true to false (keys are not re-created at an old
+// revision, revisions only grow), so what failed then is still false now.
+func (x *leasesServer) whyStale(ctx context.Context, se *fence.StaleError, f fence.Fence, leaderKey string, term int64, id string, rev, leaseMod int64) error {
+	ops := []clientv3.Op{
+		clientv3.OpGet(leaderKey, clientv3.WithKeysOnly()),
+		clientv3.OpGet(keys.MembershipEpoch, clientv3.WithKeysOnly()),
+		clientv3.OpGet(keys.Node(id), clientv3.WithKeysOnly()),
+		clientv3.OpGet(keys.Lease(reconcilerLeaseName), clientv3.WithKeysOnly()),
+	}
+	for _, c := range f.Conditions {
+		ops = append(ops, clientv3.OpGet(c.Key, clientv3.WithKeysOnly()))
+	}
+	resp, err := x.s.etcd.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return fmt.Errorf("reconcile roles of %s: %w", id, se)
+	}
+	get := func(i int) (create, mod int64, ok bool) {
+		kvs := resp.Responses[i].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			return 0, 0, false
+		}
+		return kvs[0].CreateRevision, kvs[0].ModRevision, true
+	}
+	if create, _, ok := get(0); !ok || create != term {
+		x.log().Warn("term lost during a write", "term", term)
+		x.s.lead.lost()
+		return fmt.Errorf("%w: this curator's term %d ended during the write; retry, and re-acquire the lease at the new leader", errNotLeader, term)
+	}
+	fenceFailed := false
+	if _, epoch, _ := get(1); epoch != f.Epoch {
+		fenceFailed = true
+	}
+	for i, c := range f.Conditions {
+		if create, _, ok := get(4 + i); !ok || create != c.CreateRevision {
+			fenceFailed = true
+		}
+	}
+	if fenceFailed {
+		return fmt.Errorf("reconcile roles of %s: %w", id, se)
+	}
+	if _, mod, ok := get(2); !ok {
+		return fmt.Errorf("%w: node %s no longer exists (it was at revision %d): read nodes again", errStale, id, rev)
+	} else if mod != rev {
+		return fmt.Errorf("%w: node %s changed since revision %d (it is at revision %d now): read it again", errStale, id, rev, mod)
+	}
+	if _, mod, ok := get(3); leaseMod != 0 && (!ok || mod != leaseMod) {
+		return fmt.Errorf("%w: lease %s changed during the write: acquire again", errStale, reconcilerLeaseName)
+	}
+	return fmt.Errorf("reconcile roles of %s: %w", id, se)
+}
+
+func cloneRoles(r *curatorv1.Roles) *curatorv1.Roles {
+	out := &curatorv1.Roles{}
+	if r != nil {
+		out.ConsensusMember = r.ConsensusMember
+		out.KubernetesController = r.KubernetesController
+		out.KubernetesWorker = r.KubernetesWorker
+	}
+	return out
+}
+
+// validJoin checks join parameters as AddNode returns them.
+func validJoin(j *consensusv1.JoinParameters) error {
+	if j.GetMemberId() == 0 {
+		return fmt.Errorf("%w: add_consensus_member.member_id is required (the join parameters AddNode returned)", errBadRequest)
+	}
+	u, err := url.Parse(j.GetPeerUrl())
+	if err != nil || u.Scheme != "https" || u.Port() == "" {
+		return fmt.Errorf("%w: add_consensus_member.peer_url %q: want https://host:port", errBadRequest, j.GetPeerUrl())
+	}
+	if len(j.GetVoters()) == 0 {
+		return fmt.Errorf("%w: add_consensus_member.voters is empty: a member cannot join without the current voters", errBadRequest)
+	}
+	return nil
+}
+
+// dropOldTermLeases deletes, when this replica becomes leader, every lease
+// record granted in an earlier term. Such a record's fence names the old
+// leader key and fails anyway; but until it expires, a caller could pair the
+// NEW leader key with it and pass a fence check elsewhere (the consensus
+// service checks conditions, not their pairing). Each delete is guarded by
+// the record's create revision, so a lease granted meanwhile stays.
+func (s *Service) dropOldTermLeases(ctx context.Context, term int64) error {
+	resp, err := s.etcd.Get(ctx, keys.LeasesPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("read leases: %w", err)
+	}
+	for _, kv := range resp.Kvs {
+		var rec leaseRecord
+		if json.Unmarshal(kv.Value, &rec) == nil && rec.Term == term {
+			continue
+		}
+		_, err := s.lead.txn(ctx,
+			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)},
+			clientv3.OpDelete(string(kv.Key)))
+		if err != nil && err != errConflict {
+			return fmt.Errorf("drop old-term lease %s: %w", kv.Key, err)
+		}
+		if err == nil {
+			s.log.Info("dropped a lease of an earlier term", "lease", string(kv.Key), "holder", rec.Holder, "term", rec.Term)
+		}
+	}
+	return nil
 }

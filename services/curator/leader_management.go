@@ -110,6 +110,7 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 		if err != nil {
 			return nil, err
 		}
+		failpoint("after-add-node")
 	case !wantCM && hasCM:
 		f, err := s.lead.fence()
 		if err != nil {
@@ -122,6 +123,7 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 		if err != nil {
 			return nil, err
 		}
+		failpoint("after-remove-member")
 	}
 
 	// The role follows. Other writes (status updates) may race with us:
@@ -184,7 +186,7 @@ func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeReque
 		if n.State == curatorv1.NodeState_NODE_STATE_UP && !req.GetSafetyBypassNotDecommissioned() {
 			return nil, fmt.Errorf("%w: node %s is UP, not decommissioned: set safety_bypass_not_decommissioned to delete it anyway", errRefused, n.Id)
 		}
-		ops := []clientv3.Op{clientv3.OpDelete(keys.Node(n.Id)), clientv3.OpDelete(keys.Heartbeat(n.Id)), s.auditOp(ctx, "node.delete", n.Id, "deleted; certificate "+n.CertificateSerial+" revoked")}
+		ops := []clientv3.Op{clientv3.OpDelete(keys.Node(n.Id)), clientv3.OpDelete(keys.Heartbeat(n.Id)), clientv3.OpDelete(keys.HeartbeatSeen(n.Id)), s.auditOp(ctx, "node.delete", n.Id, "deleted; certificate "+n.CertificateSerial+" revoked")}
 		cmps := []clientv3.Cmp{unchanged(n)}
 		if n.CertificateSerial != "" {
 			put, cmp, err := s.revoke(ctx, n.CertificateSerial)

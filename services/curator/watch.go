@@ -1,13 +1,728 @@
 package curator
 
-import "context"
+// The watch hub: one etcd watch per replica, fanned out to every Watch
+// stream the replica serves.
+//
+//	etcd ── one Watch(nodes/, from rev+1, require leader) ──▶ watchHub.run
+//	                                                             │ apply, under mu
+//	                                  ┌──────────────────────────▼───────────────────────┐
+//	                                  │ nodes  every node at rev (the current view)      │
+//	                                  │ ring   one batch per node-changing revision,     │
+//	                                  │        every change in (oldest, rev]             │
+//	                                  │ changed  closed and replaced on every advance    │
+//	                                  └──────────────────────────┬───────────────────────┘
+//	                                      read(cursor) under RLock│ (no I/O under the lock)
+//	              ┌────────────────────────┬─────────────────────┴────┐
+//	           stream 1                 stream 2        …          stream N
+//	           cursor, node filter      cursor                     cursor
+//
+// Each stream owns only a cursor (the revision it has been sent up to) and
+// reads the ring itself, so the hub never waits for a stream and a stream
+// costs no buffer of its own: the ring is the one buffer all streams share.
+// A stream whose cursor falls behind the ring's oldest revision (a slow
+// consumer, or a client resuming from an old revision) is resynced in-band
+// with a snapshot (snapshot=true: the client replaces its view) instead of
+// being closed: it would have to reconnect for the same snapshot anyway.
+//
+// Revisions are etcd revisions, identical on every replica, so a client may
+// resume on any replica with the revision of the last response it saw;
+// Watch is therefore served by whichever replica the client reached
+// (localMethods in follower.go), not forwarded to the leader.
+//
+// Wire contract of a stream (curia.curator.v1.WatchResponse):
+//   - start_revision 0, or a revision the ring no longer holds (or one etcd
+//     never reached): first a snapshot, snapshot=true, revision = the hub's
+//     revision. A snapshot larger than watchMaxMessageBytes comes in several
+//     messages: the first has snapshot=true, the following ones add nodes,
+//     and all but the last carry revision 0 ("not at a revision yet: resume
+//     from 0"); the last carries the snapshot's revision.
+//   - then one response per etcd revision that changed a watched node, in
+//     order, each exactly once: nodes put, ids deleted. A node_id watcher
+//     gets only the revisions that changed its node.
+//   - start_revision R > 0 within the ring: no snapshot, every change after
+//     R. A replica whose hub has not reached R yet waits until it has.
 
-// watchHub fans one etcd watch out to every Watch stream (to be written).
-type watchHub struct{ s *Service }
+import (
+	"cmp"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 
-func newWatchHub(s *Service) *watchHub { return &watchHub{s: s} }
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 
-func (h *watchHub) run(ctx context.Context) error {
-	<-ctx.Done()
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/keys"
+	"curia.dev/platform/pki"
+)
+
+const (
+	// defaultWatchHistory is how many node-changing revisions the hub keeps
+	// for resuming watchers by default: minutes of churn in a cluster of
+	// thousands of nodes, at a few hundred bytes a batch.
+	defaultWatchHistory = 4096
+	// watchMaxMessageBytes bounds one snapshot message, well under gRPC's
+	// default 4 MiB receive limit.
+	watchMaxMessageBytes = 2 << 20
+	// watchSnapshotPage is how many node records one etcd read of the
+	// hub's snapshot fetches.
+	watchSnapshotPage = 1000
+	// watchNudgeInterval is how often a stream waiting for the hub to reach
+	// its start revision asks etcd for a progress notification.
+	watchNudgeInterval = 200 * time.Millisecond
+	// watchBackoffMin and watchBackoffMax bound the wait before the hub
+	// watches etcd again after an error.
+	watchBackoffMin = 100 * time.Millisecond
+	watchBackoffMax = 5 * time.Second
+)
+
+// WatchConfig sizes the watch hub.
+type WatchConfig struct {
+	// History is how many recent node-changing revisions the hub keeps, so
+	// that watchers resume without a snapshot (0: defaultWatchHistory).
+	History int
+}
+
+// AddFlags registers the watch hub's flags.
+func (c *WatchConfig) AddFlags(fs *flag.FlagSet) {
+	if c.History <= 0 {
+		c.History = defaultWatchHistory
+	}
+	fs.Var((*positiveInt)(&c.History), "watch-history", "node-changing revisions each replica keeps for resuming Watch streams; older resumes get a snapshot")
+}
+
+// positiveInt is an int flag that refuses values below 1.
+type positiveInt int
+
+func (p *positiveInt) String() string { return strconv.Itoa(int(*p)) }
+
+func (p *positiveInt) Set(s string) error {
+	v, err := strconv.Atoi(s)
+	if err != nil || v < 1 {
+		return fmt.Errorf("%q is not a positive integer", s)
+	}
+	*p = positiveInt(v)
 	return nil
+}
+
+// watchBatch is what one etcd revision changed among the nodes.
+type watchBatch struct {
+	rev int64
+	// all is the batch as an all_nodes watcher gets it, as stored. It is
+	// shared by every stream and never changed.
+	all *curatorv1.WatchResponse
+
+	// decorated is all with the computed fields, made by the first stream
+	// that sends the batch and shared by the others: one heartbeat read
+	// per batch, not one per stream.
+	decoMu    sync.Mutex
+	decorated *curatorv1.WatchResponse
+}
+
+// decoratedAll returns the batch with computed fields for all_nodes
+// watchers.
+func (b *watchBatch) decoratedAll(ctx context.Context, decorate func(context.Context, []*curatorv1.Node) error) (*curatorv1.WatchResponse, error) {
+	b.decoMu.Lock()
+	defer b.decoMu.Unlock()
+	if b.decorated == nil {
+		r, err := decorateCopy(ctx, b.all, decorate)
+		if err != nil {
+			return nil, err // not kept: the next stream tries again
+		}
+		b.decorated = r
+	}
+	return b.decorated, nil
+}
+
+// decorateCopy returns r with copies of its nodes that carry the computed
+// fields (health, last heartbeat); r and its nodes are shared and stay as
+// they are.
+func decorateCopy(ctx context.Context, r *curatorv1.WatchResponse, decorate func(context.Context, []*curatorv1.Node) error) (*curatorv1.WatchResponse, error) {
+	if len(r.Nodes) == 0 {
+		return r, nil
+	}
+	out := &curatorv1.WatchResponse{Deleted: r.Deleted, Revision: r.Revision, Snapshot: r.Snapshot, Nodes: make([]*curatorv1.Node, len(r.Nodes))}
+	for i, n := range r.Nodes {
+		out.Nodes[i] = proto.Clone(n).(*curatorv1.Node)
+	}
+	if err := decorate(ctx, out.Nodes); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// forNode is the batch as a watcher of node id gets it; nil if the
+// revision did not touch that node.
+func (b *watchBatch) forNode(id string) *curatorv1.WatchResponse {
+	if id == "" {
+		return b.all
+	}
+	for _, n := range b.all.Nodes {
+		if n.Id == id {
+			return &curatorv1.WatchResponse{Nodes: []*curatorv1.Node{n}, Revision: b.rev}
+		}
+	}
+	if slices.Contains(b.all.Deleted, id) {
+		return &curatorv1.WatchResponse{Deleted: []string{id}, Revision: b.rev}
+	}
+	return nil
+}
+
+// batchRing is a fixed-size ring of batches in revision order.
+type batchRing struct {
+	buf   []*watchBatch
+	start int // index of the oldest batch
+	n     int
+}
+
+func newBatchRing(size int) batchRing { return batchRing{buf: make([]*watchBatch, size)} }
+
+// push appends b and returns the batch it evicted, if the ring was full.
+func (r *batchRing) push(b *watchBatch) (evicted *watchBatch) {
+	if r.n == len(r.buf) {
+		evicted = r.buf[r.start]
+		r.buf[r.start] = b
+		r.start = (r.start + 1) % len(r.buf)
+		return evicted
+	}
+	r.buf[(r.start+r.n)%len(r.buf)] = b
+	r.n++
+	return nil
+}
+
+// at returns the i-th oldest batch.
+func (r *batchRing) at(i int) *watchBatch { return r.buf[(r.start+i)%len(r.buf)] }
+
+// after returns the index of the first batch with a revision above rev.
+func (r *batchRing) after(rev int64) int {
+	lo, hi := 0, r.n
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if r.at(mid).rev <= rev {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+func (r *batchRing) reset() {
+	clear(r.buf)
+	r.start, r.n = 0, 0
+}
+
+// watchHub holds this replica's view of the nodes, kept current by one etcd
+// watch, and serves every Watch stream from it.
+type watchHub struct {
+	s   *Service
+	log *slog.Logger
+
+	mu sync.RWMutex
+	// ready is set by the first snapshot.
+	ready bool
+	// rev is the revision the hub's view is complete up to: every change
+	// of a node at or below rev is applied. It only grows.
+	rev int64
+	// oldest is the revision from which ring holds every change: all
+	// changes in (oldest, rev] are in the ring.
+	oldest int64
+	nodes  map[string]*curatorv1.Node
+	ring   batchRing
+	// changed is closed and replaced whenever rev or ready changes.
+	changed chan struct{}
+
+	// nudge asks the watch loop for a progress notification: a stream
+	// waits for the hub to reach its start revision.
+	nudge chan struct{}
+	// stopped is closed when run returns.
+	stopped  chan struct{}
+	stopOnce sync.Once
+
+	// etcdRevision reads etcd's current revision (a linearizable read).
+	etcdRevision func(context.Context) (int64, error)
+	// decorateNodes fills in the computed fields of nodes (Service.decorate).
+	decorateNodes func(context.Context, []*curatorv1.Node) error
+}
+
+func newWatchHub(s *Service) *watchHub {
+	history := s.cfg.Watch.History
+	if history <= 0 {
+		history = defaultWatchHistory
+	}
+	h := &watchHub{
+		s:       s,
+		log:     s.log.With("part", "watch"),
+		nodes:   map[string]*curatorv1.Node{},
+		ring:    newBatchRing(history),
+		changed: make(chan struct{}),
+		nudge:   make(chan struct{}, 1),
+		stopped: make(chan struct{}),
+	}
+	h.etcdRevision = func(ctx context.Context) (int64, error) {
+		resp, err := s.etcd.Get(ctx, keys.NodesPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return 0, fmt.Errorf("read etcd's revision: %w", err)
+		}
+		return resp.Header.Revision, nil
+	}
+	h.decorateNodes = s.decorate
+	return h
+}
+
+// run keeps the hub current until ctx ends: it loads a snapshot, follows
+// etcd from there, and on errors watches again from where it stopped (or,
+// when etcd compacted that revision away, loads a new snapshot).
+func (h *watchHub) run(ctx context.Context) error {
+	defer h.stopOnce.Do(func() { close(h.stopped) })
+	backoff := watchBackoffMin
+	h.mu.RLock()
+	resnapshot := !h.ready // else carry on from the view we have
+	h.mu.RUnlock()
+	for ctx.Err() == nil {
+		if resnapshot {
+			if err := h.load(ctx); err != nil {
+				if ctx.Err() == nil {
+					h.log.Warn("load nodes for the watch hub", "err", err, "retry_in", backoff)
+				}
+				sleepCtx(ctx, backoff)
+				backoff = min(2*backoff, watchBackoffMax)
+				continue
+			}
+			resnapshot = false
+		}
+		progressed, err := h.follow(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if progressed {
+			backoff = watchBackoffMin
+		}
+		var compacted *watchCompacted
+		if errors.As(err, &compacted) {
+			h.log.Warn("node watch fell behind etcd's compaction; reloading a snapshot", "revision", h.revision(), "compact_revision", compacted.rev)
+			resnapshot = true
+			continue
+		}
+		h.log.Warn("node watch ended; watching again", "err", err, "revision", h.revision(), "retry_in", backoff)
+		sleepCtx(ctx, backoff)
+		backoff = min(2*backoff, watchBackoffMax)
+	}
+	return nil
+}
+
+// watchCompacted reports that the watch's start revision was compacted.
+type watchCompacted struct{ rev int64 }
+
+func (e *watchCompacted) Error() string {
+	return fmt.Sprintf("etcd compacted revisions up to %d", e.rev)
+}
+
+// load reads every node at one revision and makes it the hub's view. The
+// ring restarts there: streams behind it get a snapshot.
+func (h *watchHub) load(ctx context.Context) error {
+	nodes := map[string]*curatorv1.Node{}
+	key, end := keys.NodesPrefix, clientv3.GetPrefixRangeEnd(keys.NodesPrefix)
+	var rev int64
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(watchSnapshotPage)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev)) // one consistent snapshot
+		}
+		resp, err := h.s.etcd.Get(ctx, key, opts...)
+		if err != nil {
+			return fmt.Errorf("read nodes: %w", err)
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			if n := h.decode(string(kv.Key), kv.Value, kv.ModRevision); n != nil {
+				nodes[n.Id] = n
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	return h.install(nodes, rev)
+}
+
+// install makes nodes at rev the hub's view. The ring restarts there:
+// streams behind rev get a snapshot.
+func (h *watchHub) install(nodes map[string]*curatorv1.Node, rev int64) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if rev < h.rev {
+		// etcd's revision went back (restored without --bump-revision?):
+		// serving it would break every watcher's resume. Wait for etcd to
+		// pass the revision already served.
+		return fmt.Errorf("etcd is at revision %d, below the %d this replica served already; waiting for etcd to pass it", rev, h.rev)
+	}
+	h.nodes, h.rev, h.oldest, h.ready = nodes, rev, rev, true
+	h.ring.reset()
+	h.advanceLocked()
+	h.log.Info("watch hub loaded nodes", "revision", rev, "nodes", len(nodes))
+	return nil
+}
+
+// decode reads a node record; a record that does not decode is logged and
+// left out, not allowed to stop every watcher.
+func (h *watchHub) decode(key string, value []byte, rev int64) *curatorv1.Node {
+	n, err := decodeNode(value, rev)
+	if err != nil {
+		h.log.Error("unreadable node record left out of watches", "key", key, "revision", rev, "err", err)
+		return nil
+	}
+	if id := strings.TrimPrefix(key, keys.NodesPrefix); n.Id != id {
+		h.log.Error("node record under another node's key left out of watches", "key", key, "node", n.Id)
+		return nil
+	}
+	return n
+}
+
+// follow watches etcd from the hub's revision on and applies what it sees,
+// until the watch fails or ctx ends. It reports whether it applied anything.
+func (h *watchHub) follow(ctx context.Context) (progressed bool, err error) {
+	// A stream of our own (the metadata keys clientv3's gRPC watch
+	// streams), so that progress requests concern this watch only; and
+	// require an etcd leader, so that a member cut off from its cluster
+	// ends the watch instead of going silent.
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(metadata.AppendToOutgoingContext(ctx, "curia-watch", "nodes")))
+	defer cancel()
+	from := h.revision() + 1
+	wch := h.s.etcd.Watch(wctx, keys.NodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithProgressNotify())
+	h.log.Debug("watching nodes", "from", from)
+	for {
+		select {
+		case <-ctx.Done():
+			return progressed, nil
+		case <-h.nudge:
+			if err := h.s.etcd.RequestProgress(wctx); err != nil {
+				h.log.Debug("request watch progress", "err", err)
+			}
+		case wr, ok := <-wch:
+			if !ok {
+				return progressed, fmt.Errorf("etcd closed the node watch")
+			}
+			if wr.CompactRevision != 0 {
+				return progressed, &watchCompacted{rev: wr.CompactRevision}
+			}
+			if err := wr.Err(); err != nil {
+				return progressed, fmt.Errorf("node watch: %w", err)
+			}
+			switch {
+			case len(wr.Events) > 0:
+				changes := make([]nodeChange, len(wr.Events))
+				for i, ev := range wr.Events {
+					changes[i] = nodeChange{rev: ev.Kv.ModRevision, key: string(ev.Kv.Key), value: ev.Kv.Value, deleted: ev.Type == clientv3.EventTypeDelete}
+				}
+				h.apply(changes)
+				progressed = true
+			case wr.IsProgressNotify():
+				// etcd sends these only once every event up to the
+				// header's revision was delivered.
+				if h.progress(wr.Header.Revision) {
+					progressed = true
+				}
+			}
+		}
+	}
+}
+
+// nodeChange is one event of the node watch.
+type nodeChange struct {
+	rev     int64 // the event's revision (a delete's too)
+	key     string
+	value   []byte
+	deleted bool
+}
+
+// apply adds changes (in revision order) to the view and the ring, one
+// batch per revision.
+func (h *watchHub) apply(changes []nodeChange) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := 0; i < len(changes); {
+		rev := changes[i].rev
+		j := i
+		for j < len(changes) && changes[j].rev == rev {
+			j++
+		}
+		group := changes[i:j]
+		i = j
+		if rev <= h.rev {
+			// Applied already (cannot happen with a watch from rev+1;
+			// guard the monotonic revision anyway).
+			continue
+		}
+		resp := &curatorv1.WatchResponse{Revision: rev}
+		for _, c := range group {
+			if c.deleted {
+				id := strings.TrimPrefix(c.key, keys.NodesPrefix)
+				delete(h.nodes, id)
+				resp.Deleted = append(resp.Deleted, id)
+			} else if n := h.decode(c.key, c.value, c.rev); n != nil {
+				h.nodes[n.Id] = n
+				resp.Nodes = append(resp.Nodes, n)
+			}
+		}
+		h.rev = rev
+		if len(resp.Nodes) > 0 || len(resp.Deleted) > 0 {
+			if evicted := h.ring.push(&watchBatch{rev: rev, all: resp}); evicted != nil {
+				h.oldest = evicted.rev
+			}
+		}
+		h.advanceLocked()
+	}
+}
+
+// progress moves the hub to rev when etcd said every change up to it was
+// delivered. It reports whether the revision moved.
+func (h *watchHub) progress(rev int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if rev <= h.rev {
+		return false
+	}
+	h.rev = rev
+	h.advanceLocked()
+	return true
+}
+
+func (h *watchHub) advanceLocked() {
+	close(h.changed)
+	h.changed = make(chan struct{})
+}
+
+func (h *watchHub) revision() int64 {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.rev
+}
+
+// requestProgress asks the watch loop to ask etcd for a progress
+// notification (coalesced: one pending request at a time).
+func (h *watchHub) requestProgress() {
+	select {
+	case h.nudge <- struct{}{}:
+	default:
+	}
+}
+
+// watcher is one Watch stream's position.
+type watcher struct {
+	// node is the watched node; "" watches all of them.
+	node string
+	// cursor is the revision the stream has been sent everything up to.
+	cursor int64
+	// snapshot asks for a snapshot at the next read.
+	snapshot bool
+}
+
+// watchItem is a response for one stream: either made for it (a snapshot,
+// a batch filtered to its node) or a batch shared by every all_nodes
+// stream.
+type watchItem struct {
+	resp  *curatorv1.WatchResponse
+	batch *watchBatch // set when resp is batch.all
+}
+
+// read returns what w has not been sent yet and advances its cursor; and
+// a channel closed when there may be more. behind means the hub has not
+// reached w's cursor yet.
+func (h *watchHub) read(w *watcher) (out []watchItem, changed <-chan struct{}, behind bool) {
+	h.mu.RLock()
+	changed = h.changed
+	if !h.ready {
+		h.mu.RUnlock()
+		return nil, changed, true
+	}
+	if w.snapshot || w.cursor < h.oldest {
+		var nodes []*curatorv1.Node
+		if w.node != "" {
+			if n, ok := h.nodes[w.node]; ok {
+				nodes = append(nodes, n)
+			}
+		} else {
+			nodes = make([]*curatorv1.Node, 0, len(h.nodes))
+			for _, n := range h.nodes {
+				nodes = append(nodes, n)
+			}
+		}
+		rev := h.rev
+		h.mu.RUnlock()
+		w.cursor, w.snapshot = rev, false
+		for _, r := range snapshotResponses(nodes, rev, watchMaxMessageBytes) {
+			out = append(out, watchItem{resp: r})
+		}
+		return out, changed, false
+	}
+	if w.cursor > h.rev {
+		h.mu.RUnlock()
+		return nil, changed, true
+	}
+	for i := h.ring.after(w.cursor); i < h.ring.n; i++ {
+		b := h.ring.at(i)
+		if w.node == "" {
+			out = append(out, watchItem{resp: b.all, batch: b})
+		} else if r := b.forNode(w.node); r != nil {
+			out = append(out, watchItem{resp: r})
+		}
+	}
+	w.cursor = h.rev
+	h.mu.RUnlock()
+	return out, changed, false
+}
+
+// snapshotResponses is a snapshot of nodes at rev, sorted by id, in
+// messages of at most maxBytes (a single node larger than that gets a
+// message of its own). Only the last message carries rev: a client that
+// stops half-way resumes from 0, a fresh snapshot.
+func snapshotResponses(nodes []*curatorv1.Node, rev int64, maxBytes int) []*curatorv1.WatchResponse {
+	slices.SortFunc(nodes, func(a, b *curatorv1.Node) int { return cmp.Compare(a.Id, b.Id) })
+	out := []*curatorv1.WatchResponse{{Snapshot: true}}
+	size := 0
+	for _, n := range nodes {
+		s := proto.Size(n) + 8 // the field's tag and length
+		cur := out[len(out)-1]
+		if len(cur.Nodes) > 0 && size+s > maxBytes {
+			cur = &curatorv1.WatchResponse{}
+			out = append(out, cur)
+			size = 0
+		}
+		cur.Nodes = append(cur.Nodes, n)
+		size += s
+	}
+	out[len(out)-1].Revision = rev
+	return out
+}
+
+// serve sends w what the hub has, and then every change, until ctx ends,
+// sending fails or the hub stops.
+func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.WatchResponse) error) error {
+	// Wait for the hub's first snapshot.
+	for {
+		h.mu.RLock()
+		ready, changed := h.ready, h.changed
+		h.mu.RUnlock()
+		if ready {
+			break
+		}
+		if err := h.wait(ctx, w, changed, nil); err != nil {
+			return err
+		}
+	}
+	if !w.snapshot && w.cursor > h.revision() {
+		// The hub is behind the client (this replica just started, or it
+		// trails the replica the client came from) — or the client's
+		// revision is from an etcd history this one never reached. The
+		// first catches up; the second can only be answered with a
+		// snapshot.
+		rev, err := h.etcdRevision(ctx)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUnavailable, err)
+		}
+		if w.cursor > rev {
+			h.log.Info("watch resumes from a revision etcd never reached; sending a snapshot", "start_revision", w.cursor, "etcd_revision", rev)
+			w.snapshot = true
+		}
+	}
+	for {
+		out, changed, behind := h.read(w)
+		for _, it := range out {
+			r, err := h.decorate(ctx, it)
+			if err != nil {
+				return fmt.Errorf("%w: %v; watch again with the revision of the last response received", errUnavailable, err)
+			}
+			if err := send(r); err != nil {
+				return err
+			}
+		}
+		var nudge *time.Timer
+		var fire <-chan time.Time
+		if behind {
+			h.requestProgress()
+			nudge = time.NewTimer(watchNudgeInterval)
+			fire = nudge.C
+		}
+		err := h.wait(ctx, w, changed, fire)
+		if nudge != nil {
+			nudge.Stop()
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// wait blocks until changed is closed or nudge fires; it fails when ctx
+// ends or the hub stops.
+func (h *watchHub) wait(ctx context.Context, w *watcher, changed <-chan struct{}, nudge <-chan time.Time) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-h.stopped:
+		return fmt.Errorf("%w: this curator replica is shutting down; watch again (any replica) with start_revision=%d", errUnavailable, w.cursor)
+	case <-changed:
+	case <-nudge:
+	}
+	return nil
+}
+
+// decorate is where every response leaves the hub for a stream: it gets
+// the computed fields (health, last heartbeat as of sending), which the
+// stored records lack, on copies of the shared nodes.
+func (h *watchHub) decorate(ctx context.Context, it watchItem) (*curatorv1.WatchResponse, error) {
+	if it.batch != nil {
+		return it.batch.decoratedAll(ctx, h.decorateNodes)
+	}
+	return decorateCopy(ctx, it.resp, h.decorateNodes)
+}
+
+// Watch streams nodes from this replica's hub (see the top of this file).
+func (x *curatorServer) Watch(req *curatorv1.WatchRequest, stream curatorv1.Curator_WatchServer) error {
+	ctx := stream.Context()
+	w, err := newWatcher(caller(ctx), req)
+	if err != nil {
+		return toStatus(err)
+	}
+	return toStatus(x.s.watch.serve(ctx, w, stream.Send))
+}
+
+// newWatcher checks a WatchRequest from who: a node may watch only itself.
+func newWatcher(who pki.Principal, req *curatorv1.WatchRequest) (*watcher, error) {
+	if req.GetStartRevision() < 0 {
+		return nil, fmt.Errorf("%w: start_revision %d: want 0 (snapshot first) or the revision of the last response seen", errBadRequest, req.GetStartRevision())
+	}
+	w := &watcher{cursor: req.GetStartRevision(), snapshot: req.GetStartRevision() == 0}
+	switch k := req.GetKind().(type) {
+	case *curatorv1.WatchRequest_NodeId:
+		if err := validNodeID(k.NodeId); err != nil {
+			return nil, err
+		}
+		if who.Kind == pki.KindNode && who.Name != k.NodeId {
+			return nil, fmt.Errorf("%w: %s may watch only itself (node_id=%s), not %s", errDenied, who, who.Name, k.NodeId)
+		}
+		w.node = k.NodeId
+	case *curatorv1.WatchRequest_AllNodes:
+		if !k.AllNodes {
+			return nil, fmt.Errorf("%w: all_nodes=false selects nothing: set all_nodes=true or node_id", errBadRequest)
+		}
+		if who.Kind == pki.KindNode {
+			return nil, fmt.Errorf("%w: %s may watch only itself: set node_id=%s instead of all_nodes", errDenied, who, who.Name)
+		}
+	default:
+		return nil, fmt.Errorf("%w: set node_id (one node) or all_nodes=true", errBadRequest)
+	}
+	return w, nil
 }

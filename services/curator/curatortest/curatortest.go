@@ -82,9 +82,10 @@ func VoterStatus(n *ct.Node) *curatorv1.NodeStatus {
 	}
 }
 
-// Binary builds the curator command.
+// Binary builds the curator command, with failpoints (off unless
+// CURIA_FAILPOINTS names one).
 func Binary(t testing.TB) string {
-	return proctest.Build(t, "curia.dev/services/curator/cmd/curator")
+	return proctest.Build(t, "curia.dev/services/curator/cmd/curator", "failpoints")
 }
 
 // AddCurator starts one more replica.

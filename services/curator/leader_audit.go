@@ -1,0 +1,83 @@
+package curator
+
+import (
+	"fmt"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	auditv1 "curia.dev/gen/curia/audit/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/keys"
+)
+
+// WatchAuditLog backlog: how many past events by default, and at most.
+const (
+	auditBacklogDefault = 100
+	auditBacklogMax     = 10000
+)
+
+// WatchAuditLog streams the audit log (keys.AuditPrefix): the last backlog
+// events in the order they were committed, newest last, then — unless
+// no_follow — every new event, from the revision right after the read, so
+// that nothing is missed or sent twice.
+func (x *managementServer) WatchAuditLog(req *curatorv1.WatchAuditLogRequest, stream curatorv1.Management_WatchAuditLogServer) error {
+	return toStatus(x.s.watchAudit(req, stream))
+}
+
+func (s *Service) watchAudit(req *curatorv1.WatchAuditLogRequest, stream curatorv1.Management_WatchAuditLogServer) error {
+	ctx := stream.Context()
+	backlog := req.GetBacklog()
+	switch {
+	case backlog < 0:
+		return fmt.Errorf("%w: backlog %d: want 0 (the default, %d) up to %d", errBadRequest, backlog, auditBacklogDefault, auditBacklogMax)
+	case backlog == 0:
+		backlog = auditBacklogDefault
+	case backlog > auditBacklogMax:
+		backlog = auditBacklogMax // "at most": the newest auditBacklogMax
+	}
+	send := func(kv *mvccpb.KeyValue) error {
+		ev := &auditv1.Event{}
+		if err := proto.Unmarshal(kv.Value, ev); err != nil {
+			s.log.Warn("unreadable audit event", "key", string(kv.Key), "err", err)
+			return nil
+		}
+		return stream.Send(&curatorv1.WatchAuditLogResponse{Event: ev, Revision: kv.ModRevision})
+	}
+
+	// The newest events by commit order. (etcd sorts the whole range to find
+	// them: fine for a log of membership and role changes.)
+	resp, err := s.etcd.Get(ctx, keys.AuditPrefix, clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortDescend), clientv3.WithLimit(backlog))
+	if err != nil {
+		return fmt.Errorf("%w: read audit log: %v", errUnavailable, err)
+	}
+	for i := len(resp.Kvs) - 1; i >= 0; i-- {
+		if err := send(resp.Kvs[i]); err != nil {
+			return err
+		}
+	}
+	if req.GetNoFollow() {
+		return nil
+	}
+
+	wctx := clientv3.WithRequireLeader(ctx)
+	for wr := range s.etcd.Watch(wctx, keys.AuditPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+		if err := wr.Err(); err != nil {
+			return fmt.Errorf("%w: follow audit log: %v", errUnavailable, err)
+		}
+		for _, ev := range wr.Events {
+			if ev.Type != clientv3.EventTypePut {
+				continue
+			}
+			if err := send(ev.Kv); err != nil {
+				return err
+			}
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: the audit log watch ended; watch again", errUnavailable)
+}

@@ -1,0 +1,323 @@
+package curator_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	auditv1 "curia.dev/gen/curia/audit/v1"
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/keys"
+	"curia.dev/platform/proctest"
+	cut "curia.dev/services/curator/curatortest"
+)
+
+// mgmtRegister registers a (NEW) node with labels, as its agent would.
+func mgmtRegister(t *testing.T, c *cut.Cluster, labels map[string]string) *cut.Agent {
+	t.Helper()
+	ctx := ctxT(t)
+	a := c.NewAgent()
+	ticket, err := c.Management().GetRegisterTicket(ctx, &curatorv1.GetRegisterTicketRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Enrolling(c.Running()).RegisterNode(ctx, &curatorv1.RegisterNodeRequest{
+		RegisterTicket: ticket.Ticket, PublicKey: a.Key.Public().(ed25519.PublicKey), Labels: labels,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// mgmtFilterErr runs GetNodes with a filter that should fail.
+func mgmtFilterErr(m curatorv1.ManagementClient, filter string) error {
+	stream, err := m.GetNodes(context.Background(), &curatorv1.GetNodesRequest{Filter: filter})
+	if err != nil {
+		return err
+	}
+	for {
+		if _, err := stream.Recv(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return fmt.Errorf("filter %q was accepted", filter)
+			}
+			return err
+		}
+	}
+}
+
+// TestGetNodesFilter: CEL filters over nodes, health included; broken and
+// expensive filters are InvalidArgument with CEL's word on what is wrong.
+func TestGetNodesFilter(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := ctxT(t)
+	m := c.Management()
+	boot := c.Voters[0].ID // UP, ConsensusMember + KubernetesController, no labels
+	up := c.NewAgent()     // UP, no roles, HEALTHY
+	up.Enrol(ctx)
+	if _, err := hbOnce(ctx, up.Curator(c.Running())); err != nil { // healthy for the default 20s
+		t.Fatal(err)
+	}
+	zoneA := mgmtRegister(t, c, map[string]string{"zone": "a"}) // NEW
+	zoneB := mgmtRegister(t, c, map[string]string{"zone": "b"}) // STANDBY
+	if _, err := m.ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: zoneB.ID}); err != nil {
+		t.Fatal(err)
+	}
+	all := []string{boot, up.ID, zoneA.ID, zoneB.ID}
+
+	for filter, want := range map[string][]string{
+		``:                                      all,
+		`node.state == NodeState.NODE_STATE_UP`: {boot, up.ID},
+		`node.state == NODE_STATE_UP`:           {boot, up.ID}, // the API doc's spelling
+		`node.state == curia.curator.v1.NodeState.NODE_STATE_STANDBY`:                {zoneB.ID},
+		`has(node.roles.consensus_member)`:                                           {boot},
+		`node.state == NodeState.NODE_STATE_UP && !has(node.roles.consensus_member)`: {up.ID},
+		`node.health == NodeHealth.NODE_HEALTH_HEALTHY`:                              {up.ID},
+		`node.health == NodeHealth.NODE_HEALTH_UNKNOWN`:                              {boot, zoneA.ID, zoneB.ID},
+		`node.last_heartbeat > now - duration("1h")`:                                 {up.ID},
+		`node.labels["zone"] == "a"`:                                                 {zoneA.ID},
+		`"zone" in node.labels`:                                                      {zoneA.ID, zoneB.ID},
+		`node.id.startsWith("node-")`:                                                all,
+		`node.id == "` + up.ID + `"`:                                                 {up.ID},
+		`false`:                                                                      nil,
+	} {
+		t.Run(filter, func(t *testing.T) {
+			got := slices.Sorted(maps.Keys(getNodes(t, m, filter)))
+			want = slices.Sorted(slices.Values(want))
+			if !slices.Equal(got, want) {
+				t.Fatalf("filter %q: got %v, want %v", filter, got, want)
+			}
+		})
+	}
+
+	for filter, msg := range map[string]string{
+		`node.id`:                       "must be a boolean expression, but it is of type string",
+		`node.roles`:                    "must be a boolean expression",
+		`node.foo == 1`:                 "undefined field 'foo'",
+		`node.state ==`:                 "Syntax error",
+		`nodes.state == 1`:              "undeclared reference to 'nodes'",
+		`node.state == NodeState.BOGUS`: "undeclared reference",
+		`size(node.id) / (size(node.id) - size(node.id)) == 1`: "filter on node node-",
+		// 10^5 iterations: stopped by the cost limit.
+		`[0,1,2,3,4,5,6,7,8,9].all(a, [0,1,2,3,4,5,6,7,8,9].all(b, [0,1,2,3,4,5,6,7,8,9].all(c, [0,1,2,3,4,5,6,7,8,9].all(d, [0,1,2,3,4,5,6,7,8,9].all(e, a+b+c+d+e >= 0)))))`: "cost limit",
+		strings.Repeat("true && ", 600) + "true": "at most 4096",
+	} {
+		t.Run("bad/"+filter[:min(len(filter), 30)], func(t *testing.T) {
+			wantCode(t, mgmtFilterErr(m, filter), codes.InvalidArgument, msg)
+		})
+	}
+}
+
+// TestGetConsensusStatus: members mapped to nodes, from the bootstrapped
+// cluster to members and roles that disagree.
+func TestGetConsensusStatus(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := ctxT(t)
+	m := c.Management()
+	voter := c.Voters[0]
+
+	st, err := m.GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Members) != 1 {
+		t.Fatalf("members: %v", st.Members)
+	}
+	mem := st.Members[0]
+	if mem.NodeId != voter.ID || !mem.NodeExists || !mem.HasRole || mem.Learner || !mem.Started || !mem.Leader ||
+		mem.RaftIndex == 0 || mem.Lag != 0 || !slices.Equal(mem.PeerUrls, []string{voter.PeerURL}) || mem.MemberId != voter.Status().MemberId {
+		t.Fatalf("bootstrap member: %v", mem)
+	}
+	if len(st.RoleWithoutMember) != 0 {
+		t.Fatalf("role_without_member: %v", st.RoleWithoutMember)
+	}
+	epoch := st.MembershipEpoch
+	if want := voter.Members().MembershipEpoch; epoch != want {
+		t.Fatalf("membership epoch %d, want %d", epoch, want)
+	}
+
+	// Make roles and membership disagree, with the curator leader's fence:
+	// a node with ConsensusMember whose member is removed behind its back,
+	// and a learner added for a node that does not exist.
+	fence := mgmtLeaderFence(t, c)
+	a := c.NewAgent()
+	a.Enrol(ctx)
+	peerURL := "https://" + proctest.FreeAddr(t)
+	if _, err := a.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: &curatorv1.NodeStatus{ConsensusPeerUrl: peerURL}}); err != nil {
+		t.Fatal(err)
+	}
+	mgmtRetryUnavailable(t, func() error {
+		_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(true)})
+		return err
+	})
+	mgmtRetryUnavailable(t, func() error {
+		_, err := voter.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: a.ID}, Fence: fence})
+		return err
+	})
+	_, ghost := newKey(t)
+	ghostURL := "https://" + proctest.FreeAddr(t)
+	mgmtRetryUnavailable(t, func() error {
+		_, err := voter.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ghost, PeerUrl: ghostURL, Fence: fence})
+		return err
+	})
+
+	st, err = m.GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(st.RoleWithoutMember, []string{a.ID}) {
+		t.Fatalf("role_without_member %v, want [%s]", st.RoleWithoutMember, a.ID)
+	}
+	byNode := map[string]*curatorv1.ConsensusMemberStatus{}
+	for _, mem := range st.Members {
+		byNode[mem.NodeId] = mem
+	}
+	if len(st.Members) != 2 || byNode[voter.ID].GetHasRole() != true || !byNode[voter.ID].GetLeader() {
+		t.Fatalf("members: %v", st.Members)
+	}
+	g := byNode[ghost]
+	if g == nil || g.NodeExists || g.HasRole || !g.Learner || g.Started || g.Leader || g.RaftIndex != 0 || !slices.Equal(g.PeerUrls, []string{ghostURL}) {
+		t.Fatalf("learner of a node that does not exist: %v", g)
+	}
+	if want := voter.Members().MembershipEpoch; st.MembershipEpoch != want || st.MembershipEpoch <= epoch {
+		t.Fatalf("membership epoch %d, want %d (and past %d, before the changes)", st.MembershipEpoch, want, epoch)
+	}
+}
+
+// mgmtLeaderFence is the curator leader's fence: its election key at its
+// term, read from etcd.
+func mgmtLeaderFence(t *testing.T, c *cut.Cluster) *consensusv1.Fence {
+	t.Helper()
+	ctx := ctxT(t)
+	leader := c.Leader()
+	resp, err := curatorv1.NewCuratorClient(c.Conn(leader, cut.Admin)).GetCurrentLeader(ctx, &curatorv1.GetCurrentLeaderRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, err := resp.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvs, err := c.Etcd(c.Voters[0].ClientURL).Get(ctx, keys.LeaderElection, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range kvs.Kvs {
+		if kv.CreateRevision == cur.Term {
+			return &consensusv1.Fence{Conditions: []*consensusv1.FenceCondition{{Key: string(kv.Key), CreateRevision: cur.Term}}}
+		}
+	}
+	t.Fatalf("no election key at term %d", cur.Term)
+	return nil
+}
+
+// mgmtRetryUnavailable retries f while etcd refuses membership changes
+// (Unavailable shortly after the previous one); other errors fail.
+func mgmtRetryUnavailable(t *testing.T, f func() error) {
+	t.Helper()
+	proctest.Eventually(t, time.Minute, func() error {
+		err := f()
+		if status.Code(err) == codes.Unavailable {
+			return err
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return nil
+	})
+}
+
+// TestWatchAuditLog: the backlog (bootstrap first), then new events as
+// they are committed, with who did it and under which fence.
+func TestWatchAuditLog(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := ctxT(t)
+	m := c.Management()
+	a := c.NewAgent()
+	a.Enrol(ctx)
+	fence := mgmtLeaderFence(t, c)
+
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	stream, err := m.WatchAuditLog(wctx, &curatorv1.WatchAuditLogRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lastRev int64
+	next := func() *curatorv1.WatchAuditLogResponse {
+		t.Helper()
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Revision <= lastRev {
+			t.Fatalf("event at revision %d after %d", resp.Revision, lastRev)
+		}
+		lastRev = resp.Revision
+		return resp
+	}
+	// The backlog: the bootstrap first, a's commit last.
+	var backlog []*auditv1.Event
+	for {
+		ev := next().Event
+		backlog = append(backlog, ev)
+		if ev.Action == "node.commit" && ev.NodeId == a.ID {
+			break
+		}
+	}
+	boot := slices.IndexFunc(backlog, func(ev *auditv1.Event) bool { return ev.Action == "cluster.bootstrap" })
+	if boot < 0 || backlog[boot].NodeId != c.Voters[0].ID {
+		t.Fatalf("no bootstrap event in the backlog: %v", backlog)
+	}
+
+	// Followed: a role change made now.
+	if _, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesWorker: new(true), Reason: "run workloads"}); err != nil {
+		t.Fatal(err)
+	}
+	resp := next()
+	ev := resp.Event
+	wantFence := []string{fmt.Sprintf("%s@%d", fence.Conditions[0].Key, fence.Conditions[0].CreateRevision)}
+	if !strings.HasPrefix(ev.Action, "roles.update") || !strings.Contains(ev.Action, "kubernetes_worker=true") || ev.NodeId != a.ID ||
+		ev.Actor != "admin/test" || !slices.Equal(ev.Fence, wantFence) || ev.Reason != "run workloads" ||
+		ev.RecordedBy != "curator/"+c.Leader().Name || ev.Time == nil {
+		t.Fatalf("role change event: %v, want actor admin/test, fence %v", ev, wantFence)
+	}
+
+	// no_follow: the newest events, newest last, then the end.
+	nf, err := m.WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{Backlog: 2, NoFollow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []*curatorv1.WatchAuditLogResponse
+	for {
+		r, err := nf.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r)
+	}
+	if len(got) != 2 || got[1].Revision != resp.Revision || got[0].Revision >= got[1].Revision || got[0].Event.Action != "node.commit" {
+		t.Fatalf("backlog 2, no_follow: %v", got)
+	}
+
+	bad, err := m.WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{Backlog: -1})
+	if err == nil {
+		_, err = bad.Recv()
+	}
+	wantCode(t, err, codes.InvalidArgument, "backlog")
+}

@@ -1,0 +1,175 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
+	"curia.dev/services/reconciler/plan"
+)
+
+// pass observes, plans and, when this replica holds the lease and is not
+// paused, takes the one planned action. It reports whether it acted.
+func (r *Reconciler) pass(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL)
+	defer cancel()
+	if r.lease.current() == nil {
+		r.finish("standby", nil, nil)
+		return false
+	}
+	snap, err := r.observe(ctx)
+	if err != nil {
+		r.finish("error: "+err.Error(), nil, nil)
+		return false
+	}
+	a := plan.Plan(snap.observed, r.cfg.planConfig())
+	r.noteDrift(a)
+	switch a.Kind {
+	case plan.None:
+		r.finish(a.Reason, &a, nil)
+		return false
+	case plan.Refuse:
+		r.refused(a)
+		return false
+	}
+	if paused, why := r.paused(); paused {
+		r.finish("paused ("+why+"): would "+a.String(), &a, nil)
+		return false
+	}
+	failpoint("before-act")
+	// The lease may have ended while we observed: stop within this pass.
+	lease := r.lease.current()
+	if lease == nil {
+		r.finish("standby: lost the lease before acting", &a, nil)
+		return false
+	}
+	if err := r.act(ctx, snap, a, r.lease.fence(lease, a.Epoch)); err != nil {
+		r.log.Warn("action failed", "action", a.String(), "err", err)
+		r.metrics.actions.WithLabelValues(a.Kind.String(), "failed").Inc()
+		r.finish("error: "+err.Error(), &a, nil)
+		return false
+	}
+	r.log.Info("acted", "action", a.Kind.String(), "member", fmt.Sprintf("%x", a.MemberID), "node", a.NodeID, "epoch", a.Epoch, "reason", a.Reason)
+	r.metrics.actions.WithLabelValues(a.Kind.String(), "ok").Inc()
+	r.finish("acted: "+a.String(), &a, &a)
+	return true
+}
+
+// act takes one action under fence (the lease's fence at the plan's epoch).
+// Every call is refused by its resource if the fence or the snapshot went
+// stale; the next pass then plans anew.
+func (r *Reconciler) act(ctx context.Context, s *snapshot, a plan.Action, f *consensusv1.Fence) error {
+	reason := "reconciler: " + a.Reason
+	switch a.Kind {
+	case plan.RemoveMember:
+		_, err := r.members().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: a.MemberID}, Fence: f})
+		return err
+	case plan.Promote:
+		_, err := r.members().PromoteMember(ctx, &consensusv1.PromoteMemberRequest{MemberId: a.MemberID, Fence: f})
+		return err
+	case plan.AddRole:
+		// The node is a member already: AddNode changes nothing and
+		// answers with its join parameters.
+		added, err := r.members().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: a.NodeID, PeerUrl: s.peerURLs[a.MemberID], Fence: f})
+		if err != nil {
+			return fmt.Errorf("join parameters of %s: %w", a.NodeID, err)
+		}
+		_, err = r.leases().ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
+			Fence: f, NodeId: a.NodeID, NodeRevision: a.NodeRevision,
+			Change: &curatorv1.ReconcileNodeRolesRequest_AddConsensusMember{AddConsensusMember: added.GetJoin()},
+			Reason: reason,
+		})
+		return err
+	case plan.RemoveRole:
+		_, err := r.leases().ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
+			Fence: f, NodeId: a.NodeID, NodeRevision: a.NodeRevision,
+			Change: &curatorv1.ReconcileNodeRolesRequest_RemoveConsensusMember{RemoveConsensusMember: true},
+			Reason: reason,
+		})
+		return err
+	}
+	return fmt.Errorf("no way to act on %v", a)
+}
+
+func toProto(a *plan.Action) *reconcilerv1.Action {
+	if a == nil {
+		return nil
+	}
+	return &reconcilerv1.Action{Kind: a.Kind.String(), MemberId: a.MemberID, NodeId: a.NodeID, NodeRevision: a.NodeRevision, MembershipEpoch: a.Epoch, Reason: a.Reason}
+}
+
+// finish records a pass: its result, what was planned, what was done.
+func (r *Reconciler) finish(result string, planned, done *plan.Action) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status.Passes++
+	r.status.LastPass = timestamppb.New(now)
+	r.status.LastResult = result
+	if planned != nil {
+		r.status.Planned = toProto(planned)
+	}
+	if done != nil {
+		r.status.Actions++
+		r.status.LastAction = toProto(done)
+		r.status.LastActionTime = timestamppb.New(now)
+	}
+	kind := "none"
+	if planned != nil {
+		kind = planned.Kind.String()
+	}
+	r.metrics.passes.WithLabelValues(kind).Inc()
+}
+
+// refused records a refusal in the status (the last few), the log and the
+// metrics.
+func (r *Reconciler) refused(a plan.Action) {
+	r.log.Warn("refusing to act", "reason", a.Reason)
+	r.metrics.refusals.Inc()
+	r.mu.Lock()
+	r.status.Refusals = append(r.status.Refusals, time.Now().UTC().Format(time.RFC3339)+" "+a.Reason)
+	if n := len(r.status.Refusals); n > 10 {
+		r.status.Refusals = r.status.Refusals[n-10:]
+	}
+	r.mu.Unlock()
+	r.finish("refused: "+a.Reason, &a, nil)
+}
+
+// noteDrift measures convergence time: from the first pass that found
+// something to do to the first that found nothing.
+func (r *Reconciler) noteDrift(a plan.Action) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case a.Kind == plan.None && !r.driftSince.IsZero():
+		r.metrics.convergence.Observe(time.Since(r.driftSince).Seconds())
+		r.driftSince = time.Time{}
+	case a.Kind != plan.None && r.driftSince.IsZero():
+		r.driftSince = time.Now()
+	}
+}
+
+func (r *Reconciler) setRole(role reconcilerv1.Role, holder string, l *curatorv1.Lease) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status.Role = role
+	r.status.LeaseHolder = holder
+	r.status.Fence = l.GetFence()
+	r.status.LeaseExpires = l.GetExpires()
+	active := 0.0
+	if role == reconcilerv1.Role_ROLE_ACTIVE {
+		active = 1
+	}
+	r.metrics.active.Set(active)
+}
+
+func (r *Reconciler) paused() (bool, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status.Paused, r.status.PauseReason
+}

@@ -1,0 +1,130 @@
+package reconciler
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
+)
+
+// leaseName is the curator lease the active reconciler holds.
+const leaseName = "reconciler"
+
+// leaseKeeper campaigns for the lease, keeps it alive while held, and drops
+// it the moment the curator says it is stale. Only a replica holding a lease
+// that has not expired by its own clock acts.
+type leaseKeeper struct {
+	r *Reconciler
+
+	mu     sync.Mutex
+	held   *curatorv1.Lease
+	holder string // who holds it, as last seen
+}
+
+func newLeaseKeeper(r *Reconciler) *leaseKeeper { return &leaseKeeper{r: r} }
+
+// current returns the lease if this replica holds it and it has not
+// expired by the local clock (with a margin for the call that follows).
+func (k *leaseKeeper) current() *curatorv1.Lease {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.held == nil || time.Until(k.held.GetExpires().AsTime()) < k.r.cfg.LeaseTTL/5 {
+		return nil
+	}
+	return k.held
+}
+
+// fence is the lease's fence, pinned to the membership epoch of a plan.
+func (k *leaseKeeper) fence(l *curatorv1.Lease, epoch int64) *consensusv1.Fence {
+	f := proto.Clone(l.GetFence()).(*consensusv1.Fence)
+	f.MembershipEpoch = epoch
+	return f
+}
+
+func (k *leaseKeeper) set(l *curatorv1.Lease, holder string) {
+	k.mu.Lock()
+	was := k.held != nil
+	k.held, k.holder = l, holder
+	k.mu.Unlock()
+	role := reconcilerv1.Role_ROLE_STANDBY
+	if l != nil {
+		role = reconcilerv1.Role_ROLE_ACTIVE
+	}
+	k.r.setRole(role, holder, l)
+	switch {
+	case l != nil && !was:
+		k.r.log.Info("active: holding the lease", "fence", l.GetFence().String(), "term", l.GetTerm())
+		k.r.kick()
+	case l == nil && was:
+		k.r.log.Warn("standby: lease lost", "holder", holder)
+	}
+}
+
+// drop forgets the lease at once (a stale fence was reported).
+func (k *leaseKeeper) drop(why string) {
+	k.r.log.Warn("dropping the lease", "why", why)
+	k.set(nil, "")
+}
+
+func (k *leaseKeeper) run(ctx context.Context) error {
+	ttl := k.r.cfg.LeaseTTL
+	every := ttl / 3
+	for {
+		k.mu.Lock()
+		held := k.held
+		k.mu.Unlock()
+		cctx, cancel := context.WithTimeout(ctx, every)
+		if held == nil {
+			resp, err := k.r.leases().Acquire(cctx, &curatorv1.AcquireRequest{Name: leaseName, Holder: k.r.cfg.Name, TtlSeconds: int64(ttl / time.Second)})
+			if err == nil {
+				k.set(resp.GetLease(), k.r.cfg.Name)
+			} else if ctx.Err() == nil {
+				k.r.setRole(reconcilerv1.Role_ROLE_STANDBY, status.Convert(err).Message(), nil)
+			}
+		} else {
+			resp, err := k.r.leases().KeepAlive(cctx, &curatorv1.KeepAliveRequest{Lease: held})
+			switch {
+			case err == nil:
+				k.set(resp.GetLease(), k.r.cfg.Name)
+			case status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded:
+				// The curator may be failing over; current() stops us
+				// acting once the lease is past its expiry.
+				if time.Now().After(held.GetExpires().AsTime()) {
+					k.drop("lease expired while the curator was unreachable: " + err.Error())
+				}
+			default:
+				k.drop(status.Convert(err).Message())
+			}
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			k.release()
+			return nil
+		case <-time.After(every):
+		}
+	}
+}
+
+// release gives the lease up on shutdown, so a standby takes over at once.
+func (k *leaseKeeper) release() {
+	k.mu.Lock()
+	held := k.held
+	k.held = nil
+	k.mu.Unlock()
+	if held == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := k.r.leases().Release(ctx, &curatorv1.ReleaseRequest{Lease: held}); err != nil {
+		k.r.log.Warn("release lease", "err", err)
+	}
+}

@@ -1,0 +1,36 @@
+package reconciler
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are registered on the gRPC server's private registry (etcd owns
+// the default one).
+type metrics struct {
+	passes      *prometheus.CounterVec
+	actions     *prometheus.CounterVec
+	refusals    prometheus.Counter
+	convergence prometheus.Histogram
+	active      prometheus.Gauge
+}
+
+func newMetrics(reg *prometheus.Registry) *metrics {
+	m := &metrics{
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "curia_reconciler_passes_total", Help: "Reconcile passes, by the kind of action planned.",
+		}, []string{"planned"}),
+		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "curia_reconciler_actions_total", Help: "Actions taken, by kind and result.",
+		}, []string{"kind", "result"}),
+		refusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "curia_reconciler_refusals_total", Help: "Passes that refused to act on a snapshot that looked wrong.",
+		}),
+		convergence: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "curia_reconciler_convergence_seconds", Help: "Time from the first pass that found drift to the first that found none.",
+			Buckets: prometheus.ExponentialBuckets(0.05, 2, 14),
+		}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "curia_reconciler_active", Help: "1 while this replica holds the lease.",
+		}),
+	}
+	reg.MustRegister(m.passes, m.actions, m.refusals, m.convergence, m.active)
+	return m
+}

@@ -1,0 +1,119 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/services/reconciler/plan"
+)
+
+// snapshot is one observation with what act needs beyond the plan.
+type snapshot struct {
+	observed plan.Observed
+	// peerURLs of members, for AddNode when a role is added.
+	peerURLs map[uint64]string
+}
+
+// observe reads, in this order, the membership epoch and the member list
+// (one ListMembers call reads the epoch first), then the nodes: members
+// before nodes, so a node created in between cannot look missing.
+func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
+	members, err := r.members().ListMembers(ctx, &consensusv1.ListMembersRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("list etcd members: %w", err)
+	}
+	nodes, err := r.readNodes(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read nodes: %w", err)
+	}
+	now := time.Now()
+	s := &snapshot{peerURLs: map[uint64]string{}}
+	o := plan.Observed{Epoch: members.GetMembershipEpoch(), AnsweredBy: members.GetAnsweredByMemberId(), Now: now}
+	for _, m := range members.GetMembers() {
+		o.Members = append(o.Members, plan.Member{ID: m.GetId(), NodeID: m.GetNodeId(), Learner: m.GetLearner(), Started: m.GetStarted(), CaughtUp: m.GetCaughtUp()})
+		if len(m.GetPeerUrls()) > 0 {
+			s.peerURLs[m.GetId()] = m.GetPeerUrls()[0]
+		}
+	}
+	for _, n := range nodes {
+		o.Nodes = append(o.Nodes, plan.Node{
+			ID: n.GetId(), Revision: n.GetRevision(),
+			ConsensusMember:      n.GetRoles().GetConsensusMember() != nil,
+			KubernetesController: n.GetRoles().GetKubernetesController() != nil,
+		})
+	}
+	o.LearnerSince, o.ReadySince = r.learnerClocks(o.Members, now)
+	s.observed = o
+	return s, nil
+}
+
+// readNodes takes a snapshot of every node from the curator's watch.
+func (r *Reconciler) readNodes(ctx context.Context) ([]*curatorv1.Node, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := curatorv1.NewCuratorClient(r.curator).Watch(ctx, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}})
+	if err != nil {
+		return nil, err
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		return nil, err
+	}
+	if !resp.GetSnapshot() {
+		return nil, errors.New("the node watch did not start with a snapshot")
+	}
+	return resp.GetNodes(), nil
+}
+
+// learnerClocks remembers when each learner was first seen, and since when
+// it has been caught up without a break; members that are gone (or caught
+// up no more) are forgotten.
+func (r *Reconciler) learnerClocks(members []plan.Member, now time.Time) (since, ready map[uint64]time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	since, ready = map[uint64]time.Time{}, map[uint64]time.Time{}
+	for _, m := range members {
+		if !m.Learner {
+			continue
+		}
+		since[m.ID] = now
+		if t, ok := r.learnerSince[m.ID]; ok {
+			since[m.ID] = t
+		}
+		if m.CaughtUp {
+			ready[m.ID] = now
+			if t, ok := r.readySince[m.ID]; ok {
+				ready[m.ID] = t
+			}
+		}
+	}
+	r.learnerSince, r.readySince = since, ready
+	return since, ready
+}
+
+// watchNodes triggers a pass on every node change.
+func (r *Reconciler) watchNodes(ctx context.Context) error {
+	var rev int64
+	for ctx.Err() == nil {
+		stream, err := curatorv1.NewCuratorClient(r.curator).Watch(ctx, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}, StartRevision: rev})
+		if err == nil {
+			for {
+				resp, err := stream.Recv()
+				if err != nil {
+					break
+				}
+				rev = resp.GetRevision()
+				r.kick()
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+	return nil
+}

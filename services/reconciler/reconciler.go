@@ -1,0 +1,255 @@
+// Package reconciler keeps node roles and etcd membership in agreement
+// (DESIGN §6). N replicas run; the one holding the curator lease
+// "reconciler" acts, the others stand by. etcd membership is the source of
+// truth; every change is fenced on the lease, the term that granted it, and
+// the membership epoch the plan was made from.
+//
+//	trigger (node watch event, tick, previous action)
+//	   │
+//	   ▼
+//	observe ── consensus ListMembers (epoch, members) ─┐
+//	   │    └─ curator Watch snapshot (nodes) ─────────┤
+//	   ▼                                               │
+//	plan.Plan(observed) → one action (pure, package plan)
+//	   │
+//	   ▼
+//	act ── consensus RemoveMember / PromoteMember / AddNode  (fence + epoch)
+//	    └─ curator Leases.ReconcileNodeRoles                 (fence + epoch + node revision)
+//
+// Files: reconciler.go (config, run), lease.go (holding the lease),
+// observe.go, act.go, api.go (GetStatus, Plan, Pause, Resume), plan/.
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
+	"curia.dev/platform/run"
+	"curia.dev/services/reconciler/plan"
+)
+
+// Config configures one reconciler replica.
+type Config struct {
+	// Cluster is the cluster name, the trust domain of every identity.
+	Cluster string
+	// Name is this replica's name, the lease holder it asks as.
+	Name string
+	// TLS is a reconciler certificate.
+	TLS rpc.TLSFiles
+	// Listen is the gRPC API address.
+	Listen string
+	// Curator and Consensus are the addresses (host:port) of the curator
+	// replicas and of consensus services.
+	Curator   []string
+	Consensus []string
+	// LeaseTTL is the lease's TTL: how long a dead active replica blocks
+	// its standbys.
+	LeaseTTL time.Duration
+	// Tick is the backstop between passes when nothing triggers one.
+	Tick time.Duration
+	// Plan's bounds.
+	VoterFloor          int
+	Stabilization       time.Duration
+	LearnerStartTimeout time.Duration
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		Cluster:             "curia",
+		Name:                host,
+		Listen:              "127.0.0.1:7300",
+		LeaseTTL:            10 * time.Second,
+		Tick:                5 * time.Second,
+		VoterFloor:          1,
+		Stabilization:       10 * time.Second,
+		LearnerStartTimeout: 2 * time.Minute,
+	}
+}
+
+// AddFlags registers the reconciler's flags.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Cluster, "cluster", c.Cluster, "cluster name (trust domain of every identity)")
+	fs.StringVar(&c.Name, "name", c.Name, "this replica's name (the lease holder)")
+	c.TLS.AddFlags(fs, "")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "gRPC API address (host:port)")
+	list := func(dst *[]string) func(string) error {
+		return func(s string) error {
+			for _, p := range strings.Split(s, ",") {
+				if p = strings.TrimSpace(p); p != "" {
+					*dst = append(*dst, p)
+				}
+			}
+			return nil
+		}
+	}
+	fs.Func("curator", "curator address host:port (repeatable or comma-separated)", list(&c.Curator))
+	fs.Func("consensus", "consensus service address host:port (repeatable or comma-separated)", list(&c.Consensus))
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "TTL of the reconciler lease")
+	fs.DurationVar(&c.Tick, "tick", c.Tick, "time between passes when nothing triggers one")
+	fs.IntVar(&c.VoterFloor, "voter-floor", c.VoterFloor, "voters no automated removal goes below (at least 1)")
+	fs.DurationVar(&c.Stabilization, "stabilization", c.Stabilization, "how long a learner stays caught up before promotion")
+	fs.DurationVar(&c.LearnerStartTimeout, "learner-start-timeout", c.LearnerStartTimeout, "how long a learner may stay unstarted before it is removed")
+}
+
+// Validate checks the configuration.
+func (c *Config) Validate() error {
+	if err := pki.ValidateCluster(c.Cluster); err != nil {
+		return err
+	}
+	if c.Name == "" {
+		return errors.New("--name is required")
+	}
+	if c.TLS.CA == "" || c.TLS.Cert == "" || c.TLS.Key == "" {
+		return errors.New("--ca, --cert and --key are required: a reconciler certificate")
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("--listen %q: %w", c.Listen, err)
+	}
+	if len(c.Curator) == 0 || len(c.Consensus) == 0 {
+		return errors.New("--curator and --consensus are required")
+	}
+	if c.LeaseTTL < 2*time.Second || c.LeaseTTL > time.Minute {
+		return fmt.Errorf("--lease-ttl %v: between 2s and 60s", c.LeaseTTL)
+	}
+	if c.Tick <= 0 || c.Stabilization < 0 || c.LearnerStartTimeout <= 0 {
+		return errors.New("--tick and --learner-start-timeout must be positive, --stabilization not negative")
+	}
+	if c.VoterFloor < 1 {
+		return fmt.Errorf("--voter-floor %d: at least 1 (the last voter is never removed)", c.VoterFloor)
+	}
+	return nil
+}
+
+func (c Config) planConfig() plan.Config {
+	return plan.Config{VoterFloor: c.VoterFloor, Stabilization: c.Stabilization, LearnerStartTimeout: c.LearnerStartTimeout}
+}
+
+// Reconciler is one replica.
+type Reconciler struct {
+	cfg       Config
+	log       *slog.Logger
+	rpc       *rpc.Server
+	curator   *grpc.ClientConn
+	consensus *grpc.ClientConn
+	lease     *leaseKeeper
+	metrics   *metrics
+
+	// trigger asks for a pass now.
+	trigger chan struct{}
+
+	mu     sync.Mutex
+	status *reconcilerv1.GetStatusResponse
+	// Learner clocks, kept across passes (plan.Observed).
+	learnerSince map[uint64]time.Time
+	readySince   map[uint64]time.Time
+	// driftSince is when the current disagreement was first seen.
+	driftSince time.Time
+}
+
+// New prepares a replica.
+func New(cfg Config, log *slog.Logger) (*Reconciler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	creds, err := rpc.LoadCredentials(cfg.Cluster, cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
+	if creds.Principal.Kind != pki.KindReconciler {
+		return nil, fmt.Errorf("certificate %s is for %s, not the reconciler", cfg.TLS.Cert, creds.Principal)
+	}
+	log = log.With("component", "reconciler", "replica", cfg.Name)
+	cur, err := rpc.DialAny(cfg.Curator, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindCurator}})
+	if err != nil {
+		return nil, err
+	}
+	cons, err := rpc.DialAny(cfg.Consensus, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindConsensus}})
+	if err != nil {
+		cur.Close()
+		return nil, err
+	}
+	r := &Reconciler{
+		cfg: cfg, log: log, curator: cur, consensus: cons,
+		trigger:      make(chan struct{}, 1),
+		status:       &reconcilerv1.GetStatusResponse{Name: cfg.Name, Role: reconcilerv1.Role_ROLE_STANDBY},
+		learnerSince: map[uint64]time.Time{},
+		readySince:   map[uint64]time.Time{},
+	}
+	srv, err := rpc.NewServer(rpc.ServerConfig{Credentials: creds, Policy: policy(), Logger: log.With("part", "grpc")})
+	if err != nil {
+		return nil, err
+	}
+	reconcilerv1.RegisterReconcilerServer(srv.GRPC(), &apiServer{r: r})
+	r.rpc = srv
+	r.metrics = newMetrics(srv.Registry())
+	r.lease = newLeaseKeeper(r)
+	return r, nil
+}
+
+func (r *Reconciler) leases() curatorv1.LeasesClient { return curatorv1.NewLeasesClient(r.curator) }
+func (r *Reconciler) members() consensusv1.ConsensusClient {
+	return consensusv1.NewConsensusClient(r.consensus)
+}
+
+// Run serves and reconciles until ctx ends; an active replica releases its
+// lease on the way out so a standby takes over at once.
+func (r *Reconciler) Run(ctx context.Context) error {
+	defer r.curator.Close()
+	defer r.consensus.Close()
+	lis, err := net.Listen("tcp", r.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", r.cfg.Listen, err)
+	}
+	r.rpc.Health().SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	var g run.Group
+	g.Add("grpc", func(ctx context.Context) error { return r.rpc.Serve(ctx, lis) })
+	g.Add("lease", r.lease.run)
+	g.Add("watch", r.watchNodes)
+	g.Add("loop", r.loop)
+	r.log.Info("reconciler serving", "listen", lis.Addr().String())
+	return g.Run(ctx)
+}
+
+// kick asks for a pass as soon as possible.
+func (r *Reconciler) kick() {
+	select {
+	case r.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// loop runs passes on triggers and ticks. After an action it runs the next
+// pass at once, so k drifts converge in about k round trips, not k ticks.
+func (r *Reconciler) loop(ctx context.Context) error {
+	tick := time.NewTicker(r.cfg.Tick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		case <-r.trigger:
+		}
+		if r.pass(ctx) {
+			r.kick()
+		}
+	}
+}

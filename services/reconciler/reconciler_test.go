@@ -1,0 +1,412 @@
+package reconciler_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	auditv1 "curia.dev/gen/curia/audit/v1"
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
+	"curia.dev/platform/keys"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/proctest"
+	"curia.dev/platform/rpc"
+	cut "curia.dev/services/curator/curatortest"
+)
+
+// replica is one reconciler process.
+type replica struct {
+	name, addr string
+	*proctest.Proc
+	failpoints string
+}
+
+func startReconciler(t *testing.T, c *cut.Cluster, name string) *replica {
+	t.Helper()
+	files := c.PKI.Files(t, pki.Principal{Kind: pki.KindReconciler})
+	var curators, consensus []string
+	for _, cur := range c.Curators {
+		curators = append(curators, cur.Addr)
+	}
+	for _, v := range c.Voters {
+		consensus = append(consensus, v.API)
+	}
+	r := &replica{name: name, addr: proctest.FreeAddr(t), failpoints: t.TempDir()}
+	r.Proc = proctest.New(t, name, proctest.Build(t, "curia.dev/services/reconciler/cmd/reconciler", "failpoints"),
+		"--cluster", c.PKI.Cluster, "--name", name,
+		"--ca", files.CA, "--cert", files.Cert, "--key", files.Key,
+		"--listen", r.addr,
+		"--curator", strings.Join(curators, ","),
+		"--consensus", strings.Join(consensus, ","),
+		"--lease-ttl", "3s", "--tick", "500ms",
+		"--stabilization", "1s", "--learner-start-timeout", "30s",
+		"--log-level", "debug",
+	)
+	r.Env = append(r.Env, "CURIA_FAILPOINT_DIR="+r.failpoints)
+	r.Start()
+	return r
+}
+
+func (r *replica) status(t *testing.T, c *cut.Cluster) (*reconcilerv1.GetStatusResponse, error) {
+	cc, err := rpc.Dial(r.addr, rpc.ClientConfig{Credentials: c.PKI.Creds(t, cut.Admin), ServerKinds: []pki.Kind{pki.KindReconciler}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return reconcilerv1.NewReconcilerClient(cc).GetStatus(ctx, &reconcilerv1.GetStatusRequest{})
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// consensusState is what a test compares: per node id, whether it is a
+// node, has ConsensusMember / KubernetesController, is an etcd member.
+type consensusState struct{ node, cm, kc, member bool }
+
+func state(t *testing.T, c *cut.Cluster) (map[string]consensusState, error) {
+	t.Helper()
+	out := map[string]consensusState{}
+	stream, err := c.Management().GetNodes(context.Background(), &curatorv1.GetNodesRequest{})
+	if err != nil {
+		return nil, err
+	}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range resp.Nodes {
+			out[n.Id] = consensusState{node: true, cm: n.Roles.GetConsensusMember() != nil, kc: n.Roles.GetKubernetesController() != nil}
+		}
+	}
+	for _, m := range c.Voters[0].Members().Members {
+		s := out[m.NodeId]
+		s.member = true
+		out[m.NodeId] = s
+	}
+	return out, nil
+}
+
+func eventuallyState(t *testing.T, c *cut.Cluster, want map[string]consensusState) {
+	t.Helper()
+	proctest.Eventually(t, time.Minute, func() error {
+		got, err := state(t, c)
+		if err != nil {
+			return err
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("state %v, want %v", got, want)
+		}
+		return nil
+	})
+}
+
+// putRecord rewrites a node record directly in etcd: the test plays a
+// management change that was interrupted half-way.
+func putRecord(t *testing.T, c *cut.Cluster, n *curatorv1.Node) {
+	t.Helper()
+	n = proto.Clone(n).(*curatorv1.Node)
+	n.Revision, n.Health, n.LastHeartbeat = 0, 0, nil
+	b, err := proto.Marshal(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Etcd(c.Voters[0].ClientURL).Put(context.Background(), keys.Node(n.Id), string(b)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func node(t *testing.T, c *cut.Cluster, id string) *curatorv1.Node {
+	t.Helper()
+	resp, err := c.Etcd(c.Voters[0].ClientURL).Get(context.Background(), keys.Node(id))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("node %s: %v %v", id, resp, err)
+	}
+	n := &curatorv1.Node{}
+	if err := proto.Unmarshal(resp.Kvs[0].Value, n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestBackgroundSyncEtcd is Metropolis' test of the same name against real
+// services: a member without the role gets it; an extra member with no node
+// is removed while roles stay; the stale ConsensusMember and
+// KubernetesController roles go next; then nothing changes.
+func TestBackgroundSyncEtcd(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := ctxT(t)
+	boot := c.Voters[0].ID
+
+	// The bootstrap node is a member whose role write was lost.
+	n := node(t, c, boot)
+	n.Roles.ConsensusMember, n.Roles.KubernetesController = nil, nil
+	putRecord(t, c, n)
+	eventuallyState(t, c, map[string]consensusState{boot: {node: true, member: true}})
+
+	r := startReconciler(t, c, "reconciler-0")
+	eventuallyState(t, c, map[string]consensusState{boot: {node: true, cm: true, member: true}})
+
+	// A node with ConsensusMember and KubernetesController that is not a
+	// member, and a member of no node; the reconciler is paused meanwhile
+	// so the order of its next actions can be checked.
+	pause(t, c, r, true)
+	extra := c.NewAgent()
+	extra.Enrol(ctx)
+	en := node(t, c, extra.ID)
+	en.Roles = &curatorv1.Roles{ConsensusMember: &curatorv1.ConsensusMember{}, KubernetesController: &curatorv1.KubernetesController{}}
+	putRecord(t, c, en)
+	if _, err := c.Etcd(c.Voters[0].ClientURL).MemberAddAsLearner(ctx, []string{"https://foo:1234"}); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyState(t, c, map[string]consensusState{
+		boot:     {node: true, cm: true, member: true},
+		extra.ID: {node: true, cm: true, kc: true},
+		"foo":    {member: true},
+	})
+	pause(t, c, r, false)
+	eventuallyState(t, c, map[string]consensusState{
+		boot:     {node: true, cm: true, member: true},
+		extra.ID: {node: true},
+	})
+	// The member went before the roles: the audit log says so.
+	var order []string
+	for _, ev := range audit(t, c) {
+		if strings.HasPrefix(ev.Actor, "reconciler") {
+			order = append(order, ev.Action)
+		}
+	}
+	want := []string{"roles.reconcile add_consensus_member", "member.remove", "roles.reconcile remove_consensus_member"}
+	if fmt.Sprint(order) != fmt.Sprint(want) {
+		t.Fatalf("reconciler actions %v, want %v", order, want)
+	}
+	// Converged: further passes change nothing.
+	st, err := r.status(t, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proctest.Eventually(t, 30*time.Second, func() error {
+		later, err := r.status(t, c)
+		if err != nil {
+			return err
+		}
+		if later.Passes < st.Passes+3 {
+			return fmt.Errorf("%d passes so far", later.Passes)
+		}
+		if later.Actions != st.Actions || !strings.HasPrefix(later.LastResult, "converged") {
+			return fmt.Errorf("not converged: %d actions (had %d), %s", later.Actions, st.Actions, later.LastResult)
+		}
+		return nil
+	})
+}
+
+func pause(t *testing.T, c *cut.Cluster, r *replica, on bool) {
+	t.Helper()
+	cc, err := rpc.Dial(r.addr, rpc.ClientConfig{Credentials: c.PKI.Creds(t, cut.Admin), ServerKinds: []pki.Kind{pki.KindReconciler}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	cl := reconcilerv1.NewReconcilerClient(cc)
+	if on {
+		_, err = cl.Pause(context.Background(), &reconcilerv1.PauseRequest{Reason: "test"})
+	} else {
+		_, err = cl.Resume(context.Background(), &reconcilerv1.ResumeRequest{})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func audit(t *testing.T, c *cut.Cluster) []*auditv1.Event {
+	t.Helper()
+	stream, err := c.Management().WatchAuditLog(context.Background(), &curatorv1.WatchAuditLogRequest{NoFollow: true, Backlog: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*auditv1.Event
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, resp.Event)
+	}
+}
+
+// TestCrashAfterAddNode: the curator dies between a successful AddNode and
+// the role write; the reconciler completes the role, the node joins, the
+// learner is promoted. Then the same for removal.
+func TestCrashAfterMembershipChange(t *testing.T) {
+	c := cut.New(t, 2)
+	ctx := ctxT(t)
+	for _, cur := range c.Curators {
+		cur.Stop()
+		cur.Env = append(cur.Env, "CURIA_FAILPOINTS=after-add-node,after-remove-member")
+		cur.Start()
+	}
+	c.Leader()
+	a, cn := c.NewConsensusAgent()
+	a.Enrol(ctx)
+	if _, err := a.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: cut.VoterStatus(cn)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Management().UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(true)}); err == nil {
+		t.Fatal("the curator survived its failpoint")
+	}
+	for _, cur := range c.Curators {
+		cur.Start() // the one that hit the failpoint comes back
+	}
+	eventuallyState(t, c, map[string]consensusState{
+		c.Voters[0].ID: {node: true, cm: true, kc: true, member: true},
+		a.ID:           {node: true, member: true}, // membership ahead of roles
+	})
+
+	startReconciler(t, c, "reconciler-0")
+	eventuallyState(t, c, map[string]consensusState{
+		c.Voters[0].ID: {node: true, cm: true, kc: true, member: true},
+		a.ID:           {node: true, cm: true, member: true},
+	})
+	// The role carries join parameters: the node's consensus joins with
+	// them and the reconciler promotes it.
+	join := node(t, c, a.ID).Roles.GetConsensusMember().GetJoin()
+	if _, err := cn.Self().Start(ctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: join}}); err != nil {
+		t.Fatal(err)
+	}
+	proctest.Eventually(t, time.Minute, func() error {
+		for _, m := range c.Voters[0].Members().Members {
+			if m.NodeId == a.ID && !m.Learner {
+				return nil
+			}
+		}
+		return errors.New("not promoted yet")
+	})
+
+	// Removal: the curator dies after RemoveMember; the reconciler takes
+	// the role.
+	proctest.Eventually(t, time.Minute, func() error {
+		_, err := c.Management().UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(false)})
+		if err == nil {
+			t.Fatal("the curator survived its failpoint")
+		}
+		for _, m := range c.Voters[0].Members().Members {
+			if m.NodeId == a.ID {
+				return fmt.Errorf("still a member: %v", err)
+			}
+		}
+		return nil
+	})
+	for _, cur := range c.Curators {
+		if !cur.Running() {
+			cur.Start()
+		}
+	}
+	eventuallyState(t, c, map[string]consensusState{
+		c.Voters[0].ID: {node: true, cm: true, kc: true, member: true},
+		a.ID:           {node: true},
+	})
+}
+
+// TestStaleSnapshotRefused: a management change lands between a pass's read
+// and its write; the write is refused and the next pass plans anew.
+func TestStaleSnapshotRefused(t *testing.T) {
+	c := cut.New(t, 1)
+	boot := c.Voters[0].ID
+	r := startReconciler(t, c, "reconciler-0")
+	eventuallyState(t, c, map[string]consensusState{boot: {node: true, cm: true, kc: true, member: true}})
+
+	// Hold the next action at the failpoint.
+	point := filepath.Join(r.failpoints, "before-act")
+	if err := os.Mkdir(point, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	n := node(t, c, boot)
+	n.Roles.ConsensusMember, n.Roles.KubernetesController = nil, nil
+	putRecord(t, c, n) // drift: the reconciler plans to add the role
+	proctest.Eventually(t, time.Minute, func() error {
+		_, err := os.Stat(filepath.Join(point, "reached"))
+		return err
+	})
+	// Meanwhile the record changes (its ModRevision moves).
+	n.Labels = map[string]string{"changed": "meanwhile"}
+	putRecord(t, c, n)
+	os.RemoveAll(point)
+
+	proctest.Eventually(t, time.Minute, func() error {
+		st, err := r.status(t, c)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(st.LastResult, "Aborted") && !strings.Contains(st.LastResult, "changed") && st.Actions == 0 {
+			return fmt.Errorf("last result %q", st.LastResult)
+		}
+		return nil
+	})
+	// The next pass is right: the role comes back, the label stays.
+	eventuallyState(t, c, map[string]consensusState{boot: {node: true, cm: true, member: true}})
+	if got := node(t, c, boot).Labels["changed"]; got != "meanwhile" {
+		t.Fatalf("the management change was lost: labels %v", node(t, c, boot).Labels)
+	}
+}
+
+// TestStandbyTakesOver: one replica acts, the other stands by; kill -9 the
+// active one and the standby takes over within the lease TTL.
+func TestStandbyTakesOver(t *testing.T) {
+	c := cut.New(t, 1)
+	r0 := startReconciler(t, c, "reconciler-0")
+	r1 := startReconciler(t, c, "reconciler-1")
+	var active, standby *replica
+	proctest.Eventually(t, time.Minute, func() error {
+		s0, err0 := r0.status(t, c)
+		s1, err1 := r1.status(t, c)
+		if err0 != nil || err1 != nil {
+			return fmt.Errorf("%v %v", err0, err1)
+		}
+		switch {
+		case s0.Role == reconcilerv1.Role_ROLE_ACTIVE && s1.Role == reconcilerv1.Role_ROLE_STANDBY:
+			active, standby = r0, r1
+		case s1.Role == reconcilerv1.Role_ROLE_ACTIVE && s0.Role == reconcilerv1.Role_ROLE_STANDBY:
+			active, standby = r1, r0
+		default:
+			return fmt.Errorf("roles %v and %v", s0.Role, s1.Role)
+		}
+		if s := map[*replica]*reconcilerv1.GetStatusResponse{r0: s0, r1: s1}[standby]; !strings.Contains(s.LeaseHolder, active.name) {
+			return fmt.Errorf("standby says the holder is %q", s.LeaseHolder)
+		}
+		return nil
+	})
+	begun := time.Now()
+	active.Kill()
+	proctest.Eventually(t, time.Minute, func() error {
+		s, err := standby.status(t, c)
+		if err != nil {
+			return err
+		}
+		if s.Role != reconcilerv1.Role_ROLE_ACTIVE {
+			return fmt.Errorf("still %v", s.Role)
+		}
+		return nil
+	})
+	t.Logf("standby took over %v after kill -9", time.Since(begun).Round(time.Millisecond))
+}
