@@ -302,7 +302,11 @@ func (s *Service) eachNode(ctx context.Context, f func(*curatorv1.Node) error) e
 		if err != nil {
 			return fmt.Errorf("read nodes: %w", err)
 		}
-		rev = resp.Header.Revision
+		if rev == 0 {
+			// Later pages read at the first page's revision; a header
+			// carries the store's current revision, not the one read.
+			rev = resp.Header.Revision
+		}
 		for _, kv := range resp.Kvs {
 			n, err := decodeNode(kv.Value, kv.ModRevision)
 			if err != nil {

@@ -1,0 +1,140 @@
+package curator_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
+	cut "curia.dev/services/curator/curatortest"
+)
+
+// BenchmarkWatchFanout1000 opens 1,000 all_nodes Watch streams on one
+// curator (as an admin, over 8 connections: a handful of clients with many
+// streams each) and measures, per status change of a node, the time from
+// the UpdateNodeStatus call to the change's arrival on every stream
+// (ms/delivery-to-all; ms/first-delivery for the first stream). MB-rss is
+// the curator process's resident memory with the streams open, MB-rss-idle
+// before they were opened.
+func BenchmarkWatchFanout1000(b *testing.B) {
+	const streams, conns = 1000, 8
+	const deadline = 30 * time.Second // per change; the benchmark fails instead of hanging
+
+	c := cut.New(b, 1)
+	cur := c.Running()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	a := c.NewAgent()
+	a.Enrol(ctx)
+	node := a.Curator(cur)
+	idle := fanoutRSS(b, cur.PID())
+
+	creds := c.PKI.Creds(b, cut.Admin)
+	var clients []curatorv1.CuratorClient
+	for range conns {
+		cc, err := rpc.Dial(cur.Addr, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindCurator}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { cc.Close() })
+		clients = append(clients, curatorv1.NewCuratorClient(cc))
+	}
+
+	// Every stream reports each version of the node it receives.
+	delivered := make(chan string, 4*streams)
+	opened := make(chan error, streams)
+	sctx, scancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { scancel(); wg.Wait() }()
+	for i := range streams {
+		stream, err := clients[i%conns].Watch(sctx, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Go(func() {
+			snap, err := stream.Recv()
+			if err == nil && !snap.Snapshot {
+				err = fmt.Errorf("first response is no snapshot: %v", snap)
+			}
+			opened <- err
+			for err == nil {
+				var r *curatorv1.WatchResponse
+				if r, err = stream.Recv(); err != nil {
+					return
+				}
+				for _, n := range r.Nodes {
+					if n.Id == a.ID {
+						delivered <- n.GetStatus().GetVersion()
+					}
+				}
+			}
+		})
+	}
+	for range streams {
+		if err := <-opened; err != nil {
+			b.Fatalf("open watch: %v", err)
+		}
+	}
+	withStreams := fanoutRSS(b, cur.PID())
+
+	var toAll, toFirst time.Duration
+	version := 0
+	for b.Loop() {
+		version++
+		v := "fanout-" + strconv.Itoa(version)
+		begun := time.Now()
+		if _, err := node.UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: &curatorv1.NodeStatus{Version: v}}); err != nil {
+			b.Fatal(err)
+		}
+		timeout := time.After(deadline)
+		for got := 0; got < streams; {
+			select {
+			case d := <-delivered:
+				if d != v {
+					b.Fatalf("a stream got version %q while waiting for %q", d, v)
+				}
+				if got++; got == 1 {
+					toFirst += time.Since(begun)
+				}
+			case <-timeout:
+				b.Fatalf("%d of %d streams got the change within %v", got, streams, deadline)
+			}
+		}
+		toAll += time.Since(begun)
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / float64(b.N) }
+	b.ReportMetric(ms(toAll), "ms/delivery-to-all")
+	b.ReportMetric(ms(toFirst), "ms/first-delivery")
+	b.ReportMetric(withStreams, "MB-rss")
+	b.ReportMetric(idle, "MB-rss-idle")
+}
+
+// fanoutRSS is the resident memory of process pid in MB (VmRSS).
+func fanoutRSS(b *testing.B, pid int) float64 {
+	b.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			if err != nil {
+				b.Fatalf("VmRSS %q: %v", rest, err)
+			}
+			return kb / 1024
+		}
+	}
+	b.Fatalf("no VmRSS in /proc/%d/status", pid)
+	return 0
+}

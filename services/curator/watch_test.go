@@ -1,0 +1,969 @@
+package curator
+
+// Tests of the watch hub (watch.go) in three tiers: the hub's bookkeeping
+// alone (no etcd), the hub against a real etcd (a consensus process), and
+// Watch end to end through curator processes (curatortest).
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/keys"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/proctest"
+	ct "curia.dev/services/consensus/consensustest"
+	cut "curia.dev/services/curator/curatortest"
+)
+
+// ---- The hub alone ----
+
+// watchTestHub is a hub with no etcd behind it; etcd is at etcdRev.
+func watchTestHub(history int, etcdRev int64) *watchHub {
+	s := &Service{log: slog.New(slog.DiscardHandler), cfg: Config{Watch: WatchConfig{History: history}}}
+	h := newWatchHub(s)
+	h.etcdRevision = func(context.Context) (int64, error) { return etcdRev, nil }
+	h.decorateNodes = func(context.Context, []*curatorv1.Node) error { return nil }
+	return h
+}
+
+// resps are the responses of items, undecorated.
+func resps(items []watchItem) []*curatorv1.WatchResponse {
+	var out []*curatorv1.WatchResponse
+	for _, it := range items {
+		out = append(out, it.resp)
+	}
+	return out
+}
+
+// wid is a node id ending in the letter c ("a", "b", ...).
+func wid(c string) string { return "node-" + strings.Repeat("0", 31) + c }
+
+func wput(rev int64, c, version string) nodeChange {
+	b, err := proto.Marshal(&curatorv1.Node{Id: wid(c), Status: &curatorv1.NodeStatus{Version: version}})
+	if err != nil {
+		panic(err)
+	}
+	return nodeChange{rev: rev, key: keys.Node(wid(c)), value: b}
+}
+
+func wdel(rev int64, c string) nodeChange {
+	return nodeChange{rev: rev, key: keys.Node(wid(c)), deleted: true}
+}
+
+// summary renders responses compactly: "snap@15[a:v2 c:v1]", "@12[a:v2 -b]".
+func summary(rs []*curatorv1.WatchResponse) []string {
+	out := []string{}
+	for _, r := range rs {
+		var parts []string
+		for _, n := range r.Nodes {
+			parts = append(parts, fmt.Sprintf("%s:%s", n.Id[len(n.Id)-1:], n.GetStatus().GetVersion()))
+		}
+		for _, d := range r.Deleted {
+			parts = append(parts, "-"+d[len(d)-1:])
+		}
+		s := fmt.Sprintf("@%d[%s]", r.Revision, strings.Join(parts, " "))
+		if r.Snapshot {
+			s = "snap" + s
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// TestWatchHubRead: what a watcher gets from a hub that loaded {a, b} at
+// revision 10 and then saw: 11 a:v1; 12 a:v2 and b deleted (one txn); a
+// progress notification to 14; 15 c:v1. The ring holds 3 batches.
+func TestWatchHubRead(t *testing.T) {
+	tests := map[string]struct {
+		more   []nodeChange // applied after the common history
+		w      watcher
+		want   []string
+		behind bool
+	}{
+		"snapshot": {
+			w:    watcher{snapshot: true},
+			want: []string{"snap@15[a:v2 c:v1]"},
+		},
+		"resume from the ring's start": {
+			w:    watcher{cursor: 10},
+			want: []string{"@11[a:v1]", "@12[a:v2 -b]", "@15[c:v1]"},
+		},
+		"resume between batches": {
+			w:    watcher{cursor: 13},
+			want: []string{"@15[c:v1]"},
+		},
+		"resume at the hub's revision": {
+			w:    watcher{cursor: 15},
+			want: []string{},
+		},
+		"resume ahead of the hub waits": {
+			w:      watcher{cursor: 16},
+			want:   []string{},
+			behind: true,
+		},
+		"resume older than the ring: snapshot": {
+			w:    watcher{cursor: 9},
+			want: []string{"snap@15[a:v2 c:v1]"},
+		},
+		"evicted: resume from the old start gets a snapshot": {
+			more: []nodeChange{wput(16, "a", "v3")}, // evicts 11
+			w:    watcher{cursor: 10},
+			want: []string{"snap@16[a:v3 c:v1]"},
+		},
+		"evicted: resume from the new start": {
+			more: []nodeChange{wput(16, "a", "v3")},
+			w:    watcher{cursor: 11},
+			want: []string{"@12[a:v2 -b]", "@15[c:v1]", "@16[a:v3]"},
+		},
+		"one node: only its revisions": {
+			w:    watcher{node: wid("a"), cursor: 10},
+			want: []string{"@11[a:v1]", "@12[a:v2]"},
+		},
+		"one node: its deletion": {
+			w:    watcher{node: wid("b"), cursor: 11},
+			want: []string{"@12[-b]"},
+		},
+		"one node: nothing since": {
+			w:    watcher{node: wid("a"), cursor: 12},
+			want: []string{},
+		},
+		"one node: snapshot": {
+			w:    watcher{node: wid("c"), snapshot: true},
+			want: []string{"snap@15[c:v1]"},
+		},
+		"one node: snapshot of a node that is gone": {
+			w:    watcher{node: wid("b"), snapshot: true},
+			want: []string{"snap@15[]"},
+		},
+		"changes at or below the hub's revision are ignored": {
+			more: []nodeChange{wput(15, "a", "again"), wput(3, "b", "old")},
+			w:    watcher{cursor: 10},
+			want: []string{"@11[a:v1]", "@12[a:v2 -b]", "@15[c:v1]"},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			h := watchTestHub(3, 100)
+			if err := h.install(map[string]*curatorv1.Node{
+				wid("a"): {Id: wid("a"), Status: &curatorv1.NodeStatus{Version: "v0"}, Revision: 5},
+				wid("b"): {Id: wid("b"), Status: &curatorv1.NodeStatus{Version: "v0"}, Revision: 6},
+			}, 10); err != nil {
+				t.Fatal(err)
+			}
+			h.apply([]nodeChange{wput(11, "a", "v1"), wput(12, "a", "v2"), wdel(12, "b")})
+			h.progress(14)
+			h.apply([]nodeChange{wput(15, "c", "v1")})
+			h.apply(tc.more)
+
+			w := tc.w
+			items, _, behind := h.read(&w)
+			got := resps(items)
+			if !slices.Equal(summary(got), tc.want) || behind != tc.behind {
+				t.Fatalf("read = %q, behind %v; want %q, behind %v", summary(got), behind, tc.want, tc.behind)
+			}
+			for _, r := range got {
+				for _, n := range r.Nodes {
+					if !r.Snapshot && n.Revision != r.Revision {
+						t.Errorf("node %s in the batch at %d has revision %d", n.Id, r.Revision, n.Revision)
+					}
+				}
+			}
+			if !behind && w.cursor != h.revision() {
+				t.Fatalf("cursor %d after the read, want the hub's revision %d", w.cursor, h.revision())
+			}
+			// The next read has nothing new.
+			if again, _, _ := h.read(&w); !behind && len(again) > 0 {
+				t.Fatalf("second read = %q", summary(resps(again)))
+			}
+		})
+	}
+}
+
+// TestWatchHubReload: a new snapshot (after a compaction) restarts the
+// ring; watchers behind it get a snapshot, and the revision never goes back.
+func TestWatchHubReload(t *testing.T) {
+	h := watchTestHub(8, 100)
+	if err := h.install(map[string]*curatorv1.Node{}, 10); err != nil {
+		t.Fatal(err)
+	}
+	h.apply([]nodeChange{wput(11, "a", "v1")})
+	if err := h.install(map[string]*curatorv1.Node{wid("b"): {Id: wid("b")}}, 20); err != nil {
+		t.Fatal(err)
+	}
+	for cursor, want := range map[int64]string{10: "snap@20[b:]", 11: "snap@20[b:]", 19: "snap@20[b:]", 20: ""} {
+		w := watcher{cursor: cursor}
+		got, _, _ := h.read(&w)
+		if strings.Join(summary(resps(got)), " ") != want {
+			t.Errorf("from %d: %q, want %q", cursor, summary(resps(got)), want)
+		}
+	}
+	if err := h.install(map[string]*curatorv1.Node{}, 19); err == nil || h.revision() != 20 {
+		t.Fatalf("install below the hub's revision: err %v, revision %d", err, h.revision())
+	}
+}
+
+// TestWatchSnapshotMessages: a large snapshot is split; only the last
+// message carries the revision, only the first says snapshot.
+func TestWatchSnapshotMessages(t *testing.T) {
+	var nodes []*curatorv1.Node
+	for i := range 10 {
+		nodes = append(nodes, &curatorv1.Node{Id: fmt.Sprintf("node-%032x", 9-i), Labels: map[string]string{"pad": strings.Repeat("x", 100)}})
+	}
+	one := proto.Size(nodes[0]) + 8
+	tests := map[string]struct {
+		max      int
+		messages int
+	}{
+		"fits":               {max: 10 * one, messages: 1},
+		"three per message":  {max: 3 * one, messages: 4},
+		"bigger than budget": {max: 1, messages: 10},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			out := snapshotResponses(slices.Clone(nodes), 42, tc.max)
+			if len(out) != tc.messages {
+				t.Fatalf("%d messages, want %d", len(out), tc.messages)
+			}
+			var ids []string
+			for i, r := range out {
+				last := i == len(out)-1
+				if r.Snapshot != (i == 0) || (r.Revision == 42) != last || (!last && r.Revision != 0) {
+					t.Fatalf("message %d: snapshot %v revision %d", i, r.Snapshot, r.Revision)
+				}
+				for _, n := range r.Nodes {
+					ids = append(ids, n.Id)
+				}
+			}
+			if len(ids) != 10 || !slices.IsSorted(ids) {
+				t.Fatalf("nodes %v", ids)
+			}
+		})
+	}
+	if out := snapshotResponses(nil, 7, 100); len(out) != 1 || !out[0].Snapshot || out[0].Revision != 7 {
+		t.Fatalf("empty snapshot: %v", out)
+	}
+}
+
+// TestWatchRequestRules: a node watches only itself; requests are checked.
+func TestWatchRequestRules(t *testing.T) {
+	self, other := wid("a"), wid("b")
+	node := pki.Principal{Kind: pki.KindNode, Name: self}
+	admin := pki.Principal{Kind: pki.KindAdmin, Name: "ops"}
+	one := func(id string) *curatorv1.WatchRequest {
+		return &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_NodeId{NodeId: id}}
+	}
+	all := &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}}
+	tests := map[string]struct {
+		who  pki.Principal
+		req  *curatorv1.WatchRequest
+		code codes.Code
+		says string
+	}{
+		"node watches itself":      {who: node, req: one(self)},
+		"node watches another":     {who: node, req: one(other), code: codes.PermissionDenied, says: "may watch only itself"},
+		"node watches all":         {who: node, req: all, code: codes.PermissionDenied, says: "set node_id=" + self},
+		"admin watches a node":     {who: admin, req: one(other)},
+		"admin watches all":        {who: admin, req: all},
+		"reconciler watches all":   {who: pki.Principal{Kind: pki.KindReconciler}, req: all},
+		"invalid node id":          {who: admin, req: one("node-1"), code: codes.InvalidArgument, says: "node-<32 hex digits>"},
+		"node with invalid id":     {who: node, req: one("nope"), code: codes.InvalidArgument},
+		"neither":                  {who: admin, req: &curatorv1.WatchRequest{}, code: codes.InvalidArgument, says: "set node_id"},
+		"all_nodes false":          {who: admin, req: &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{}}, code: codes.InvalidArgument, says: "all_nodes=true"},
+		"negative start revision":  {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, StartRevision: -1}, code: codes.InvalidArgument, says: "start_revision"},
+		"resume asks no snapshot":  {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, StartRevision: 7}},
+		"node resumes itself":      {who: node, req: &curatorv1.WatchRequest{Kind: one(self).Kind, StartRevision: 7}},
+		"node resumes another one": {who: node, req: &curatorv1.WatchRequest{Kind: one(other).Kind, StartRevision: 7}, code: codes.PermissionDenied},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			w, err := newWatcher(tc.who, tc.req)
+			st := status.Convert(toStatus(err))
+			if st.Code() != tc.code || !strings.Contains(st.Message(), tc.says) {
+				t.Fatalf("got %v, want %v saying %q", st, tc.code, tc.says)
+			}
+			if err != nil {
+				return
+			}
+			if w.cursor != tc.req.StartRevision || w.snapshot != (tc.req.StartRevision == 0) || w.node != tc.req.GetNodeId() {
+				t.Fatalf("watcher %+v for %v", *w, tc.req)
+			}
+		})
+	}
+}
+
+// watchServe runs h.serve for w in the background; responses arrive on
+// the returned channel, the end on done.
+func watchServe(t *testing.T, h *watchHub, w *watcher) (<-chan *curatorv1.WatchResponse, <-chan error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	out := make(chan *curatorv1.WatchResponse, 100)
+	done := make(chan error, 1)
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		done <- h.serve(ctx, w, func(r *curatorv1.WatchResponse) error { out <- r; return nil })
+	}()
+	t.Cleanup(func() { cancel(); <-finished })
+	return out, done
+}
+
+func watchRecv(t *testing.T, ch <-chan *curatorv1.WatchResponse) string {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return summary([]*curatorv1.WatchResponse{r})[0]
+	case <-time.After(10 * time.Second):
+		t.Fatal("no response within 10s")
+		return ""
+	}
+}
+
+// TestWatchHubServe: a stream waits for the hub's first snapshot and for
+// the hub to reach its start revision; a revision etcd never reached gets
+// a snapshot; the hub's end ends the stream with where to resume.
+func TestWatchHubServe(t *testing.T) {
+	t.Run("waits for the first snapshot", func(t *testing.T) {
+		h := watchTestHub(8, 100)
+		out, _ := watchServe(t, h, &watcher{snapshot: true})
+		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, 10); err != nil {
+			t.Fatal(err)
+		}
+		if got := watchRecv(t, out); got != "snap@10[a:]" {
+			t.Fatalf("got %s, want the snapshot", got)
+		}
+		h.apply([]nodeChange{wput(11, "a", "v1")})
+		if got := watchRecv(t, out); got != "@11[a:v1]" {
+			t.Fatalf("got %s, want @11[a:v1]", got)
+		}
+	})
+	t.Run("waits for the hub to catch up", func(t *testing.T) {
+		h := watchTestHub(8, 100) // etcd is at 100: the client's 17 is real
+		if err := h.install(map[string]*curatorv1.Node{}, 15); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := watchServe(t, h, &watcher{cursor: 17})
+		select {
+		case <-h.nudge: // the stream asked for a progress notification
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiting stream did not ask for progress")
+		}
+		h.apply([]nodeChange{wput(16, "a", "seen by the client already")})
+		h.progress(18)
+		h.apply([]nodeChange{wput(19, "a", "new")})
+		if got := watchRecv(t, out); got != "@19[a:new]" {
+			t.Fatalf("first response %s, want @19[a:new]", got)
+		}
+	})
+	t.Run("a revision etcd never reached gets a snapshot", func(t *testing.T) {
+		h := watchTestHub(8, 16)
+		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, 15); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := watchServe(t, h, &watcher{cursor: 17})
+		if got := watchRecv(t, out); got != "snap@15[a:]" {
+			t.Fatalf("got %s, want a snapshot", got)
+		}
+	})
+	t.Run("streams share responses", func(t *testing.T) {
+		// Every all_nodes stream is sent the same messages; sending
+		// marshals them concurrently (run with -race).
+		h := watchTestHub(8, 100)
+		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, 10); err != nil {
+			t.Fatal(err)
+		}
+		var decorations atomic.Int32
+		h.decorateNodes = func(_ context.Context, nodes []*curatorv1.Node) error {
+			decorations.Add(1)
+			for _, n := range nodes {
+				n.Health = curatorv1.NodeHealth_NODE_HEALTH_HEALTHY
+			}
+			return nil
+		}
+		const streams = 20
+		outs := make([]chan string, streams)
+		for i := range outs {
+			outs[i] = make(chan string, 10)
+			ctx, cancel := context.WithCancel(context.Background())
+			finished := make(chan struct{})
+			go func() {
+				defer close(finished)
+				h.serve(ctx, &watcher{cursor: 10}, func(r *curatorv1.WatchResponse) error {
+					if _, err := proto.Marshal(r); err != nil {
+						return err
+					}
+					for _, n := range r.Nodes {
+						if n.Health != curatorv1.NodeHealth_NODE_HEALTH_HEALTHY {
+							return fmt.Errorf("node %s sent undecorated", n.Id)
+						}
+					}
+					outs[i] <- summary([]*curatorv1.WatchResponse{r})[0]
+					return nil
+				})
+			}()
+			t.Cleanup(func() { cancel(); <-finished })
+		}
+		h.apply([]nodeChange{wput(11, "a", "v1"), wput(11, "b", "v1")})
+		h.apply([]nodeChange{wdel(12, "b")})
+		for _, out := range outs {
+			for _, want := range []string{"@11[a:v1 b:v1]", "@12[-b]"} {
+				select {
+				case got := <-out:
+					if got != want {
+						t.Fatalf("got %s, want %s", got, want)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("no %s within 10s", want)
+				}
+			}
+		}
+		// One decoration for the one batch with nodes, shared by every
+		// stream; the hub's own nodes stay as stored.
+		if n := decorations.Load(); n != 1 {
+			t.Fatalf("%d decorations, want 1", n)
+		}
+		h.mu.RLock()
+		defer h.mu.RUnlock()
+		for _, n := range h.nodes {
+			if n.Health != curatorv1.NodeHealth_NODE_HEALTH_UNSPECIFIED {
+				t.Fatalf("the hub's node %s was decorated in place", n.Id)
+			}
+		}
+	})
+	t.Run("a node watcher gets its node decorated", func(t *testing.T) {
+		h := watchTestHub(8, 100)
+		h.decorateNodes = func(_ context.Context, nodes []*curatorv1.Node) error {
+			for _, n := range nodes {
+				n.Health = curatorv1.NodeHealth_NODE_HEALTH_HEARTBEAT_TIMEOUT
+			}
+			return nil
+		}
+		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, 10); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *curatorv1.WatchResponse, 10)
+		ctx, cancel := context.WithCancel(context.Background())
+		finished := make(chan struct{})
+		go func() {
+			defer close(finished)
+			h.serve(ctx, &watcher{node: wid("a"), snapshot: true}, func(r *curatorv1.WatchResponse) error { got <- r; return nil })
+		}()
+		defer func() { cancel(); <-finished }()
+		for i := range 2 { // the snapshot, then a change
+			if i == 1 {
+				h.apply([]nodeChange{wput(11, "a", "v1")})
+			}
+			select {
+			case r := <-got:
+				if len(r.Nodes) != 1 || r.Nodes[0].Health != curatorv1.NodeHealth_NODE_HEALTH_HEARTBEAT_TIMEOUT {
+					t.Fatalf("sent %v", r)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("nothing sent within 10s")
+			}
+		}
+		if h.nodes[wid("a")].Health != curatorv1.NodeHealth_NODE_HEALTH_UNSPECIFIED {
+			t.Fatal("the hub's node was decorated in place")
+		}
+	})
+	t.Run("the hub's end ends the stream", func(t *testing.T) {
+		h := watchTestHub(8, 100)
+		if err := h.install(map[string]*curatorv1.Node{}, 15); err != nil {
+			t.Fatal(err)
+		}
+		out, done := watchServe(t, h, &watcher{snapshot: true})
+		watchRecv(t, out)
+		h.stopOnce.Do(func() { close(h.stopped) })
+		select {
+		case err := <-done:
+			st := status.Convert(toStatus(err))
+			if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "start_revision=15") {
+				t.Fatalf("stream ended with %v", st)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("stream still runs")
+		}
+	})
+}
+
+// ---- The hub against a real etcd ----
+
+// TestWatchHubEtcd runs the hub on a real etcd: it follows node writes,
+// catches up to a revision that changed no node (progress notifications),
+// and after its watch's start revision was compacted it loads a new
+// snapshot, which watchers behind it get.
+func TestWatchHubEtcd(t *testing.T) {
+	cc := ct.NewCluster(t)
+	voters, _ := cc.Voters(1)
+	cli := cc.Etcd(voters[0].ClientURL)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := &Service{log: slog.New(slog.DiscardHandler), etcd: cli}
+	h := newWatchHub(s)
+	put := func(c, version string) int64 {
+		t.Helper()
+		v := wput(0, c, version)
+		resp, err := cli.Put(ctx, v.key, string(v.value))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+	start := func() (stop func()) {
+		rctx, rcancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- h.run(rctx) }()
+		return func() {
+			rcancel()
+			if err := <-done; err != nil {
+				t.Errorf("hub: %v", err)
+			}
+		}
+	}
+	// waitRev waits until the hub is complete up to rev.
+	waitRev := func(rev int64) {
+		t.Helper()
+		proctest.Eventually(t, 30*time.Second, func() error {
+			if got := h.revision(); got < rev {
+				h.requestProgress()
+				return fmt.Errorf("hub at revision %d, want %d", got, rev)
+			}
+			return nil
+		})
+	}
+
+	put("a", "v0")
+	stop := start()
+	w := &watcher{snapshot: true}
+	waitRev(put("a", "v1"))
+	got, _, _ := h.read(w)
+	if s := summary(resps(got)); len(s) != 1 || !strings.HasPrefix(s[0], "snap@") || !strings.HasSuffix(s[0], "[a:v1]") {
+		t.Fatalf("first read %q", s)
+	}
+	r2 := put("b", "v1")
+	del, err := cli.Delete(ctx, keys.Node(wid("a")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r3 := del.Header.Revision
+	waitRev(r3)
+	got, _, _ = h.read(w)
+	if s, want := summary(resps(got)), []string{fmt.Sprintf("@%d[b:v1]", r2), fmt.Sprintf("@%d[-a]", r3)}; !slices.Equal(s, want) {
+		t.Fatalf("updates %q, want %q", s, want)
+	}
+
+	// A revision that changed no node: the hub reaches it through progress
+	// notifications alone.
+	other, err := cli.Put(ctx, keys.Prefix+"test/not-a-node", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRev(other.Header.Revision)
+	stop()
+
+	// While the hub is away, nodes change and etcd compacts past the
+	// revision the hub would watch from.
+	behind := h.revision()
+	put("c", "v1")
+	last := put("b", "v2")
+	if _, err := cli.Compact(ctx, last, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	stop = start()
+	defer stop()
+	waitRev(last)
+	w = &watcher{cursor: behind}
+	got, _, _ = h.read(w)
+	if s := summary(resps(got)); len(s) != 1 || s[0] != fmt.Sprintf("snap@%d[b:v2 c:v1]", h.revision()) {
+		t.Fatalf("after the compaction %q, want a snapshot of b:v2 c:v1", s)
+	}
+
+	// etcd goes away and comes back: the hub watches again from where it
+	// was, and a watcher gets each change once.
+	voters[0].Kill()
+	voters[0].Start()
+	proctest.Eventually(t, time.Minute, func() error {
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer pcancel()
+		_, err := cli.Get(pctx, keys.NodesPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err
+	})
+	r4 := put("c", "v2")
+	r5 := put("b", "v3")
+	waitRev(r5)
+	got, _, _ = h.read(w)
+	if s, want := summary(resps(got)), []string{fmt.Sprintf("@%d[c:v2]", r4), fmt.Sprintf("@%d[b:v3]", r5)}; !slices.Equal(s, want) {
+		t.Fatalf("after etcd restarted %q, want %q", s, want)
+	}
+}
+
+// ---- Watch end to end ----
+
+func watchCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// watchStream is a Watch call; every Recv has the deadline of its context.
+type watchStream struct {
+	t      *testing.T
+	stream curatorv1.Curator_WatchClient
+	cancel context.CancelFunc
+}
+
+func openWatch(t *testing.T, cl curatorv1.CuratorClient, req *curatorv1.WatchRequest) *watchStream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	stream, err := cl.Watch(ctx, req)
+	if err != nil {
+		cancel()
+		t.Fatalf("watch %v: %v", req, err)
+	}
+	t.Cleanup(cancel)
+	return &watchStream{t: t, stream: stream, cancel: cancel}
+}
+
+func (w *watchStream) next() *curatorv1.WatchResponse {
+	w.t.Helper()
+	r, err := w.stream.Recv()
+	if err != nil {
+		w.t.Fatalf("watch: %v", err)
+	}
+	return r
+}
+
+// until reads responses until one satisfies done, and returns them all.
+func (w *watchStream) until(done func(*curatorv1.WatchResponse) bool) []*curatorv1.WatchResponse {
+	w.t.Helper()
+	var out []*curatorv1.WatchResponse
+	for {
+		r := w.next()
+		out = append(out, r)
+		if done(r) {
+			return out
+		}
+	}
+}
+
+func (w *watchStream) close() { w.cancel() }
+
+// watchErr is how a Watch call that should fail fails.
+func watchErr(t *testing.T, cl curatorv1.CuratorClient, req *curatorv1.WatchRequest) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := cl.Watch(ctx, req)
+	if err != nil {
+		return err
+	}
+	_, err = stream.Recv()
+	return err
+}
+
+func allNodes(from int64) *curatorv1.WatchRequest {
+	return &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}, StartRevision: from}
+}
+
+func oneNode(id string, from int64) *curatorv1.WatchRequest {
+	return &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_NodeId{NodeId: id}, StartRevision: from}
+}
+
+func nodeIn(r *curatorv1.WatchResponse, id string) *curatorv1.Node {
+	for _, n := range r.Nodes {
+		if n.Id == id {
+			return n
+		}
+	}
+	return nil
+}
+
+// setVersion has node a report version v (through cl, a replica),
+// retrying while leadership moves. The write is idempotent.
+func setVersion(t *testing.T, a *cut.Agent, cl curatorv1.CuratorClient, v string) {
+	t.Helper()
+	proctest.Eventually(t, time.Minute, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := cl.UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: &curatorv1.NodeStatus{Address: "127.0.0.1", Version: v}})
+		if status.Code(err) == codes.Unavailable {
+			return err
+		}
+		if err != nil {
+			t.Fatalf("update status of %s to %s: %v", a.ID, v, err)
+		}
+		return nil
+	})
+}
+
+func otherCurator(c *cut.Cluster, cur *cut.Curator) *cut.Curator {
+	for _, o := range c.Curators {
+		if o != cur {
+			return o
+		}
+	}
+	return nil
+}
+
+// TestWatchAllNodes: an admin watching all nodes on a follower gets a
+// snapshot, then a new node's NEW → STANDBY → UP, each at its own revision,
+// and its deletion.
+func TestWatchAllNodes(t *testing.T) {
+	c := cut.New(t, 2)
+	ctx := watchCtx(t)
+	follower := otherCurator(c, c.Leader())
+	w := openWatch(t, curatorv1.NewCuratorClient(c.Conn(follower, cut.Admin)), allNodes(0))
+
+	snap := w.next()
+	boot := nodeIn(snap, c.Voters[0].ID)
+	if !snap.Snapshot || snap.Revision == 0 || len(snap.Nodes) != 1 || boot == nil || boot.State != curatorv1.NodeState_NODE_STATE_UP {
+		t.Fatalf("snapshot %v", snap)
+	}
+	if boot.Revision == 0 || boot.Revision > snap.Revision {
+		t.Fatalf("bootstrap node at revision %d in a snapshot at %d", boot.Revision, snap.Revision)
+	}
+	if boot.Health == curatorv1.NodeHealth_NODE_HEALTH_UNSPECIFIED {
+		t.Fatalf("bootstrap node without its computed health: %v", boot)
+	}
+
+	a := c.NewAgent()
+	a.Enrol(ctx)
+	var states []curatorv1.NodeState
+	last := snap.Revision
+	for _, r := range w.until(func(r *curatorv1.WatchResponse) bool {
+		n := nodeIn(r, a.ID)
+		return n != nil && n.State == curatorv1.NodeState_NODE_STATE_UP
+	}) {
+		if r.Snapshot || r.Revision <= last {
+			t.Fatalf("response at %d (snapshot %v) after %d", r.Revision, r.Snapshot, last)
+		}
+		last = r.Revision
+		if n := nodeIn(r, a.ID); n != nil {
+			if n.Revision != r.Revision {
+				t.Fatalf("node at revision %d in a batch at %d", n.Revision, r.Revision)
+			}
+			states = append(states, n.State)
+		}
+	}
+	want := []curatorv1.NodeState{curatorv1.NodeState_NODE_STATE_NEW, curatorv1.NodeState_NODE_STATE_STANDBY, curatorv1.NodeState_NODE_STATE_UP}
+	if !slices.Equal(states, want) {
+		t.Fatalf("states %v, want %v", states, want)
+	}
+
+	if _, err := c.Management().DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: a.ID, SafetyBypassNotDecommissioned: true}); err != nil {
+		t.Fatal(err)
+	}
+	r := w.next()
+	if !slices.Equal(r.Deleted, []string{a.ID}) || len(r.Nodes) != 0 || r.Revision <= last {
+		t.Fatalf("after the delete: %v", r)
+	}
+}
+
+// TestWatchNodeItself: a node watches itself and nothing else; it sees
+// only its own changes, also when it resumes.
+func TestWatchNodeItself(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := watchCtx(t)
+	cur := c.Running()
+	a, b := c.NewAgent(), c.NewAgent()
+	a.Enrol(ctx)
+	b.Enrol(ctx)
+	acl, bcl := a.Curator(cur), b.Curator(cur)
+
+	t.Run("refused", func(t *testing.T) {
+		err := watchErr(t, acl, oneNode(b.ID, 0))
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "may watch only itself") {
+			t.Fatalf("watch another node: %v", err)
+		}
+		err = watchErr(t, acl, allNodes(0))
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "node_id="+a.ID) {
+			t.Fatalf("node watches all: %v", err)
+		}
+		admin := curatorv1.NewCuratorClient(c.Conn(cur, cut.Admin))
+		for _, req := range []*curatorv1.WatchRequest{oneNode("node-1234", 0), {}, allNodes(-1)} {
+			if err := watchErr(t, admin, req); status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("watch %v: %v, want InvalidArgument", req, err)
+			}
+		}
+	})
+
+	w := openWatch(t, acl, oneNode(a.ID, 0))
+	snap := w.next()
+	if !snap.Snapshot || len(snap.Nodes) != 1 || snap.Nodes[0].Id != a.ID || snap.Nodes[0].State != curatorv1.NodeState_NODE_STATE_UP {
+		t.Fatalf("snapshot %v", snap)
+	}
+	setVersion(t, b, bcl, "b1")
+	setVersion(t, a, acl, "a1")
+	r := w.next()
+	if r.Snapshot || len(r.Nodes) != 1 || r.Nodes[0].Id != a.ID || r.Nodes[0].GetStatus().GetVersion() != "a1" {
+		t.Fatalf("first change %v, want a's a1 only", r)
+	}
+	w.close()
+
+	setVersion(t, b, bcl, "b2")
+	setVersion(t, a, acl, "a2")
+	setVersion(t, b, bcl, "b3")
+	setVersion(t, a, acl, "a3")
+	w = openWatch(t, acl, oneNode(a.ID, r.Revision))
+	var got []string
+	for _, r := range w.until(func(r *curatorv1.WatchResponse) bool { return nodeIn(r, a.ID).GetStatus().GetVersion() == "a3" }) {
+		if r.Snapshot || len(r.Nodes) != 1 || len(r.Deleted) != 0 {
+			t.Fatalf("resumed: %v", r)
+		}
+		got = append(got, nodeIn(r, a.ID).GetStatus().GetVersion())
+	}
+	if !slices.Equal(got, []string{"a2", "a3"}) {
+		t.Fatalf("resumed with %v, want [a2 a3]", got)
+	}
+}
+
+// watchLog is what a client made of a watch across streams: every
+// non-snapshot revision it took, and the versions node id reported.
+type watchLog struct {
+	id       string
+	last     int64
+	versions []string
+}
+
+// take reads w until node id reports version until, checks that
+// revisions only grow across everything taken, and notes the versions.
+func (l *watchLog) take(t *testing.T, w *watchStream, until string) {
+	t.Helper()
+	for _, r := range w.until(func(r *curatorv1.WatchResponse) bool { return nodeIn(r, l.id).GetStatus().GetVersion() == until }) {
+		if r.Snapshot {
+			t.Fatalf("snapshot at %d when resuming from %d", r.Revision, l.last)
+		}
+		if r.Revision <= l.last {
+			t.Fatalf("revision %d after %d: a duplicate or out of order", r.Revision, l.last)
+		}
+		l.last = r.Revision
+		if n := nodeIn(r, l.id); n != nil {
+			l.versions = append(l.versions, n.GetStatus().GetVersion())
+		}
+	}
+}
+
+// TestWatchResume: a client that resumes with the revision of the last
+// response it read, on the other replica — also after the leader it
+// watched was killed — sees every change once, in order.
+func TestWatchResume(t *testing.T) {
+	c := cut.New(t, 2)
+	ctx := watchCtx(t)
+	a := c.NewAgent()
+	a.Enrol(ctx)
+	admin := func(cur *cut.Curator) curatorv1.CuratorClient {
+		return curatorv1.NewCuratorClient(c.Conn(cur, cut.Admin))
+	}
+	leader := c.Leader()
+	follower := otherCurator(c, leader)
+	write := func(cur *cut.Curator, from, to int) {
+		cl := a.Curator(cur)
+		for i := from; i <= to; i++ {
+			setVersion(t, a, cl, fmt.Sprintf("v%d", i))
+		}
+	}
+	want := func(n int) []string {
+		var out []string
+		for i := 1; i <= n; i++ {
+			out = append(out, fmt.Sprintf("v%d", i))
+		}
+		return out
+	}
+
+	// On the follower: a snapshot, then v1..v3 of which the client reads
+	// up to v2 before it goes.
+	w := openWatch(t, admin(follower), allNodes(0))
+	snap := w.next()
+	if !snap.Snapshot || nodeIn(snap, a.ID) == nil {
+		t.Fatalf("snapshot %v", snap)
+	}
+	log := &watchLog{id: a.ID, last: snap.Revision}
+	write(leader, 1, 3)
+	log.take(t, w, "v2")
+	w.close()
+	write(leader, 4, 6)
+
+	t.Run("other replica", func(t *testing.T) {
+		w := openWatch(t, admin(leader), allNodes(log.last))
+		log.take(t, w, "v6")
+		if !slices.Equal(log.versions, want(6)) {
+			t.Fatalf("versions %v, want %v", log.versions, want(6))
+		}
+		write(leader, 7, 8)
+		log.take(t, w, "v7") // v8 may have arrived; the client did not read it
+		w.close()
+	})
+
+	t.Run("after the leader was killed", func(t *testing.T) {
+		leader.Kill()
+		next := c.Leader()
+		if next != follower {
+			t.Fatalf("%s leads, want %s", next.Name, follower.Name)
+		}
+		write(next, 9, 10)
+		w := openWatch(t, admin(next), allNodes(log.last))
+		log.take(t, w, "v10")
+		if !slices.Equal(log.versions, want(10)) {
+			t.Fatalf("versions %v, want %v", log.versions, want(10))
+		}
+	})
+}
+
+// TestWatchResumeTooOld: a resume from a revision the ring no longer holds
+// gets a snapshot; one from inside the ring gets exactly what followed.
+func TestWatchResumeTooOld(t *testing.T) {
+	c := cut.New(t, 1, "--watch-history", "4")
+	ctx := watchCtx(t)
+	cur := c.Running()
+	a := c.NewAgent()
+	a.Enrol(ctx)
+	cl := curatorv1.NewCuratorClient(c.Conn(cur, cut.Admin))
+	acl := a.Curator(cur)
+
+	w := openWatch(t, cl, allNodes(0))
+	start := w.next().Revision
+	revs := map[string]int64{}
+	for i := 1; i <= 6; i++ {
+		v := fmt.Sprintf("v%d", i)
+		setVersion(t, a, acl, v)
+		for _, r := range w.until(func(r *curatorv1.WatchResponse) bool { return nodeIn(r, a.ID).GetStatus().GetVersion() == v }) {
+			revs[v] = r.Revision
+		}
+	}
+	w.close()
+
+	// The ring holds v3..v6: from v2's revision every change is there.
+	w = openWatch(t, cl, allNodes(revs["v2"]))
+	var got []string
+	for _, r := range w.until(func(r *curatorv1.WatchResponse) bool { return r.Revision == revs["v6"] }) {
+		if r.Snapshot {
+			t.Fatalf("snapshot resuming from inside the ring: %v", r)
+		}
+		got = append(got, nodeIn(r, a.ID).GetStatus().GetVersion())
+	}
+	if !slices.Equal(got, []string{"v3", "v4", "v5", "v6"}) {
+		t.Fatalf("resumed from v2 with %v", got)
+	}
+	w.close()
+
+	for name, from := range map[string]int64{"before the ring": revs["v1"], "the first snapshot's": start} {
+		t.Run(name, func(t *testing.T) {
+			w := openWatch(t, cl, allNodes(from))
+			r := w.next()
+			if n := nodeIn(r, a.ID); !r.Snapshot || r.Revision < revs["v6"] || n.GetStatus().GetVersion() != "v6" || len(r.Nodes) != 2 {
+				t.Fatalf("resume from %d: %v, want a snapshot with v6", from, r)
+			}
+			w.close()
+		})
+	}
+}
