@@ -4,10 +4,12 @@
 package proctest
 
 import (
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -180,15 +182,37 @@ func (p *Proc) LogContains(s string) bool {
 	return strings.Contains(string(b), s)
 }
 
-// FreeAddr returns a loopback address with a port free right now.
+// FreeAddr returns a loopback address with a port free right now. Ports
+// come from below the kernel's ephemeral range: a port picked from that
+// range (":0") can be taken by the client side of any connection before
+// the service binds it.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	low := ephemeralLow()
+	for range 1000 {
+		port := 10000 + rand.IntN(low-10000)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return l.Addr().String()
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Fatal("no free port below the ephemeral range")
+	return ""
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if low, err := strconv.Atoi(f[0]); err == nil && low > 11000 {
+				return low
+			}
+		}
+	}
+	return 32768
 }
 
 // Eventually polls f until it returns nil, or fails the test with f's last
