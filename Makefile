@@ -19,9 +19,9 @@ GRPCURL     := $(TOOLS)/grpcurl
 export PATH := $(TOOLS):$(PATH)
 
 # Go modules of the workspace (go.work); `go ... work` means all of them.
-MODULES := gen platform services/consensus services/curator services/reconciler
+MODULES := gen platform services/consensus services/curator services/reconciler deploy/local
 # Binaries that `make build` produces, static, for FROM scratch images.
-CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator platform/cmd/curia-pki
+CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator services/reconciler/cmd/reconciler platform/cmd/curia-pki deploy/local/cmd/curia-local
 BIN     := $(CURDIR)/bin
 
 # Where buf breaking compares the protos to.
@@ -83,6 +83,10 @@ build: ## static binaries into bin/
 tidy: ## go mod tidy every module (each on its own, as CI's clean clone sees it)
 	for m in $(MODULES); do (cd $$m && GOWORK=off go mod tidy); done
 
+.PHONY: run
+run: build ## start a local cluster as processes (state in .curia; FRESH=1 starts over)
+	$(BIN)/curia-local --state .curia --bin $(BIN) $(if $(FRESH),--fresh)
+
 .PHONY: clean
-clean: ## remove build output
-	rm -rf $(BIN)
+clean: ## remove build output and the local cluster's state (.curia)
+	rm -rf $(BIN) .curia

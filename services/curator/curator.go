@@ -96,7 +96,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	c.TLS.AddFlags(fs, "")
 	fs.StringVar(&c.CAKey, "ca-key", c.CAKey, "cluster CA private key (PEM), to issue and revoke node certificates")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "gRPC address (host:port)")
-	fs.StringVar(&c.Advertise, "advertise", c.Advertise, "address other replicas forward to (default: --listen)")
+	fs.StringVar(&c.Advertise, "advertise", c.Advertise, "address other replicas forward to (default: --listen, or this host's first non-loopback address when listening on every interface)")
 	fs.Func("etcd", "etcd client URL (repeatable or comma-separated)", func(s string) error {
 		c.Etcd = append(c.Etcd, splitList(s)...)
 		return nil
@@ -136,7 +136,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--listen %q: %w", c.Listen, err)
 	}
 	if c.Advertise == "" {
-		c.Advertise = c.Listen
+		adv, err := advertiseAddr(c.Listen)
+		if err != nil {
+			return err
+		}
+		c.Advertise = adv
 	}
 	if len(c.Etcd) == 0 {
 		return errors.New("--etcd is required: at least one etcd client URL")
@@ -148,6 +152,29 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--heartbeat-timeout (%v) must exceed --heartbeat-interval (%v)", c.HeartbeatTimeout, c.HeartbeatInterval)
 	}
 	return nil
+}
+
+// advertiseAddr is where other replicas reach one listening on listen: the
+// listen address itself, or, when it listens on every interface (as in a
+// container), the first non-loopback address of this host.
+func advertiseAddr(listen string) (string, error) {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", err
+	}
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return listen, nil
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return "", fmt.Errorf("find an address to advertise: %w", err)
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() && ipn.IP.To4() != nil {
+			return net.JoinHostPort(ipn.IP.String(), port), nil
+		}
+	}
+	return "", fmt.Errorf("--listen %s is on every interface and no non-loopback address was found: set --advertise", listen)
 }
 
 // Service is one curator replica.

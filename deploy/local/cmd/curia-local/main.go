@@ -1,0 +1,87 @@
+// Command curia-local runs a whole curia cluster as local processes on
+// loopback addresses: the README's main command (make run).
+//
+//	curia-local [run]   start the cluster and keep it running (default)
+//	curia-local pki     create the PKI only (compose's one-shot pki service)
+//	curia-local init    bring a running cluster to its shape and exit (compose's init service)
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"curia.dev/deploy/local"
+	"curia.dev/platform/logging"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "curia-local:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	cmd := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("curia-local "+cmd, flag.ContinueOnError)
+	cfg := local.Config{Cluster: "curia", ControlPlane: 3, Workers: 1, Curators: 2, Reconcilers: 2, Out: os.Stdout}
+	fs.StringVar(&cfg.State, "state", ".curia", "state directory: PKI, data, logs, env file")
+	fs.StringVar(&cfg.Bin, "bin", "bin", "directory with the consensus, curator, reconciler and roleserve binaries")
+	fs.StringVar(&cfg.Cluster, "cluster", cfg.Cluster, "cluster name")
+	fs.IntVar(&cfg.ControlPlane, "control-plane", cfg.ControlPlane, "control-plane nodes (consensus + roleserve)")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "worker nodes (roleserve only)")
+	fs.IntVar(&cfg.Curators, "curators", cfg.Curators, "curator replicas")
+	fs.IntVar(&cfg.Reconcilers, "reconcilers", cfg.Reconcilers, "reconciler replicas")
+	fresh := fs.Bool("fresh", false, "delete the state directory first and start a new cluster")
+	fs.BoolVar(&cfg.Compose, "compose", false, "lay the cluster out for deploy/compose (host names instead of loopback addresses)")
+	lc := logging.DefaultConfig()
+	lc.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if cfg.ControlPlane < 1 || cfg.ControlPlane > 9 || cfg.Workers < 0 || cfg.Workers > 9 || cfg.Curators < 1 || cfg.Curators > 9 || cfg.Reconcilers < 1 || cfg.Reconcilers > 9 {
+		return fmt.Errorf("counts: 1..9 control-plane nodes, curators and reconcilers, 0..9 workers")
+	}
+	log, err := logging.New(os.Stderr, lc)
+	if err != nil {
+		return err
+	}
+	cfg.Log = log
+	if *fresh {
+		if err := os.RemoveAll(cfg.State); err != nil {
+			return err
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	c := local.New(cfg)
+	switch cmd {
+	case "run":
+		return c.Run(ctx)
+	case "pki":
+		return c.PKI()
+	case "init":
+		if err := c.PKI(); err != nil {
+			return err
+		}
+		admin, err := c.AdminConn()
+		if err != nil {
+			return err
+		}
+		defer admin.Close()
+		if err := c.Init(ctx, admin); err != nil {
+			return err
+		}
+		fmt.Println("curia-local: cluster ready")
+		return nil
+	}
+	return fmt.Errorf("unknown command %q: want run, pki or init", cmd)
+}

@@ -1,0 +1,304 @@
+// Package local runs a whole curia cluster as processes on this machine,
+// each service on its own loopback address (127.0.0.0/8 is all loopback on
+// Linux), so that ports never clash and every address looks like a host:
+//
+//	node-1..3   127.0.0.11-13   consensus :7100 (etcd :2380 peer, :2379 client) + roleserve :7400
+//	node-4      127.0.0.14      roleserve :7400 (a worker)
+//	curator-1,2     127.0.0.21-22:7200
+//	reconciler-1,2  127.0.0.31-32:7300
+//
+// The first run creates the PKI in the state directory; node-1 bootstraps,
+// the others register with the ticket; an init step (public APIs only)
+// approves the nodes and gives ConsensusMember to node-2 and node-3 one at a
+// time; the reconciler promotes each learner. Later runs start from disk.
+package local
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"curia.dev/platform/pki"
+)
+
+// Config says where the cluster lives.
+type Config struct {
+	// State is the state directory (PKI, data, logs, env file).
+	State string
+	// Bin holds the service binaries (consensus, curator, reconciler,
+	// roleserve).
+	Bin string
+	// Cluster is the cluster name.
+	Cluster string
+	// ControlPlane and Workers are the node counts.
+	ControlPlane, Workers int
+	// Curators and Reconcilers are the replica counts.
+	Curators, Reconcilers int
+	// Compose lays the cluster out for deploy/compose: hosts are the
+	// compose services' names (node1.., curator, reconciler) instead of
+	// loopback addresses, and the curator replicas are one DNS name.
+	Compose bool
+	// Out receives the operator-facing messages.
+	Out io.Writer
+	Log *slog.Logger
+}
+
+// Node is one node of the cluster.
+type Node struct {
+	Name string
+	// Host is the node's address: a loopback IP, or a compose host name.
+	Host   string
+	ID     string
+	Worker bool
+}
+
+// ConsensusAPI and friends are the node's service addresses.
+func (n Node) ConsensusAPI() string { return net.JoinHostPort(n.Host, "7100") }
+func (n Node) PeerURL() string      { return "https://" + net.JoinHostPort(n.Host, "2380") }
+func (n Node) ClientURL() string    { return "https://" + net.JoinHostPort(n.Host, "2379") }
+func (n Node) RoleServe() string    { return net.JoinHostPort(n.Host, "7400") }
+
+// Cluster is the cluster's layout (and, locally, its processes).
+type Cluster struct {
+	cfg   Config
+	Nodes []Node
+	// Curators and Reconcilers are the replicas' addresses; under compose,
+	// one DNS name each that resolves to every replica.
+	Curators    []string
+	Reconcilers []string
+	procs       []*proc
+}
+
+func (c *Cluster) path(p ...string) string { return filepath.Join(append([]string{c.cfg.State}, p...)...) }
+
+// New lays out the cluster; nothing runs yet.
+func New(cfg Config) *Cluster {
+	c := &Cluster{cfg: cfg}
+	for i := range cfg.ControlPlane + cfg.Workers {
+		n := Node{Name: fmt.Sprintf("node-%d", i+1), Host: fmt.Sprintf("127.0.0.%d", 11+i), Worker: i >= cfg.ControlPlane}
+		if cfg.Compose {
+			n.Name = fmt.Sprintf("node%d", i+1)
+			n.Host = n.Name
+		}
+		c.Nodes = append(c.Nodes, n)
+	}
+	if cfg.Compose {
+		c.Curators, c.Reconcilers = []string{"curator:7200"}, []string{"reconciler:7300"}
+		return c
+	}
+	for i := range cfg.Curators {
+		c.Curators = append(c.Curators, fmt.Sprintf("127.0.0.%d:7200", 21+i))
+	}
+	for i := range cfg.Reconcilers {
+		c.Reconcilers = append(c.Reconcilers, fmt.Sprintf("127.0.0.%d:7300", 31+i))
+	}
+	return c
+}
+
+// PKI creates the CA and every certificate on the first run; later runs
+// read the node ids back.
+func (c *Cluster) PKI() error {
+	dir := c.path("pki")
+	if _, err := os.Stat(filepath.Join(dir, pki.CACertFile)); err != nil {
+		if err := c.createPKI(dir); err != nil {
+			return fmt.Errorf("create PKI: %w", err)
+		}
+	}
+	for i := range c.Nodes {
+		b, err := os.ReadFile(filepath.Join(dir, c.Nodes[i].Name+".id"))
+		if err != nil {
+			return fmt.Errorf("node id of %s: %w (start over with --fresh)", c.Nodes[i].Name, err)
+		}
+		c.Nodes[i].ID = strings.TrimSpace(string(b))
+	}
+	return nil
+}
+
+func (c *Cluster) createPKI(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	ca, err := pki.NewCA(c.cfg.Cluster, 10*365*24*time.Hour)
+	if err != nil {
+		return err
+	}
+	year := 365 * 24 * time.Hour
+	issue := func(p pki.Principal, hosts ...string) error {
+		req := pki.IssueRequest{Cluster: c.cfg.Cluster, Principal: p, Validity: year, DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}
+		for _, h := range hosts {
+			if ip := net.ParseIP(h); ip != nil {
+				req.IPs = append(req.IPs, ip)
+			} else {
+				req.DNSNames = append(req.DNSNames, h)
+			}
+		}
+		iss, err := ca.Issue(req)
+		if err != nil {
+			return err
+		}
+		_, err = pki.WritePair(dir, pki.FileBase(p), iss.CertPEM, iss.KeyPEM)
+		return err
+	}
+	if err := issue(pki.Principal{Kind: pki.KindAdmin, Name: "admin"}); err != nil {
+		return err
+	}
+	if err := issue(pki.Principal{Kind: pki.KindCurator}, hosts(c.Curators)...); err != nil {
+		return err
+	}
+	if err := issue(pki.Principal{Kind: pki.KindReconciler}, hosts(c.Reconcilers)...); err != nil {
+		return err
+	}
+	for i, n := range c.Nodes {
+		key, err := pki.NewNodeKey()
+		if err != nil {
+			return err
+		}
+		pub := key.Public().(ed25519.PublicKey)
+		id := pki.NodeID(pub)
+		keyPEM, err := pki.MarshalEd25519PEM(key)
+		if err != nil {
+			return err
+		}
+		if err := pki.WriteFileAtomic(filepath.Join(dir, pki.NodeKeyFile(id)), keyPEM, pki.KeyFileMode); err != nil {
+			return err
+		}
+		if err := pki.WriteFileAtomic(filepath.Join(dir, n.Name+".id"), []byte(id+"\n"), pki.CertFileMode); err != nil {
+			return err
+		}
+		if !n.Worker {
+			// The consensus service's identity, for the node's own key.
+			if err := issue(pki.Principal{Kind: pki.KindConsensus, Name: id}, n.Host); err != nil {
+				return err
+			}
+		}
+		if i == 0 {
+			// The bootstrap node starts with a node certificate; every
+			// other node gets its own from the curator when it enrols.
+			if err := issue(pki.Principal{Kind: pki.KindNode, Name: id}, n.Host); err != nil {
+				return err
+			}
+		}
+	}
+	if _, err := pki.WriteCluster(dir, c.cfg.Cluster); err != nil {
+		return err
+	}
+	// The CA goes last: its presence means the PKI is complete.
+	_, err = pki.WriteCA(dir, ca)
+	return err
+}
+
+func hosts(addrs []string) []string {
+	var out []string
+	for _, a := range addrs {
+		h, _, _ := net.SplitHostPort(a)
+		out = append(out, h)
+	}
+	return out
+}
+
+// proc is one supervised service process: restarted when it dies on its
+// own (as systemd or compose would), stopped with SIGTERM on shutdown.
+type proc struct {
+	name string
+	args []string
+	log  string
+	pid  string
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	stopped bool
+	exited  chan struct{}
+}
+
+func (c *Cluster) start(ctx context.Context, name, bin string, args ...string) *proc {
+	p := &proc{name: name, args: append([]string{filepath.Join(c.cfg.Bin, bin)}, args...), log: c.path("logs", name+".log"), pid: c.path("run", name+".pid")}
+	c.procs = append(c.procs, p)
+	go p.supervise(ctx, c.cfg.Log)
+	return p
+}
+
+func (p *proc) supervise(ctx context.Context, log *slog.Logger) {
+	for backoff := time.Second; ctx.Err() == nil; {
+		logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			log.Error("open log", "process", p.name, "err", err)
+			return
+		}
+		cmd := exec.Command(p.args[0], p.args[1:]...)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // Ctrl-C reaches us, not them
+		begun := time.Now()
+		if err := cmd.Start(); err != nil {
+			logf.Close()
+			log.Error("start", "process", p.name, "err", err)
+			return
+		}
+		exited := make(chan struct{})
+		p.mu.Lock()
+		p.cmd, p.exited = cmd, exited
+		stopped := p.stopped
+		p.mu.Unlock()
+		os.WriteFile(p.pid, []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o644)
+		if stopped {
+			cmd.Process.Signal(syscall.SIGTERM)
+		}
+		err = cmd.Wait()
+		close(exited)
+		logf.Close()
+		p.mu.Lock()
+		stopped = p.stopped
+		p.mu.Unlock()
+		if stopped || ctx.Err() != nil {
+			return
+		}
+		if time.Since(begun) > time.Minute {
+			backoff = time.Second
+		}
+		log.Warn("process exited; restarting", "process", p.name, "err", err, "after", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// stop sends SIGTERM and waits (SIGKILL after the grace period).
+func (p *proc) stop(grace time.Duration) {
+	p.mu.Lock()
+	p.stopped = true
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		cmd.Process.Kill()
+		<-exited
+	}
+	os.Remove(p.pid)
+}
+
+// Stop stops every process, in the reverse order of their start.
+func (c *Cluster) Stop() {
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		c.procs[i].stop(15 * time.Second)
+	}
+}
+
+var errNotReady = errors.New("not ready")

@@ -1,0 +1,280 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
+)
+
+// Run starts the cluster, brings it to its target shape, writes the env
+// file, and keeps it running until ctx ends; then it stops every process.
+func (c *Cluster) Run(ctx context.Context) error {
+	for _, d := range []string{"logs", "run", "data"} {
+		if err := os.MkdirAll(c.path(d), 0o700); err != nil {
+			return err
+		}
+	}
+	if err := c.PKI(); err != nil {
+		return err
+	}
+	defer c.Stop()
+	c.startAll(ctx)
+
+	admin, err := c.AdminConn()
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	if err := c.writeEnv(); err != nil {
+		return err
+	}
+	begun := time.Now()
+	fmt.Fprintf(c.cfg.Out, "curia: starting %d control-plane nodes, %d worker(s), %d curators, %d reconcilers (logs in %s)\n",
+		c.cfg.ControlPlane, c.cfg.Workers, c.cfg.Curators, c.cfg.Reconcilers, c.path("logs"))
+	if err := c.Init(ctx, admin); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	fmt.Fprintf(c.cfg.Out, "curia: cluster ready in %v: %d voters, every node UP\n\n", time.Since(begun).Round(100*time.Millisecond), c.cfg.ControlPlane)
+	fmt.Fprintf(c.cfg.Out, "  source %s\n  grpcurl -cacert $CURIA_CACERT -cert $CURIA_ADMIN_CERT -key $CURIA_ADMIN_KEY $CURIA_CURATOR curia.curator.v1.Management/GetNodes\n\nCtrl-C stops the cluster; running it again starts it from %s.\n",
+		c.path("env"), c.cfg.State)
+	<-ctx.Done()
+	fmt.Fprintln(c.cfg.Out, "curia: stopping")
+	return nil
+}
+
+// startAll starts every process (consensus first, then the curators, the
+// node agents, the reconcilers).
+func (c *Cluster) startAll(ctx context.Context) {
+	pkiDir := c.path("pki")
+	file := func(name string) string { return filepath.Join(pkiDir, name) }
+	var etcd, consensus []string
+	for _, n := range c.Nodes {
+		if !n.Worker {
+			etcd = append(etcd, n.ClientURL())
+			consensus = append(consensus, n.ConsensusAPI())
+		}
+	}
+	common := func(string) []string { return []string{"--cluster", c.cfg.Cluster, "--log-level", "info"} }
+	for _, n := range c.Nodes {
+		if n.Worker {
+			continue
+		}
+		base := pki.FileBase(pki.Principal{Kind: pki.KindConsensus, Name: n.ID})
+		c.start(ctx, n.Name+"-consensus", "consensus", append(common(n.Name),
+			"--data-dir", c.path("data", n.Name, "consensus"),
+			"--ca", file(pki.CACertFile), "--cert", file(pki.CertFile(base)), "--key", file(pki.KeyFile(base)),
+			"--listen", n.ConsensusAPI(),
+			"--listen-peer", strings.TrimPrefix(n.PeerURL(), "https://"),
+			"--listen-client", strings.TrimPrefix(n.ClientURL(), "https://"))...)
+	}
+	for i, addr := range c.Curators {
+		name := fmt.Sprintf("curator-%d", i+1)
+		c.start(ctx, name, "curator", append(common(name),
+			"--name", name,
+			"--ca", file(pki.CACertFile), "--cert", file("curator.crt"), "--key", file("curator.key"), "--ca-key", file(pki.CAKeyFile),
+			"--listen", addr,
+			"--etcd", strings.Join(etcd, ","), "--consensus", strings.Join(consensus, ","))...)
+	}
+	for i, n := range c.Nodes {
+		args := append(common(n.Name),
+			"--data-dir", c.path("data", n.Name, "roleserve"),
+			"--ca", file(pki.CACertFile),
+			"--node-key", file(pki.NodeKeyFile(n.ID)),
+			"--curator", strings.Join(c.Curators, ","),
+			"--address", n.Host,
+			"--listen", n.RoleServe())
+		if !n.Worker {
+			args = append(args, "--consensus", n.ConsensusAPI())
+		}
+		if i == 0 {
+			args = append(args, "--bootstrap", "--bootstrap-cert", file(pki.CertFile(n.ID)), "--bootstrap-key", file(pki.KeyFile(n.ID)))
+		} else {
+			args = append(args, "--register-ticket-file", c.path("ticket"))
+		}
+		c.start(ctx, n.Name+"-roleserve", "roleserve", args...)
+	}
+	for i, addr := range c.Reconcilers {
+		name := fmt.Sprintf("reconciler-%d", i+1)
+		c.start(ctx, name, "reconciler", append(common(name),
+			"--name", name,
+			"--ca", file(pki.CACertFile), "--cert", file("reconciler.crt"), "--key", file("reconciler.key"),
+			"--listen", addr,
+			"--curator", strings.Join(c.Curators, ","), "--consensus", strings.Join(consensus, ","))...)
+	}
+}
+
+// AdminConn connects to the curators as the admin.
+func (c *Cluster) AdminConn() (*grpc.ClientConn, error) {
+	creds, err := rpc.LoadCredentials(c.cfg.Cluster, rpc.TLSFiles{CA: c.path("pki", pki.CACertFile), Cert: c.path("pki", "admin-admin.crt"), Key: c.path("pki", "admin-admin.key")})
+	if err != nil {
+		return nil, err
+	}
+	return rpc.DialAny(c.Curators, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindCurator}})
+}
+
+// Init brings the cluster to its shape through the public APIs, and is
+// idempotent: it writes the register ticket for the agents, approves new
+// nodes, and gives ConsensusMember to the control-plane nodes one at a time
+// (etcd takes one learner at a time; the reconciler promotes it). It
+// returns once every control-plane node is a voter with the role.
+func (c *Cluster) Init(ctx context.Context, admin *grpc.ClientConn) error {
+	m := curatorv1.NewManagementClient(admin)
+	ticketWritten := false
+	for {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		done, err := c.initStep(ctx, m, &ticketWritten)
+		if done {
+			return nil
+		}
+		if err != nil {
+			c.cfg.Log.Debug("init", "waiting for", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, ticketWritten *bool) (bool, error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if !*ticketWritten {
+		t, err := m.GetRegisterTicket(cctx, &curatorv1.GetRegisterTicketRequest{})
+		if err != nil {
+			return false, fmt.Errorf("register ticket: %w", err)
+		}
+		if err := os.WriteFile(c.path("ticket"), t.Ticket, 0o600); err != nil {
+			return false, err
+		}
+		*ticketWritten = true
+	}
+	nodes, err := getNodes(cctx, m)
+	if err != nil {
+		return false, err
+	}
+	cs, err := m.GetConsensusStatus(cctx, &curatorv1.GetConsensusStatusRequest{})
+	if err != nil {
+		return false, err
+	}
+	voters, learners := map[string]bool{}, 0
+	for _, mem := range cs.Members {
+		if mem.Learner {
+			learners++
+		} else if mem.HasRole {
+			voters[mem.NodeId] = true
+		}
+	}
+	ready := true
+	for _, n := range c.Nodes {
+		node, ok := nodes[n.ID]
+		if !ok {
+			ready = false // not registered yet
+			continue
+		}
+		switch node.State {
+		case curatorv1.NodeState_NODE_STATE_NEW:
+			ready = false
+			if _, err := m.ApproveNode(cctx, &curatorv1.ApproveNodeRequest{NodeId: n.ID}); err != nil {
+				return false, fmt.Errorf("approve %s: %w", n.Name, err)
+			}
+			fmt.Fprintf(c.cfg.Out, "curia: approved %s (%s)\n", n.Name, n.ID)
+			continue
+		case curatorv1.NodeState_NODE_STATE_STANDBY:
+			ready = false // committing
+			continue
+		}
+		if n.Worker {
+			continue
+		}
+		if voters[n.ID] {
+			continue
+		}
+		ready = false
+		if node.Roles.GetConsensusMember() != nil || learners > 0 {
+			continue // joining: the reconciler promotes it
+		}
+		if node.Status.GetConsensusPeerUrl() == "" {
+			continue // its agent has not reported its consensus yet
+		}
+		_, err := m.UpdateNodeRoles(cctx, &curatorv1.UpdateNodeRolesRequest{NodeId: n.ID, ConsensusMember: new(true), Reason: "curia-local: control-plane node"})
+		if status.Code(err) == codes.Unavailable {
+			return false, err // etcd's reconfiguration window; retry
+		}
+		if err != nil {
+			return false, fmt.Errorf("give %s ConsensusMember: %w", n.Name, err)
+		}
+		fmt.Fprintf(c.cfg.Out, "curia: %s joins etcd\n", n.Name)
+		learners++
+	}
+	return ready, errNotReady
+}
+
+func getNodes(ctx context.Context, m curatorv1.ManagementClient) (map[string]*curatorv1.Node, error) {
+	stream, err := m.GetNodes(ctx, &curatorv1.GetNodesRequest{})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*curatorv1.Node{}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range resp.Nodes {
+			out[n.Id] = n
+		}
+	}
+}
+
+// writeEnv writes the shell variables an operator sources.
+func (c *Cluster) writeEnv() error {
+	abs := func(p string) string {
+		a, err := filepath.Abs(p)
+		if err != nil {
+			return p
+		}
+		return a
+	}
+	var consensus, roleserves []string
+	for _, n := range c.Nodes {
+		if !n.Worker {
+			consensus = append(consensus, n.ConsensusAPI())
+		}
+		roleserves = append(roleserves, n.RoleServe())
+	}
+	lines := []string{
+		"# curia local cluster: source this file, then use grpcurl with these variables.",
+		"export CURIA_CURATOR=" + c.Curators[0],
+		"export CURIA_CACERT=" + abs(c.path("pki", pki.CACertFile)),
+		"export CURIA_ADMIN_CERT=" + abs(c.path("pki", "admin-admin.crt")),
+		"export CURIA_ADMIN_KEY=" + abs(c.path("pki", "admin-admin.key")),
+		"export CURIA_CURATORS=" + strings.Join(c.Curators, ","),
+		"export CURIA_RECONCILER=" + c.Reconcilers[0],
+		"export CURIA_RECONCILERS=" + strings.Join(c.Reconcilers, ","),
+		"export CURIA_CONSENSUS=" + strings.Join(consensus, ","),
+		"export CURIA_ROLESERVES=" + strings.Join(roleserves, ","),
+	}
+	return os.WriteFile(c.path("env"), []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+}
