@@ -80,7 +80,9 @@ type Cluster struct {
 	procs       []*proc
 }
 
-func (c *Cluster) path(p ...string) string { return filepath.Join(append([]string{c.cfg.State}, p...)...) }
+func (c *Cluster) path(p ...string) string {
+	return filepath.Join(append([]string{c.cfg.State}, p...)...)
+}
 
 // New lays out the cluster; nothing runs yet.
 func New(cfg Config) *Cluster {
