@@ -3,9 +3,12 @@
 // Linux), so that ports never clash and every address looks like a host:
 //
 //	node-1..3   127.0.0.11-13   consensus :7100 (etcd :2380 peer, :2379 client) + roleserve :7400
-//	node-4      127.0.0.14      roleserve :7400 (a worker)
+//	node-4      127.0.0.14      the same, a worker: its consensus stays idle until it gets ConsensusMember
 //	curator-1,2     127.0.0.21-22:7200
 //	reconciler-1,2  127.0.0.31-32:7300
+//
+// (--subnet moves everything to another 127.x.y.0/24, e.g. for tests next
+// to a running cluster.)
 //
 // The first run creates the PKI in the state directory; node-1 bootstraps,
 // the others register with the ticket; an init step (public APIs only)
@@ -45,6 +48,9 @@ type Config struct {
 	ControlPlane, Workers int
 	// Curators and Reconcilers are the replica counts.
 	Curators, Reconcilers int
+	// Subnet is the first three octets of the loopback addresses used
+	// (default 127.0.0).
+	Subnet string
 	// Compose lays the cluster out for deploy/compose: hosts are the
 	// compose services' names (node1.., curator, reconciler) instead of
 	// loopback addresses, and the curator replicas are one DNS name.
@@ -86,9 +92,12 @@ func (c *Cluster) path(p ...string) string {
 
 // New lays out the cluster; nothing runs yet.
 func New(cfg Config) *Cluster {
+	if cfg.Subnet == "" {
+		cfg.Subnet = "127.0.0"
+	}
 	c := &Cluster{cfg: cfg}
 	for i := range cfg.ControlPlane + cfg.Workers {
-		n := Node{Name: fmt.Sprintf("node-%d", i+1), Host: fmt.Sprintf("127.0.0.%d", 11+i), Worker: i >= cfg.ControlPlane}
+		n := Node{Name: fmt.Sprintf("node-%d", i+1), Host: fmt.Sprintf("%s.%d", cfg.Subnet, 11+i), Worker: i >= cfg.ControlPlane}
 		if cfg.Compose {
 			n.Name = fmt.Sprintf("node%d", i+1)
 			n.Host = n.Name
@@ -100,10 +109,10 @@ func New(cfg Config) *Cluster {
 		return c
 	}
 	for i := range cfg.Curators {
-		c.Curators = append(c.Curators, fmt.Sprintf("127.0.0.%d:7200", 21+i))
+		c.Curators = append(c.Curators, fmt.Sprintf("%s.%d:7200", cfg.Subnet, 21+i))
 	}
 	for i := range cfg.Reconcilers {
-		c.Reconcilers = append(c.Reconcilers, fmt.Sprintf("127.0.0.%d:7300", 31+i))
+		c.Reconcilers = append(c.Reconcilers, fmt.Sprintf("%s.%d:7300", cfg.Subnet, 31+i))
 	}
 	return c
 }
@@ -178,11 +187,10 @@ func (c *Cluster) createPKI(dir string) error {
 		if err := pki.WriteFileAtomic(filepath.Join(dir, n.Name+".id"), []byte(id+"\n"), pki.CertFileMode); err != nil {
 			return err
 		}
-		if !n.Worker {
-			// The consensus service's identity, for the node's own key.
-			if err := issue(pki.Principal{Kind: pki.KindConsensus, Name: id}, n.Host); err != nil {
-				return err
-			}
+		// The consensus service's identity. Workers run one too, idle, so
+		// that any node can become a control-plane node.
+		if err := issue(pki.Principal{Kind: pki.KindConsensus, Name: id}, n.Host); err != nil {
+			return err
 		}
 		if i == 0 {
 			// The bootstrap node starts with a node certificate; every

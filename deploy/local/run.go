@@ -63,6 +63,9 @@ func (c *Cluster) Run(ctx context.Context) error {
 func (c *Cluster) startAll(ctx context.Context) {
 	pkiDir := c.path("pki")
 	file := func(name string) string { return filepath.Join(pkiDir, name) }
+	// Curators and reconcilers reach etcd and the consensus services of
+	// the control-plane nodes (the curator learns further ones from node
+	// status).
 	var etcd, consensus []string
 	for _, n := range c.Nodes {
 		if !n.Worker {
@@ -72,9 +75,6 @@ func (c *Cluster) startAll(ctx context.Context) {
 	}
 	common := func(string) []string { return []string{"--cluster", c.cfg.Cluster, "--log-level", "info"} }
 	for _, n := range c.Nodes {
-		if n.Worker {
-			continue
-		}
 		base := pki.FileBase(pki.Principal{Kind: pki.KindConsensus, Name: n.ID})
 		c.start(ctx, n.Name+"-consensus", "consensus", append(common(n.Name),
 			"--data-dir", c.path("data", n.Name, "consensus"),
@@ -98,10 +98,8 @@ func (c *Cluster) startAll(ctx context.Context) {
 			"--node-key", file(pki.NodeKeyFile(n.ID)),
 			"--curator", strings.Join(c.Curators, ","),
 			"--address", n.Host,
-			"--listen", n.RoleServe())
-		if !n.Worker {
-			args = append(args, "--consensus", n.ConsensusAPI())
-		}
+			"--listen", n.RoleServe(),
+			"--consensus", n.ConsensusAPI())
 		if i == 0 {
 			args = append(args, "--bootstrap", "--bootstrap-cert", file(pki.CertFile(n.ID)), "--bootstrap-key", file(pki.KeyFile(n.ID)))
 		} else {
