@@ -51,7 +51,7 @@ func (c *Cluster) Run(ctx context.Context) error {
 		return err
 	}
 	fmt.Fprintf(c.cfg.Out, "curia: cluster ready in %v: %d voters, every node UP\n\n", time.Since(begun).Round(100*time.Millisecond), c.cfg.ControlPlane)
-	fmt.Fprintf(c.cfg.Out, "  source %s\n  grpcurl -cacert $CURIA_CACERT -cert $CURIA_ADMIN_CERT -key $CURIA_ADMIN_KEY $CURIA_CURATOR curia.curator.v1.Management/GetNodes\n\nCtrl-C stops the cluster; running it again starts it from %s.\n",
+	fmt.Fprintf(c.cfg.Out, "  source %s\n  grpcurl $CURIA_TLS $CURIA_CURATOR curia.curator.v1.Management/GetNodes\n\nCtrl-C stops the cluster; running it again starts it from %s.\n",
 		c.path("env"), c.cfg.State)
 	<-ctx.Done()
 	fmt.Fprintln(c.cfg.Out, "curia: stopping")
@@ -268,6 +268,7 @@ func (c *Cluster) writeEnv() error {
 		"export CURIA_CACERT=" + abs(c.path("pki", pki.CACertFile)),
 		"export CURIA_ADMIN_CERT=" + abs(c.path("pki", "admin-admin.crt")),
 		"export CURIA_ADMIN_KEY=" + abs(c.path("pki", "admin-admin.key")),
+		`export CURIA_TLS="-cacert $CURIA_CACERT -cert $CURIA_ADMIN_CERT -key $CURIA_ADMIN_KEY"`,
 		"export CURIA_CURATORS=" + strings.Join(c.Curators, ","),
 		"export CURIA_RECONCILER=" + c.Reconcilers[0],
 		"export CURIA_RECONCILERS=" + strings.Join(c.Reconcilers, ","),

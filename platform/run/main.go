@@ -1,0 +1,52 @@
+package run
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"curia.dev/platform/logging"
+)
+
+// Service is what a curia command runs until its context ends.
+type Service interface {
+	Run(ctx context.Context) error
+}
+
+// Main is every curia service's main: it parses the flags addFlags
+// registers (plus the logging flags), builds the service with the logger,
+// and runs it until SIGINT or SIGTERM. It exits 1 with the error, or 2 on a
+// usage error.
+func Main(name string, addFlags func(*flag.FlagSet), build func(*slog.Logger) (Service, error)) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	addFlags(fs)
+	lc := logging.DefaultConfig()
+	lc.AddFlags(fs)
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if err == flag.ErrHelp {
+			os.Exit(0)
+		}
+		os.Exit(2)
+	}
+	err := func() error {
+		log, err := logging.New(os.Stderr, lc)
+		if err != nil {
+			return err
+		}
+		svc, err := build(log)
+		if err != nil {
+			return err
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return svc.Run(ctx)
+	}()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(1)
+	}
+}
