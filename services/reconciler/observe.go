@@ -59,14 +59,23 @@ func (r *Reconciler) readNodes(ctx context.Context) ([]*curatorv1.Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := stream.Recv()
-	if err != nil {
-		return nil, err
+	// A large snapshot comes in several messages; all but the last carry
+	// revision 0. A partial node list would make members look node-less,
+	// so read to the end of it.
+	var nodes []*curatorv1.Node
+	for first := true; ; first = false {
+		resp, err := stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		if first && !resp.GetSnapshot() {
+			return nil, errors.New("the node watch did not start with a snapshot")
+		}
+		nodes = append(nodes, resp.GetNodes()...)
+		if resp.GetRevision() != 0 {
+			return nodes, nil
+		}
 	}
-	if !resp.GetSnapshot() {
-		return nil, errors.New("the node watch did not start with a snapshot")
-	}
-	return resp.GetNodes(), nil
 }
 
 // learnerClocks remembers when each learner was first seen, and since when

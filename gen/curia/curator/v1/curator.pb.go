@@ -441,7 +441,10 @@ func (*WatchRequest_NodeId) isWatchRequest_Kind() {}
 
 func (*WatchRequest_AllNodes) isWatchRequest_Kind() {}
 
-// WatchResponse is a batch of node changes, all at one revision.
+// WatchResponse is a batch of node changes, all at one revision. A snapshot
+// larger than a few MiB comes in several messages: the first has snapshot
+// set, and all but the last have revision 0 (resuming from there means
+// starting over); the last carries the snapshot's revision.
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Nodes created or changed.
