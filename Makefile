@@ -19,9 +19,9 @@ GRPCURL     := $(TOOLS)/grpcurl
 export PATH := $(TOOLS):$(PATH)
 
 # Go modules of the workspace (go.work); `go ... work` means all of them.
-MODULES := gen platform services/consensus services/curator services/reconciler deploy/local
+MODULES := gen platform services/consensus services/curator services/reconciler services/roleserve deploy/local
 # Binaries that `make build` produces, static, for FROM scratch images.
-CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator services/reconciler/cmd/reconciler platform/cmd/curia-pki deploy/local/cmd/curia-local
+CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator services/reconciler/cmd/reconciler services/roleserve/cmd/roleserve platform/cmd/curia-pki platform/cmd/curia-probe deploy/local/cmd/curia-local
 BIN     := $(CURDIR)/bin
 
 # Where buf breaking compares the protos to.
@@ -74,6 +74,10 @@ test: ## run every test (real etcd, real mTLS, loopback)
 bench: ## Go benchmarks (bootstrap-to-ready, join-to-voter, ...)
 	go test -run '^$$' -bench . -benchtime 3x ./services/consensus/ ./services/curator/
 
+.PHONY: test-e2e
+test-e2e: build $(GRPCURL) ## end-to-end tests against the process cluster (and every grpcurl command in the README)
+	go test -tags e2e -count=1 -timeout 20m -v ./deploy/local/
+
 .PHONY: build
 build: ## static binaries into bin/
 	@mkdir -p $(BIN)
@@ -86,6 +90,32 @@ tidy: ## go mod tidy every module (each on its own, as CI's clean clone sees it)
 .PHONY: run
 run: build ## start a local cluster as processes (state in .curia; FRESH=1 starts over)
 	$(BIN)/curia-local --state .curia --bin $(BIN) $(if $(FRESH),--fresh)
+
+# The docker compose cluster (deploy/compose): one FROM scratch image of bin/,
+# run with compose v2 (`docker compose`) or, where only that is installed,
+# v1.29 (`docker-compose`).
+COMPOSE     ?= $(shell docker compose version >/dev/null 2>&1 && echo 'docker compose' || echo docker-compose)
+CURIA_IMAGE ?= curia:dev
+COMPOSE_ENV := COMPOSE_FILE=$(CURDIR)/deploy/compose/compose.yaml COMPOSE_PROJECT_NAME=$${COMPOSE_PROJECT_NAME:-curia} CURIA_IMAGE=$(CURIA_IMAGE)
+
+.PHONY: images
+images: build ## the compose cluster's image: FROM scratch + bin/ (CURIA_IMAGE=curia:dev)
+	@for b in consensus curator reconciler roleserve curia-local curia-probe; do \
+		test -x $(BIN)/$$b || { echo "images: $(BIN)/$$b is missing (is it in CMDS?)" >&2; exit 1; }; done
+	docker build -t $(CURIA_IMAGE) -f deploy/compose/Dockerfile $(BIN)
+
+.PHONY: up
+up: images ## start the compose cluster, wait until ready, write .curia-compose/env (UP_ARGS="--scale curator=3")
+	COMPOSE='$(COMPOSE)' CURIA_IMAGE=$(CURIA_IMAGE) GRPCURL=$(GRPCURL) deploy/compose/up.sh $(UP_ARGS)
+
+.PHONY: down
+down: ## stop the compose cluster; its volumes keep the data for the next `make up`
+	$(COMPOSE_ENV) $(COMPOSE) down --remove-orphans
+
+.PHONY: down-volumes
+down-volumes: ## stop the compose cluster and delete its volumes and .curia-compose: the next `make up` starts over
+	$(COMPOSE_ENV) $(COMPOSE) down --volumes --remove-orphans
+	rm -rf .curia-compose
 
 .PHONY: clean
 clean: ## remove build output and the local cluster's state (.curia)

@@ -133,6 +133,60 @@ func (c *Cluster) PKI() error {
 		}
 		c.Nodes[i].ID = strings.TrimSpace(string(b))
 	}
+	if c.cfg.Compose {
+		return c.linkStableNames(dir)
+	}
+	return nil
+}
+
+// linkStableNames gives each node's files a name that does not depend on
+// its id, for the compose file, whose commands cannot read nodeN.id:
+//
+//	nodeN.ed25519.key                 -> node-<hex>.ed25519.key
+//	nodeN-consensus.crt, .key         -> consensus-node-<hex>.crt, .key
+//	nodeN.crt, .key (bootstrap node)  -> node-<hex>.crt, .key
+//
+// They are relative symbolic links in the PKI directory, so they resolve
+// wherever the directory is mounted. Existing correct links are kept; the
+// step runs on every start, so a PKI made before it gets them too.
+func (c *Cluster) linkStableNames(dir string) error {
+	for _, n := range c.Nodes {
+		cons := pki.FileBase(pki.Principal{Kind: pki.KindConsensus, Name: n.ID})
+		links := map[string]string{
+			n.Name + ".ed25519.key":             pki.NodeKeyFile(n.ID),
+			pki.CertFile(n.Name + "-consensus"): pki.CertFile(cons),
+			pki.KeyFile(n.Name + "-consensus"):  pki.KeyFile(cons),
+			pki.CertFile(n.Name):                pki.CertFile(n.ID),
+			pki.KeyFile(n.Name):                 pki.KeyFile(n.ID),
+		}
+		for link, target := range links {
+			if _, err := os.Stat(filepath.Join(dir, target)); errors.Is(err, os.ErrNotExist) {
+				continue // e.g. a node certificate, which only the bootstrap node has
+			} else if err != nil {
+				return err
+			}
+			if err := symlinkAtomic(target, filepath.Join(dir, link)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// symlinkAtomic makes link point to target, replacing whatever link was.
+func symlinkAtomic(target, link string) error {
+	if t, err := os.Readlink(link); err == nil && t == target {
+		return nil
+	}
+	tmp := filepath.Join(filepath.Dir(link), "."+filepath.Base(link)+".tmp")
+	os.Remove(tmp)
+	if err := os.Symlink(target, tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, link); err != nil {
+		os.Remove(tmp)
+		return err
+	}
 	return nil
 }
 
@@ -247,7 +301,9 @@ func (p *proc) supervise(ctx context.Context, log *slog.Logger) {
 		}
 		cmd := exec.Command(p.args[0], p.args[1:]...)
 		cmd.Stdout, cmd.Stderr = logf, logf
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // Ctrl-C reaches us, not them
+		// Ctrl-C reaches curia-local only, which stops the services in
+		// order; if curia-local dies, they die with it.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 		begun := time.Now()
 		if err := cmd.Start(); err != nil {
 			logf.Close()

@@ -44,13 +44,22 @@ func (c *Cluster) Run(ctx context.Context) error {
 	begun := time.Now()
 	fmt.Fprintf(c.cfg.Out, "curia: starting %d control-plane nodes, %d worker(s), %d curators, %d reconcilers (logs in %s)\n",
 		c.cfg.ControlPlane, c.cfg.Workers, c.cfg.Curators, c.cfg.Reconcilers, c.path("logs"))
-	if err := c.Init(ctx, admin); err != nil {
+	// The first run shapes the cluster; later runs only wait until roles
+	// and membership agree again (an operator may have changed its shape).
+	shaped := c.path("initialized")
+	var err2 error
+	if _, err := os.Stat(shaped); err == nil {
+		err2 = c.waitAgreement(ctx, admin)
+	} else if err2 = c.Init(ctx, admin); err2 == nil {
+		err2 = os.WriteFile(shaped, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o644)
+	}
+	if err2 != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return err
+		return err2
 	}
-	fmt.Fprintf(c.cfg.Out, "curia: cluster ready in %v: %d voters, every node UP\n\n", time.Since(begun).Round(100*time.Millisecond), c.cfg.ControlPlane)
+	fmt.Fprintf(c.cfg.Out, "curia: cluster ready in %v: roles and etcd membership agree\n\n", time.Since(begun).Round(100*time.Millisecond))
 	fmt.Fprintf(c.cfg.Out, "  source %s\n  grpcurl $CURIA_TLS $CURIA_CURATOR curia.curator.v1.Management/GetNodes\n\nCtrl-C stops the cluster; running it again starts it from %s.\n",
 		c.path("env"), c.cfg.State)
 	<-ctx.Done()
@@ -155,7 +164,17 @@ func (c *Cluster) Init(ctx context.Context, admin *grpc.ClientConn) error {
 func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, ticketWritten *bool) (bool, error) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	nodes, err := getNodes(cctx, m)
+	if err != nil {
+		return false, err
+	}
 	if !*ticketWritten {
+		// The other nodes get the ticket only once the bootstrap node has
+		// its record: the curator refuses BootstrapCluster once any node
+		// exists, so a node registering first would strand the bootstrap.
+		if _, ok := nodes[c.Nodes[0].ID]; !ok {
+			return false, fmt.Errorf("%s has not bootstrapped the cluster yet", c.Nodes[0].Name)
+		}
 		t, err := m.GetRegisterTicket(cctx, &curatorv1.GetRegisterTicketRequest{})
 		if err != nil {
 			return false, fmt.Errorf("register ticket: %w", err)
@@ -164,10 +183,6 @@ func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, ti
 			return false, err
 		}
 		*ticketWritten = true
-	}
-	nodes, err := getNodes(cctx, m)
-	if err != nil {
-		return false, err
 	}
 	cs, err := m.GetConsensusStatus(cctx, &curatorv1.GetConsensusStatusRequest{})
 	if err != nil {
@@ -224,6 +239,36 @@ func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, ti
 		learners++
 	}
 	return ready, errNotReady
+}
+
+// waitAgreement returns once every etcd member is a voter whose node has
+// ConsensusMember, every such node is a member, and etcd has a leader.
+func (c *Cluster) waitAgreement(ctx context.Context, admin *grpc.ClientConn) error {
+	m := curatorv1.NewManagementClient(admin)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := m.GetConsensusStatus(cctx, &curatorv1.GetConsensusStatusRequest{})
+		cancel()
+		if err == nil && agree(st) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func agree(st *curatorv1.GetConsensusStatusResponse) bool {
+	leader := false
+	for _, m := range st.Members {
+		if !m.NodeExists || !m.HasRole || m.Learner {
+			return false
+		}
+		leader = leader || m.Leader
+	}
+	return leader && len(st.RoleWithoutMember) == 0
 }
 
 func getNodes(ctx context.Context, m curatorv1.ManagementClient) (map[string]*curatorv1.Node, error) {

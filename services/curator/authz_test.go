@@ -103,7 +103,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"/curia.curator.v1.Curator/BootstrapCluster", &curatorv1.BootstrapClusterRequest{PublicKey: selfPub}, false, []string{"admin", "node itself"}},
 		{"/curia.curator.v1.Curator/RegisterNode", &curatorv1.RegisterNodeRequest{PublicKey: selfPub, RegisterTicket: ticket.Ticket}, false, []string{"enrolling node"}},
 		{"/curia.curator.v1.Curator/CommitNode", &curatorv1.CommitNodeRequest{}, false, []string{"enrolling node"}},
-		{"/curia.curator.v1.Curator/Watch", node, true, []string{"admin", "node itself", "curator", "reconciler"}},
+		{"/curia.curator.v1.Curator/Watch", node, true, []string{"admin", "node itself", "curator", "reconciler", "enrolling node"}},
 		{"/curia.curator.v1.Curator/UpdateNodeStatus", &curatorv1.UpdateNodeStatusRequest{NodeId: self.ID}, false, []string{"node itself"}},
 		{"/curia.curator.v1.Curator/Heartbeat", &curatorv1.HeartbeatRequest{}, true, []string{"node itself", "another node"}},
 		{"/curia.curator.v1.Curator/GetCurrentLeader", &curatorv1.GetCurrentLeaderRequest{}, true, []string{"admin", "node itself", "another node", "curator", "reconciler"}},

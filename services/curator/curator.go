@@ -218,12 +218,19 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
-		AutoSyncInterval:     time.Minute,
-		Logger:               zap.NewNop(),
+		// Sync keeps the client on the voters: a learner (a node joining)
+		// refuses linearizable requests.
+		AutoSyncInterval: 5 * time.Second,
+		Logger:           zap.NewNop(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := cli.Sync(sctx); err != nil {
+		log.Warn("etcd endpoints not synced yet", "err", err)
+	}
+	cancel()
 	s := &Service{cfg: cfg, log: log, creds: creds, ca: ca, etcd: cli}
 	s.crl = crl.New(ca.Cert, log.With("part", "crl"))
 	s.lead = newLeadership(s)

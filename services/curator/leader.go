@@ -210,7 +210,11 @@ func (l *leadership) txn(ctx context.Context, cmps []clientv3.Cmp, ops ...client
 		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
 		Commit()
 	if err != nil {
-		return nil, fmt.Errorf("etcd txn: %w", err)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("etcd txn: %w", ctx.Err())
+		}
+		// etcd did not answer (a member stopping, no quorum): worth a retry.
+		return nil, fmt.Errorf("%w: etcd txn: %v", errUnavailable, err)
 	}
 	if resp.Succeeded {
 		return resp, nil

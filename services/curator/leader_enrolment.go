@@ -204,6 +204,13 @@ func (s *Service) register(ctx context.Context, req *curatorv1.RegisterNodeReque
 	if subtle.ConstantTimeCompare(t.Kvs[0].Value, req.GetRegisterTicket()) != 1 {
 		return nil, fmt.Errorf("%w: wrong register ticket (an admin gets the right one with Management/GetRegisterTicket)", errDenied)
 	}
+	// Until the first node exists, BootstrapCluster must be able to find
+	// an empty registry: a node that registers now would make it refuse.
+	if any, err := s.etcd.Get(ctx, keys.NodesPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
+		return nil, fmt.Errorf("read nodes: %w", err)
+	} else if any.Count == 0 {
+		return nil, fmt.Errorf("%w: the cluster is not bootstrapped yet; retry shortly", errUnavailable)
+	}
 	if n, err := s.getNode(ctx, id); err == nil {
 		// A node that registers again (a restarted agent) learns its state.
 		return &curatorv1.RegisterNodeResponse{Node: n}, nil

@@ -12,7 +12,8 @@ import (
 //
 //	Curator     BootstrapCluster   admin, or the bootstrap node itself
 //	            RegisterNode, CommitNode   enrolling nodes (self-signed key)
-//	            Watch              nodes (only themselves), curator, reconciler, admin
+//	            Watch              nodes and enrolling nodes (only themselves),
+//	                               curator, reconciler, admin
 //	            UpdateNodeStatus, Heartbeat   nodes, only themselves
 //	            GetCurrentLeader   every cluster identity
 //	Management  everything         admin
@@ -24,7 +25,7 @@ func policy() rpc.Policy {
 	p[method(cur, "BootstrapCluster")] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindNode}}
 	p[method(cur, "RegisterNode")] = rpc.Rule{Allow: []pki.Kind{pki.KindEnrolling}}
 	p[method(cur, "CommitNode")] = rpc.Rule{Allow: []pki.Kind{pki.KindEnrolling}}
-	p[method(cur, "Watch")] = rpc.Rule{Allow: []pki.Kind{pki.KindNode, pki.KindCurator, pki.KindReconciler, pki.KindAdmin}}
+	p[method(cur, "Watch")] = rpc.Rule{Allow: []pki.Kind{pki.KindNode, pki.KindEnrolling, pki.KindCurator, pki.KindReconciler, pki.KindAdmin}}
 	p[method(cur, "UpdateNodeStatus")] = rpc.Rule{Allow: []pki.Kind{pki.KindNode}}
 	p[method(cur, "Heartbeat")] = rpc.Rule{Allow: []pki.Kind{pki.KindNode}}
 	p[method(cur, "GetCurrentLeader")] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindNode, pki.KindConsensus}}

@@ -699,6 +699,12 @@ func (x *curatorServer) Watch(req *curatorv1.WatchRequest, stream curatorv1.Cura
 	return toStatus(x.s.watch.serve(ctx, w, stream.Send))
 }
 
+// selfOnly: a node, and an enrolling node (its agent waits for approval by
+// watching its own record), may watch only itself.
+func selfOnly(who pki.Principal) bool {
+	return who.Kind == pki.KindNode || who.Kind == pki.KindEnrolling
+}
+
 // newWatcher checks a WatchRequest from who: a node may watch only itself.
 func newWatcher(who pki.Principal, req *curatorv1.WatchRequest) (*watcher, error) {
 	if req.GetStartRevision() < 0 {
@@ -710,7 +716,7 @@ func newWatcher(who pki.Principal, req *curatorv1.WatchRequest) (*watcher, error
 		if err := validNodeID(k.NodeId); err != nil {
 			return nil, err
 		}
-		if who.Kind == pki.KindNode && who.Name != k.NodeId {
+		if selfOnly(who) && who.Name != k.NodeId {
 			return nil, fmt.Errorf("%w: %s may watch only itself (node_id=%s), not %s", errDenied, who, who.Name, k.NodeId)
 		}
 		w.node = k.NodeId
@@ -718,7 +724,7 @@ func newWatcher(who pki.Principal, req *curatorv1.WatchRequest) (*watcher, error
 		if !k.AllNodes {
 			return nil, fmt.Errorf("%w: all_nodes=false selects nothing: set all_nodes=true or node_id", errBadRequest)
 		}
-		if who.Kind == pki.KindNode {
+		if selfOnly(who) {
 			return nil, fmt.Errorf("%w: %s may watch only itself: set node_id=%s instead of all_nodes", errDenied, who, who.Name)
 		}
 	default:

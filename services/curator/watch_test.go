@@ -256,10 +256,12 @@ func TestWatchSnapshotMessages(t *testing.T) {
 	}
 }
 
-// TestWatchRequestRules: a node watches only itself; requests are checked.
+// TestWatchRequestRules: a node (enrolling or not) watches only itself;
+// requests are checked.
 func TestWatchRequestRules(t *testing.T) {
 	self, other := wid("a"), wid("b")
 	node := pki.Principal{Kind: pki.KindNode, Name: self}
+	enrolling := pki.Principal{Kind: pki.KindEnrolling, Name: self}
 	admin := pki.Principal{Kind: pki.KindAdmin, Name: "ops"}
 	one := func(id string) *curatorv1.WatchRequest {
 		return &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_NodeId{NodeId: id}}
@@ -271,20 +273,23 @@ func TestWatchRequestRules(t *testing.T) {
 		code codes.Code
 		says string
 	}{
-		"node watches itself":      {who: node, req: one(self)},
-		"node watches another":     {who: node, req: one(other), code: codes.PermissionDenied, says: "may watch only itself"},
-		"node watches all":         {who: node, req: all, code: codes.PermissionDenied, says: "set node_id=" + self},
-		"admin watches a node":     {who: admin, req: one(other)},
-		"admin watches all":        {who: admin, req: all},
-		"reconciler watches all":   {who: pki.Principal{Kind: pki.KindReconciler}, req: all},
-		"invalid node id":          {who: admin, req: one("node-1"), code: codes.InvalidArgument, says: "node-<32 hex digits>"},
-		"node with invalid id":     {who: node, req: one("nope"), code: codes.InvalidArgument},
-		"neither":                  {who: admin, req: &curatorv1.WatchRequest{}, code: codes.InvalidArgument, says: "set node_id"},
-		"all_nodes false":          {who: admin, req: &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{}}, code: codes.InvalidArgument, says: "all_nodes=true"},
-		"negative start revision":  {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, StartRevision: -1}, code: codes.InvalidArgument, says: "start_revision"},
-		"resume asks no snapshot":  {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, StartRevision: 7}},
-		"node resumes itself":      {who: node, req: &curatorv1.WatchRequest{Kind: one(self).Kind, StartRevision: 7}},
-		"node resumes another one": {who: node, req: &curatorv1.WatchRequest{Kind: one(other).Kind, StartRevision: 7}, code: codes.PermissionDenied},
+		"node watches itself":       {who: node, req: one(self)},
+		"node watches another":      {who: node, req: one(other), code: codes.PermissionDenied, says: "may watch only itself"},
+		"node watches all":          {who: node, req: all, code: codes.PermissionDenied, says: "set node_id=" + self},
+		"admin watches a node":      {who: admin, req: one(other)},
+		"admin watches all":         {who: admin, req: all},
+		"reconciler watches all":    {who: pki.Principal{Kind: pki.KindReconciler}, req: all},
+		"invalid node id":           {who: admin, req: one("node-1"), code: codes.InvalidArgument, says: "node-<32 hex digits>"},
+		"node with invalid id":      {who: node, req: one("nope"), code: codes.InvalidArgument},
+		"neither":                   {who: admin, req: &curatorv1.WatchRequest{}, code: codes.InvalidArgument, says: "set node_id"},
+		"all_nodes false":           {who: admin, req: &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{}}, code: codes.InvalidArgument, says: "all_nodes=true"},
+		"negative start revision":   {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, StartRevision: -1}, code: codes.InvalidArgument, says: "start_revision"},
+		"resume asks no snapshot":   {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, StartRevision: 7}},
+		"node resumes itself":       {who: node, req: &curatorv1.WatchRequest{Kind: one(self).Kind, StartRevision: 7}},
+		"node resumes another one":  {who: node, req: &curatorv1.WatchRequest{Kind: one(other).Kind, StartRevision: 7}, code: codes.PermissionDenied},
+		"enrolling watches itself":  {who: enrolling, req: one(self)},
+		"enrolling watches another": {who: enrolling, req: one(other), code: codes.PermissionDenied, says: "may watch only itself"},
+		"enrolling watches all":     {who: enrolling, req: all, code: codes.PermissionDenied, says: "set node_id=" + self},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -4,6 +4,7 @@
 //	curia-local [run]   start the cluster and keep it running (default)
 //	curia-local pki     create the PKI only (compose's one-shot pki service)
 //	curia-local init    bring a running cluster to its shape and exit (compose's init service)
+//	curia-local pause   do nothing until SIGTERM: holds a compose node's network namespace
 package main
 
 import (
@@ -83,6 +84,12 @@ func run(args []string) error {
 		}
 		fmt.Println("curia-local: cluster ready")
 		return nil
+	case "pause":
+		// A node's consensus and roleserve containers join this one's
+		// network namespace; it never crashes, so they can restart on
+		// their own without losing the network.
+		<-ctx.Done()
+		return nil
 	}
-	return fmt.Errorf("unknown command %q: want run, pki or init", cmd)
+	return fmt.Errorf("unknown command %q: want run, pki, init or pause", cmd)
 }

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Starts the compose cluster (deploy/compose/compose.yaml), waits until its
+# init service reports the cluster ready (3 voters, every node UP), then
+# copies the CA and the admin certificate out of the state volume into
+# .curia-compose/ and writes .curia-compose/env, as `make run` writes
+# .curia/env. `make up` runs it; running it again is harmless (the cluster
+# comes back from its volumes) and refreshes the env file, e.g. after
+# `docker compose up -d --scale curator=3`.
+#
+#   deploy/compose/up.sh [docker compose up options, e.g. --scale curator=3]
+#
+# Environment: COMPOSE (the compose command; default `docker compose`, else
+# `docker-compose`), COMPOSE_PROJECT_NAME (default curia), CURIA_IMAGE
+# (default curia:dev), CURIA_HOST_IP (where ports are published, default
+# 127.0.0.1), CURIA_COMPOSE_OUT (default .curia-compose at the repository's
+# root), CURIA_UP_TIMEOUT (seconds to wait for init, default 300), GRPCURL
+# (the grpcurl to print in the hint).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=${CURIA_COMPOSE_OUT:-$root/.curia-compose}
+timeout=${CURIA_UP_TIMEOUT:-300}
+export COMPOSE_FILE=$here/compose.yaml
+export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-curia}
+export CURIA_IMAGE=${CURIA_IMAGE:-curia:dev}
+if [ -z "${COMPOSE:-}" ]; then
+	if docker compose version >/dev/null 2>&1; then COMPOSE="docker compose"; else COMPOSE=docker-compose; fi
+fi
+compose() { $COMPOSE "$@"; }
+
+if ! docker image inspect "$CURIA_IMAGE" >/dev/null 2>&1; then
+	echo "up.sh: no image $CURIA_IMAGE (there is no registry to pull from): run 'make images'" >&2
+	exit 1
+fi
+
+begun=$(date +%s)
+compose up -d "$@"
+
+# init is a one-shot service: it exits 0 once the cluster has its shape.
+init=$(compose ps -a -q init | head -n1)
+if [ -z "$init" ]; then
+	echo "up.sh: no init container" >&2
+	exit 1
+fi
+echo "curia: waiting for init (up to ${timeout}s; logs: $COMPOSE logs -f init)"
+if ! code=$(timeout "$timeout" docker wait "$init"); then
+	echo "up.sh: init did not finish within ${timeout}s" >&2
+	compose ps >&2 || true
+	compose logs --tail 20 init >&2 || true
+	exit 1
+fi
+if [ "$code" != 0 ]; then
+	echo "up.sh: init exited $code" >&2
+	compose logs --tail 40 init >&2 || true
+	exit 1
+fi
+ready=$(( $(date +%s) - begun ))
+
+# The admin's files, out of the state volume (the pki container mounts it).
+mkdir -p "$out"
+printf '# written by deploy/compose/up.sh\n*\n' >"$out/.gitignore"
+pki=$(compose ps -a -q pki | head -n1)
+for f in ca.crt admin-admin.crt admin-admin.key; do
+	docker cp "$pki:/state/pki/$f" "$out/$f"
+done
+chmod 600 "$out/admin-admin.key"
+
+# Host ports: one per replica (curators and reconcilers publish from a
+# range), fixed per node for consensus (710N) and roleserve (740N).
+ports() { # service container-port -> host:port,host:port,...
+	local list=() id
+	for id in $(compose ps -q "$1"); do
+		list+=("$(docker port "$id" "$2/tcp" | head -n1)")
+	done
+	(IFS=,; echo "${list[*]}")
+}
+curators=$(ports curator 7200)
+reconcilers=$(ports reconciler 7300)
+consensus=$(for n in node1 node2 node3; do ports "$n" 7100; done | paste -sd,)
+roleserves=$(for n in node1 node2 node3 node4; do ports "$n" 7400; done | paste -sd,)
+
+cat >"$out/env" <<EOF
+# curia compose cluster (deploy/compose, project $COMPOSE_PROJECT_NAME): source this file, then use grpcurl with these variables.
+export CURIA_CURATOR=${curators%%,*}
+export CURIA_CACERT=$out/ca.crt
+export CURIA_ADMIN_CERT=$out/admin-admin.crt
+export CURIA_ADMIN_KEY=$out/admin-admin.key
+export CURIA_TLS="-cacert \$CURIA_CACERT -cert \$CURIA_ADMIN_CERT -key \$CURIA_ADMIN_KEY"
+export CURIA_CURATORS=$curators
+export CURIA_RECONCILER=${reconcilers%%,*}
+export CURIA_RECONCILERS=$reconcilers
+export CURIA_CONSENSUS=$consensus
+export CURIA_ROLESERVES=$roleserves
+EOF
+
+rel=${out#"$PWD"/}
+cat <<EOF
+curia: compose cluster ready in ${ready}s: 3 voters, every node UP
+
+  source $rel/env
+  ${GRPCURL:-grpcurl} \$CURIA_TLS \$CURIA_CURATOR curia.curator.v1.Management/GetNodes
+
+'make down' stops it (the volumes keep the data); 'make down-volumes' deletes it.
+EOF

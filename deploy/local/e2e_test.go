@@ -1,0 +1,436 @@
+//go:build e2e
+
+// End-to-end tests against the process cluster that `make run` starts
+// (curia-local), driven only through the public APIs and grpcurl, as an
+// operator would. Run with `make test-e2e`.
+package local_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/proctest"
+	"curia.dev/platform/rpc"
+)
+
+// cluster is a running curia-local.
+type cluster struct {
+	t     *testing.T
+	state string
+	proc  *proctest.Proc
+	env   map[string]string
+	ids   map[string]string // node name -> node id
+	creds *rpc.Credentials
+}
+
+// buildAll builds every binary curia-local needs into one directory.
+func buildAll(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command("go", "build", "-o", dir+"/",
+		"curia.dev/services/consensus/cmd/consensus",
+		"curia.dev/services/curator/cmd/curator",
+		"curia.dev/services/reconciler/cmd/reconciler",
+		"curia.dev/services/roleserve/cmd/roleserve",
+		"curia.dev/deploy/local/cmd/curia-local")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return dir
+}
+
+func start(t *testing.T) *cluster {
+	t.Helper()
+	bin := buildAll(t)
+	c := &cluster{t: t, state: filepath.Join(t.TempDir(), "state")}
+	c.proc = proctest.New(t, "curia-local", filepath.Join(bin, "curia-local"), "--state", c.state, "--bin", bin, "--subnet", "127.0.99", "--log-level", "debug")
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		logs, _ := filepath.Glob(filepath.Join(c.state, "logs", "*.log"))
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+			if len(lines) > 25 {
+				lines = lines[len(lines)-25:]
+			}
+			t.Logf("--- %s ---\n%s", filepath.Base(l), strings.Join(lines, "\n"))
+		}
+	})
+	c.up()
+	return c
+}
+
+// up starts curia-local and waits until it says the cluster is ready.
+func (c *cluster) up() {
+	t := c.t
+	t.Helper()
+	begun := time.Now()
+	before := c.readyLines()
+	c.proc.Start()
+	proctest.Eventually(t, 3*time.Minute, func() error {
+		if !c.proc.Running() {
+			t.Fatal("curia-local exited")
+		}
+		if c.readyLines() == before {
+			return errors.New("cluster not ready")
+		}
+		return nil
+	})
+	t.Logf("cluster ready %v after start", time.Since(begun).Round(100*time.Millisecond))
+	c.readEnv()
+}
+
+// readyLines counts curia-local's "cluster ready" lines so far.
+func (c *cluster) readyLines() int {
+	b, _ := os.ReadFile(c.proc.Log)
+	return strings.Count(string(b), "cluster ready")
+}
+
+func (c *cluster) readEnv() {
+	t := c.t
+	f, err := os.Open(filepath.Join(c.state, "env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c.env = map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// As a shell would: unquote, expand earlier variables.
+		k, v, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "export "), "=")
+		if ok && !strings.HasPrefix(k, "#") {
+			c.env[k] = os.Expand(strings.Trim(v, `"`), func(name string) string { return c.env[name] })
+		}
+	}
+	c.ids = map[string]string{}
+	for i := 1; i <= 4; i++ {
+		b, err := os.ReadFile(filepath.Join(c.state, "pki", fmt.Sprintf("node-%d.id", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.ids[fmt.Sprintf("node-%d", i)] = strings.TrimSpace(string(b))
+	}
+	c.creds, err = rpc.LoadCredentials("curia", rpc.TLSFiles{CA: c.env["CURIA_CACERT"], Cert: c.env["CURIA_ADMIN_CERT"], Key: c.env["CURIA_ADMIN_KEY"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c *cluster) conn(addrs string, kind pki.Kind) *grpc.ClientConn {
+	cc, err := rpc.DialAny(strings.Split(addrs, ","), rpc.ClientConfig{Credentials: c.creds, ServerKinds: []pki.Kind{kind}})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+func (c *cluster) mgmt() curatorv1.ManagementClient {
+	return curatorv1.NewManagementClient(c.conn(c.env["CURIA_CURATORS"], pki.KindCurator))
+}
+
+// pid reads the pid file curia-local keeps for a process.
+func (c *cluster) pid(name string) int {
+	b, err := os.ReadFile(filepath.Join(c.state, "run", name+".pid"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return pid
+}
+
+// agreement checks the invariant every test ends with: every etcd member
+// belongs to a node with ConsensusMember and every such node is a member,
+// etcd has a leader, and no learner is left.
+func (c *cluster) agreement() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := c.mgmt().GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
+	if err != nil {
+		return err
+	}
+	leader := false
+	for _, m := range st.Members {
+		if !m.NodeExists || !m.HasRole {
+			return fmt.Errorf("member %x (node %s) has no node with ConsensusMember", m.MemberId, m.NodeId)
+		}
+		if m.Learner {
+			return fmt.Errorf("member %x (node %s) is still a learner", m.MemberId, m.NodeId)
+		}
+		leader = leader || m.Leader
+	}
+	if len(st.RoleWithoutMember) > 0 {
+		return fmt.Errorf("nodes with ConsensusMember that are not members: %v", st.RoleWithoutMember)
+	}
+	if !leader {
+		return errors.New("no etcd leader")
+	}
+	return nil
+}
+
+func (c *cluster) voters() map[string]bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := c.mgmt().GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, m := range st.Members {
+		if !m.Learner {
+			out[m.NodeId] = true
+		}
+	}
+	return out
+}
+
+func (c *cluster) eventuallyAgree() {
+	c.t.Helper()
+	proctest.Eventually(c.t, 2*time.Minute, c.agreement)
+}
+
+// TestE2E runs the scenarios in order against one process cluster.
+func TestE2E(t *testing.T) {
+	c := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+
+	t.Run("cold start to three voters", func(t *testing.T) {
+		c.eventuallyAgree()
+		v := c.voters()
+		for _, n := range []string{"node-1", "node-2", "node-3"} {
+			if !v[c.ids[n]] {
+				t.Fatalf("%s is not a voter: %v", n, v)
+			}
+		}
+		if v[c.ids["node-4"]] {
+			t.Fatal("the worker is a voter")
+		}
+	})
+
+	t.Run("fourth control-plane node", func(t *testing.T) {
+		worker := c.ids["node-4"]
+		if _, err := c.mgmt().UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: worker, ConsensusMember: new(true), Reason: "e2e"}); err != nil {
+			t.Fatal(err)
+		}
+		proctest.Eventually(t, 2*time.Minute, func() error {
+			if !c.voters()[worker] {
+				return errors.New("the worker is not a voter yet")
+			}
+			return c.agreement()
+		})
+		retryUnavailable(t, func() error {
+			_, err := c.mgmt().UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: worker, ConsensusMember: new(false), Reason: "e2e"})
+			return err
+		})
+		proctest.Eventually(t, 2*time.Minute, func() error {
+			if c.voters()[worker] {
+				return errors.New("the worker is still a member")
+			}
+			return c.agreement()
+		})
+	})
+
+	t.Run("kill -9 the curator leader", func(t *testing.T) {
+		leader := curatorLeader(t, c)
+		begun := time.Now()
+		if err := syscall.Kill(c.pid(leader), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		proctest.Eventually(t, time.Minute, func() error {
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			_, err := c.mgmt().GetClusterInfo(cctx, &curatorv1.GetClusterInfoRequest{})
+			return err
+		})
+		t.Logf("admin calls succeed again %v after kill -9 of %s", time.Since(begun).Round(10*time.Millisecond), leader)
+		c.eventuallyAgree()
+	})
+
+	t.Run("kill -9 the active reconciler", func(t *testing.T) {
+		active, _ := reconcilers(t, c)
+		old := reconcilerStatus(t, c, active).Fence
+		begun := time.Now()
+		if err := syscall.Kill(c.pid(active), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		// The standby takes the lease once it expires (unless the killed
+		// replica, restarted by curia-local like a supervisor would, wins
+		// it back first): a new lease, a new fence.
+		var next string
+		proctest.Eventually(t, time.Minute, func() error {
+			for _, name := range []string{"reconciler-1", "reconciler-2"} {
+				st := reconcilerStatus(t, c, name)
+				if st != nil && st.Role == reconcilerv1.Role_ROLE_ACTIVE && !proto.Equal(st.Fence, old) {
+					next = name
+					return nil
+				}
+			}
+			return errors.New("no replica holds a new lease yet")
+		})
+		t.Logf("%s acts under a new lease %v after kill -9 of %s", next, time.Since(begun).Round(10*time.Millisecond), active)
+		c.eventuallyAgree()
+	})
+
+	t.Run("delete a node that is still an etcd member", func(t *testing.T) {
+		victim := c.ids["node-3"]
+		if _, err := c.mgmt().DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: victim, SafetyBypassHasRoles: true, SafetyBypassNotDecommissioned: true}); err != nil {
+			t.Fatal(err)
+		}
+		proctest.Eventually(t, 2*time.Minute, func() error {
+			if c.voters()[victim] {
+				return errors.New("the deleted node is still a member")
+			}
+			return c.agreement()
+		})
+	})
+
+	// The README's commands end by deleting the worker.
+	t.Run("README commands", func(t *testing.T) { runReadme(t, c) })
+
+	t.Run("restart from disk", func(t *testing.T) {
+		before := c.voters()
+		c.proc.Stop()
+		c.up()
+		c.eventuallyAgree()
+		if after := c.voters(); fmt.Sprint(after) != fmt.Sprint(before) {
+			t.Fatalf("members before %v, after %v", before, after)
+		}
+	})
+}
+
+func retryUnavailable(t *testing.T, f func() error) {
+	t.Helper()
+	proctest.Eventually(t, time.Minute, func() error {
+		err := f()
+		if err != nil && strings.Contains(err.Error(), "Unavailable") {
+			return err
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return nil
+	})
+}
+
+func curatorLeader(t *testing.T, c *cluster) string {
+	stream, err := curatorv1.NewCuratorClient(c.conn(c.env["CURIA_CURATORS"], pki.KindCurator)).GetCurrentLeader(context.Background(), &curatorv1.GetCurrentLeaderRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.LeaderName
+}
+
+func reconcilerStatus(t *testing.T, c *cluster, name string) *reconcilerv1.GetStatusResponse {
+	i, _ := strconv.Atoi(strings.TrimPrefix(name, "reconciler-"))
+	addr := strings.Split(c.env["CURIA_RECONCILERS"], ",")[i-1]
+	cc, err := rpc.Dial(addr, rpc.ClientConfig{Credentials: c.creds, ServerKinds: []pki.Kind{pki.KindReconciler}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, err := reconcilerv1.NewReconcilerClient(cc).GetStatus(ctx, &reconcilerv1.GetStatusRequest{})
+	if err != nil {
+		return nil
+	}
+	return st
+}
+
+func reconcilers(t *testing.T, c *cluster) (active, standby string) {
+	proctest.Eventually(t, time.Minute, func() error {
+		a, b := reconcilerStatus(t, c, "reconciler-1"), reconcilerStatus(t, c, "reconciler-2")
+		switch {
+		case a != nil && b != nil && a.Role == reconcilerv1.Role_ROLE_ACTIVE && b.Role == reconcilerv1.Role_ROLE_STANDBY:
+			active, standby = "reconciler-1", "reconciler-2"
+		case a != nil && b != nil && b.Role == reconcilerv1.Role_ROLE_ACTIVE && a.Role == reconcilerv1.Role_ROLE_STANDBY:
+			active, standby = "reconciler-2", "reconciler-1"
+		default:
+			return errors.New("no active/standby pair yet")
+		}
+		return nil
+	})
+	return active, standby
+}
+
+// runReadme runs every grpcurl command of README.md, in order, with the
+// cluster's env file and NODE (the worker's id) set, as an operator would.
+// A command ending in "# fails: <Code>" must fail with that code; a command
+// that meets etcd's reconfiguration window (Unavailable) is retried, as an
+// operator would.
+func runReadme(t *testing.T, c *cluster) {
+	grpcurl, err := exec.LookPath("grpcurl")
+	if err != nil {
+		t.Fatal("grpcurl is not on PATH: run the e2e tests with make test-e2e")
+	}
+	_ = grpcurl
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := os.Environ()
+	for k, v := range c.env {
+		env = append(env, k+"="+v)
+	}
+	env = append(env, "NODE="+c.ids["node-4"])
+	ran := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "grpcurl ") {
+			continue
+		}
+		cmdline, wantFail, _ := strings.Cut(line, "# fails: ")
+		wantFail = strings.TrimSpace(wantFail)
+		ran++
+		t.Run(fmt.Sprintf("%02d", ran), func(t *testing.T) {
+			t.Log(cmdline)
+			var out []byte
+			proctest.Eventually(t, time.Minute, func() error {
+				cmd := exec.Command("bash", "-c", strings.Replace(cmdline, "grpcurl ", "grpcurl -max-time 20 ", 1))
+				cmd.Env = env
+				var err error
+				out, err = cmd.CombinedOutput()
+				if err != nil && wantFail == "" && strings.Contains(string(out), "Unavailable") {
+					return fmt.Errorf("%v: %s", err, out)
+				}
+				if err != nil && wantFail == "" {
+					t.Fatalf("%v\n%s", err, out)
+				}
+				if wantFail != "" && (err == nil || !strings.Contains(string(out), wantFail)) {
+					t.Fatalf("want a %s failure, got %v\n%s", wantFail, err, out)
+				}
+				return nil
+			})
+		})
+	}
+	if ran < 10 {
+		t.Fatalf("only %d grpcurl commands in README.md", ran)
+	}
+	c.eventuallyAgree()
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/health/grpc_health_v1"
+
+	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
+)
+
+const cluster = "probe.test"
+
+// writePair issues a certificate for p into dir and returns its files.
+func writePair(t *testing.T, ca *pki.CA, dir string, p pki.Principal) rpc.TLSFiles {
+	t.Helper()
+	iss, err := ca.Issue(pki.IssueRequest{Cluster: cluster, Principal: p, Validity: time.Hour, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := pki.FileBase(p)
+	if _, err := pki.WritePair(dir, base, iss.CertPEM, iss.KeyPEM); err != nil {
+		t.Fatal(err)
+	}
+	return rpc.TLSFiles{CA: filepath.Join(dir, pki.CACertFile), Cert: filepath.Join(dir, pki.CertFile(base)), Key: filepath.Join(dir, pki.KeyFile(base))}
+}
+
+func TestProbe(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := pki.NewCA(cluster, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pki.WriteCA(dir, ca); err != nil {
+		t.Fatal(err)
+	}
+	server := writePair(t, ca, dir, pki.Principal{Kind: pki.KindCurator})
+	client := writePair(t, ca, dir, pki.Principal{Kind: pki.KindReconciler})
+
+	creds, err := rpc.LoadCredentials(cluster, server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := rpc.NewServer(rpc.ServerConfig{Credentials: creds, Policy: rpc.Policy{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, lis) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	probe := func(extra ...string) (int, string) {
+		args := append([]string{"--addr", lis.Addr().String(), "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert, "--key", client.Key, "--timeout", "2s"}, extra...)
+		var out bytes.Buffer
+		code := run(args, &out, &out)
+		return code, out.String()
+	}
+
+	// A server starts NOT_SERVING until the service says it is ready.
+	if code, out := probe(); code != 1 || !strings.Contains(out, "NOT_SERVING") {
+		t.Errorf("before ready: exit %d, %q; want 1 and NOT_SERVING", code, out)
+	}
+	srv.Health().SetServingStatus("", grpc_health_v1.HealthCheckResponse_SERVING)
+	if code, out := probe(); code != 0 || !strings.Contains(out, "SERVING") {
+		t.Errorf("ready: exit %d, %q; want 0 and SERVING", code, out)
+	}
+	if code, out := probe("--quiet"); code != 0 || out != "" {
+		t.Errorf("quiet: exit %d, %q; want 0 and no output", code, out)
+	}
+	if code, _ := probe("--service", "no.such.Service"); code != 1 {
+		t.Errorf("unknown service: exit %d, want 1", code)
+	}
+
+	// Nothing listening: unhealthy, not a misconfiguration.
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := closed.Addr().String()
+	closed.Close()
+	var out bytes.Buffer
+	if code := run([]string{"--addr", addr, "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert, "--key", client.Key}, &out, &out); code != 1 {
+		t.Errorf("nothing listening: exit %d (%s), want 1", code, out.String())
+	}
+
+	// Misconfigured probes exit 2.
+	for name, args := range map[string][]string{
+		"no addr":       {"--ca", client.CA, "--cert", client.Cert, "--key", client.Key},
+		"missing key":   {"--addr", lis.Addr().String(), "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert},
+		"wrong cluster": {"--addr", lis.Addr().String(), "--cluster", "other", "--ca", client.CA, "--cert", client.Cert, "--key", client.Key},
+		"bad flag":      {"--nope"},
+	} {
+		out.Reset()
+		if code := run(args, &out, &out); code != 2 {
+			t.Errorf("%s: exit %d (%s), want 2", name, code, out.String())
+		}
+	}
+}

@@ -1,0 +1,298 @@
+package roleserve
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/services/roleserve/reduce"
+)
+
+// The control loop reduces the inputs (bootstrap data, roles, local
+// configuration) into a decision whenever one of them changes, and hands a
+// flip of "this node runs consensus" to the launcher:
+//
+//	roles update ─▶ kick ─▶ reduce.Reduce ─▶ reduce.Next(in force, new) ─┬─ no flip: keep going
+//	                                                                      └─ flip: cancel the running
+//	                                                                         action, start the new one
+//
+// Launcher actions on the local consensus:
+//
+//	run, join       Start(join parameters in force) until it succeeds;
+//	                Unavailable is retried with backoff, other refusals
+//	                slowly (they wait for an operator or a new role)
+//	run, bootstrap  the member this node bootstrapped (enrolment started it)
+//	                is checked to run; an empty local consensus is never
+//	                bootstrapped again
+//	no consensus    Leave until it succeeds: consensus refuses while the
+//	                node is still an etcd member (FailedPrecondition, the
+//	                normal answer until the curator removed the member), so
+//	                data of a member is never wiped
+
+// Launcher phases, as GetStatus shows them.
+const (
+	phaseNone     = "none"
+	phaseStarting = "starting"
+	phaseRunning  = "running"
+	phaseLeaving  = "leaving"
+	phaseLeft     = "left"
+)
+
+// reduceInput gathers the reduce's inputs.
+func (s *Service) reduceInput() reduce.Input {
+	rec, _ := s.machine.record()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return reduce.Input{
+		Bootstrapped:   rec.Bootstrapped,
+		RolesConfirmed: s.st.rolesKnown,
+		Roles:          s.st.node.GetRoles(),
+		ClusterCA:      s.caCert,
+		LocalConsensus: s.cfg.Consensus != "",
+	}
+}
+
+// decisionInForce is the decision the launcher carries out.
+func (s *Service) decisionInForce() reduce.Decision {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.st.decision
+}
+
+// control runs the reduce on every change of its inputs and the launcher
+// on every flip.
+func (s *Service) control(ctx context.Context) error {
+	if !waitFor(ctx, s.enrolled) {
+		return nil
+	}
+	log := s.log.With("part", "control")
+	var (
+		inForce reduce.Decision
+		ignored string
+		running *action
+	)
+	defer func() { running.stop() }()
+	for {
+		in := s.reduceInput()
+		d := reduce.Reduce(in)
+		next, act := reduce.Next(inForce, d)
+		if !d.Decided && d.Reason != ignored {
+			if inForce.Decided || in.Roles.GetConsensusMember() != nil {
+				log.Warn("input decides nothing: the decision in force stays", "reason", d.Reason, "in_force", inForce.Reason)
+			} else {
+				log.Info("nothing decided yet", "reason", d.Reason)
+			}
+		}
+		if d.Decided {
+			ignored = ""
+		} else {
+			ignored = d.Reason
+		}
+		s.mu.Lock()
+		s.st.decision, s.st.ignored = next, ignored
+		if act {
+			s.st.since = time.Now()
+		}
+		s.mu.Unlock()
+		if act {
+			log.Info("control plane decision", "run_consensus", next.Run, "mode", next.Mode.String(), "reason", next.Reason, "was", inForce.Run)
+			running.stop()
+			running = s.startAction(ctx, next)
+		} else if next.Decided && next.Reason != inForce.Reason {
+			log.Info("control plane decision unchanged", "run_consensus", next.Run, "mode", next.Mode.String(), "reason", next.Reason)
+		}
+		inForce = next
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.kick:
+		}
+	}
+}
+
+// action is one launcher action running in the background.
+type action struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// startAction runs launch(d) in the background until it finished or is
+// stopped.
+func (s *Service) startAction(ctx context.Context, d reduce.Decision) *action {
+	actx, cancel := context.WithCancel(ctx)
+	a := &action{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		s.launch(actx, d)
+	}()
+	return a
+}
+
+// stop cancels the action and waits for it to return (nil: nothing runs).
+func (a *action) stop() {
+	if a == nil {
+		return
+	}
+	a.cancel()
+	<-a.done
+}
+
+// setLauncher records the launcher's progress for GetStatus.
+func (s *Service) setLauncher(phase string, attempts int64, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.st.launcher = launcherState{phase: phase, attempts: attempts}
+	if err != nil {
+		s.st.launcher.lastError = err.Error()
+	}
+}
+
+// launch carries out one decision until it succeeded or ctx ends (a new
+// flip cancels it).
+func (s *Service) launch(ctx context.Context, d reduce.Decision) {
+	log := s.log.With("part", "launcher")
+	if s.cfg.Consensus == "" {
+		s.setLauncher(phaseNone, 0, nil)
+		return
+	}
+	var act func(context.Context) (bool, error)
+	phase := phaseStarting
+	switch {
+	case d.Run && d.Mode == reduce.ModeBootstrap:
+		act = s.confirmBootstrapped
+	case d.Run:
+		act = s.startJoin
+	default:
+		phase, act = phaseLeaving, s.leave
+	}
+	bo := newBackoff(retryMin, s.cfg.RetryMax)
+	var lastCode codes.Code = codes.OK
+	for attempt := int64(1); ; attempt++ {
+		s.setLauncher(phase, attempt, nil)
+		again, err := act(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil && !again {
+			if phase == phaseLeaving {
+				phase = phaseLeft
+			} else {
+				phase = phaseRunning
+			}
+			s.setLauncher(phase, attempt, nil)
+			log.Info("local consensus follows the decision", "phase", phase, "attempts", attempt)
+			signal(s.statusKick)
+			return
+		}
+		wait := bo.next()
+		if err != nil {
+			code := status.Code(err)
+			if code != lastCode {
+				// One line per kind of answer, not one per attempt.
+				log.Info("local consensus refused or did not answer; retrying", "phase", phase, "code", code.String(), "err", err)
+				lastCode = code
+			}
+			if !transient(err) && !(phase == phaseLeaving && code == codes.FailedPrecondition) {
+				wait = bo.slowest()
+			}
+			s.setLauncher(phase, attempt, err)
+		}
+		if !sleep(ctx, wait) {
+			return
+		}
+	}
+}
+
+// localConsensusStatus asks the local consensus for its status and checks
+// that it is this node's.
+func (s *Service) localConsensusStatus(ctx context.Context) (*consensusv1.StatusResponse, error) {
+	_, cons, err := s.conns()
+	if err != nil {
+		return nil, err
+	}
+	if cons == nil {
+		return nil, fmt.Errorf("no local consensus is configured (--consensus)")
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	st, err := consensusv1.NewConsensusClient(cons).Status(cctx, &consensusv1.StatusRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("local consensus status: %w", err)
+	}
+	if st.GetNodeId() != s.id {
+		return nil, status.Errorf(codes.FailedPrecondition, "the consensus service at %s is node %s's, not this node's (%s): fix --consensus", s.cfg.Consensus, st.GetNodeId(), s.id)
+	}
+	return st, nil
+}
+
+// startJoin starts the local member with the join parameters in force
+// (read at every attempt: a role re-sent with new parameters while a start
+// retries is used without a flip). A member that runs is left alone.
+func (s *Service) startJoin(ctx context.Context) (bool, error) {
+	if _, err := s.localConsensusStatus(ctx); err != nil {
+		return true, err
+	}
+	d := s.decisionInForce()
+	if !d.Run || d.Join == nil {
+		return true, status.Error(codes.FailedPrecondition, "no join parameters in force")
+	}
+	_, cons, err := s.conns()
+	if err != nil {
+		return true, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	resp, err := consensusv1.NewConsensusClient(cons).Start(sctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: d.Join}})
+	if err != nil {
+		return true, fmt.Errorf("start the local consensus (join as member %x): %w", d.Join.GetMemberId(), err)
+	}
+	s.log.Info("local consensus started", "member", fmt.Sprintf("%x", d.Join.GetMemberId()), "already_started", resp.GetAlreadyStarted(), "state", resp.GetStatus().GetState().String())
+	return false, nil
+}
+
+// confirmBootstrapped checks on the member this node bootstrapped the
+// cluster with: the enrolment started it, and after a restart the
+// consensus service restarts it from its data. It is never started again
+// here: Start(bootstrap) on an empty local consensus would create a second
+// cluster.
+func (s *Service) confirmBootstrapped(ctx context.Context) (bool, error) {
+	st, err := s.localConsensusStatus(ctx)
+	if err != nil {
+		return true, err
+	}
+	switch st.GetState() {
+	case consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING:
+		return false, nil
+	case consensusv1.LifecycleState_LIFECYCLE_STATE_STARTING:
+		return true, nil
+	case consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE:
+		return true, status.Error(codes.FailedPrecondition, "this node bootstrapped the cluster but its local consensus has no data: refusing to bootstrap a second cluster")
+	}
+	return true, status.Errorf(codes.FailedPrecondition, "the member this node bootstrapped is %s: %s", st.GetState(), st.GetStateReason())
+}
+
+// leave stops the local member and wipes its data once this node is no
+// longer an etcd member; the consensus service itself refuses before that.
+func (s *Service) leave(ctx context.Context) (bool, error) {
+	if _, err := s.localConsensusStatus(ctx); err != nil {
+		return true, err
+	}
+	_, cons, err := s.conns()
+	if err != nil {
+		return true, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	resp, err := consensusv1.NewConsensusClient(cons).Leave(cctx, &consensusv1.LeaveRequest{})
+	if err != nil {
+		return true, fmt.Errorf("leave (stop and wipe the local member): %w", err)
+	}
+	if !resp.GetAlreadyIdle() {
+		s.log.Info("local consensus left the cluster and wiped its data")
+	}
+	return false, nil
+}
