@@ -75,7 +75,9 @@ bench: ## Go benchmarks (bootstrap-to-ready, join-to-voter, ...)
 	go test -run '^$$' -bench . -benchtime 3x ./services/consensus/ ./services/curator/
 
 .PHONY: test-e2e
-test-e2e: build $(GRPCURL) ## end-to-end tests against the process cluster (and every grpcurl command in the README)
+# With Docker, the compose cluster is tested too (its image first).
+DOCKER := $(shell docker info >/dev/null 2>&1 && echo yes)
+test-e2e: build $(GRPCURL) $(if $(DOCKER),images) ## end-to-end tests: the process cluster (and every grpcurl command in the README), and the compose cluster when Docker runs
 	go test -tags e2e -count=1 -timeout 20m -v ./deploy/local/
 
 .PHONY: build

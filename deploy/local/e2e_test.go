@@ -6,7 +6,6 @@
 package local_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -106,20 +105,7 @@ func (c *cluster) readyLines() int {
 
 func (c *cluster) readEnv() {
 	t := c.t
-	f, err := os.Open(filepath.Join(c.state, "env"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	c.env = map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// As a shell would: unquote, expand earlier variables.
-		k, v, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "export "), "=")
-		if ok && !strings.HasPrefix(k, "#") {
-			c.env[k] = os.Expand(strings.Trim(v, `"`), func(name string) string { return c.env[name] })
-		}
-	}
+	c.env = readEnvFile(t, filepath.Join(c.state, "env"))
 	c.ids = map[string]string{}
 	for i := 1; i <= 4; i++ {
 		b, err := os.ReadFile(filepath.Join(c.state, "pki", fmt.Sprintf("node-%d.id", i)))
@@ -128,6 +114,7 @@ func (c *cluster) readEnv() {
 		}
 		c.ids[fmt.Sprintf("node-%d", i)] = strings.TrimSpace(string(b))
 	}
+	var err error
 	c.creds, err = rpc.LoadCredentials("curia", rpc.TLSFiles{CA: c.env["CURIA_CACERT"], Cert: c.env["CURIA_ADMIN_CERT"], Key: c.env["CURIA_ADMIN_KEY"]})
 	if err != nil {
 		t.Fatal(err)
@@ -290,6 +277,35 @@ func TestE2E(t *testing.T) {
 			return errors.New("no replica holds a new lease yet")
 		})
 		t.Logf("%s acts under a new lease %v after kill -9 of %s", next, time.Since(begun).Round(10*time.Millisecond), active)
+		c.eventuallyAgree()
+	})
+
+	t.Run("SIGSTOP the active reconciler past its lease", func(t *testing.T) {
+		// Frozen, not dead: the supervisor does not restart it, so the
+		// standby must take over when the lease expires; woken up, the old
+		// one finds its lease gone and stands by.
+		active, standby := reconcilers(t, c)
+		pid := c.pid(active)
+		begun := time.Now()
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		proctest.Eventually(t, time.Minute, func() error {
+			if st := reconcilerStatus(t, c, standby); st == nil || st.Role != reconcilerv1.Role_ROLE_ACTIVE {
+				return fmt.Errorf("%s not active yet", standby)
+			}
+			return nil
+		})
+		t.Logf("%s took over %v after %s froze", standby, time.Since(begun).Round(10*time.Millisecond), active)
+		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		proctest.Eventually(t, time.Minute, func() error {
+			if st := reconcilerStatus(t, c, active); st == nil || st.Role != reconcilerv1.Role_ROLE_STANDBY {
+				return fmt.Errorf("%s does not stand by after waking", active)
+			}
+			return nil
+		})
 		c.eventuallyAgree()
 	})
 

@@ -35,6 +35,9 @@ func (r *Reconciler) pass(ctx context.Context) bool {
 		return false
 	case plan.Refuse:
 		r.refused(a)
+		// The member that answered may be the one in question (a deleted
+		// node's): ask another consensus service next time.
+		r.nextConsensus()
 		return false
 	}
 	if paused, why := r.paused(); paused {

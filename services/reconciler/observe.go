@@ -22,7 +22,14 @@ type snapshot struct {
 // (one ListMembers call reads the epoch first), then the nodes: members
 // before nodes, so a node created in between cannot look missing.
 func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
-	members, err := r.members().ListMembers(ctx, &consensusv1.ListMembersRequest{})
+	var members *consensusv1.ListMembersResponse
+	var err error
+	for range r.cfg.Consensus {
+		if members, err = r.members().ListMembers(ctx, &consensusv1.ListMembersRequest{}); err == nil {
+			break
+		}
+		r.nextConsensus()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list etcd members: %w", err)
 	}

@@ -148,7 +148,10 @@ type Reconciler struct {
 	log       *slog.Logger
 	rpc       *rpc.Server
 	curator   *grpc.ClientConn
-	consensus *grpc.ClientConn
+	// One connection per consensus service: a pass asks them in turn, so
+	// that a member which cannot answer for the cluster (e.g. the one of a
+	// deleted node) is not asked again and again.
+	consensus []*grpc.ClientConn
 	lease     *leaseKeeper
 	metrics   *metrics
 
@@ -162,6 +165,8 @@ type Reconciler struct {
 	readySince   map[uint64]time.Time
 	// driftSince is when the current disagreement was first seen.
 	driftSince time.Time
+	// consensusNext picks the consensus service to ask.
+	consensusNext int
 }
 
 // New prepares a replica.
@@ -181,10 +186,14 @@ func New(cfg Config, log *slog.Logger) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	cons, err := rpc.DialAny(cfg.Consensus, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindConsensus}})
-	if err != nil {
-		cur.Close()
-		return nil, err
+	var cons []*grpc.ClientConn
+	for _, addr := range cfg.Consensus {
+		cc, err := rpc.Dial(addr, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindConsensus}})
+		if err != nil {
+			cur.Close()
+			return nil, err
+		}
+		cons = append(cons, cc)
 	}
 	r := &Reconciler{
 		cfg: cfg, log: log, curator: cur, consensus: cons,
@@ -205,15 +214,29 @@ func New(cfg Config, log *slog.Logger) (*Reconciler, error) {
 }
 
 func (r *Reconciler) leases() curatorv1.LeasesClient { return curatorv1.NewLeasesClient(r.curator) }
+// members is the consensus service this pass talks to.
 func (r *Reconciler) members() consensusv1.ConsensusClient {
-	return consensusv1.NewConsensusClient(r.consensus)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return consensusv1.NewConsensusClient(r.consensus[r.consensusNext%len(r.consensus)])
+}
+
+// nextConsensus moves on to the next consensus service.
+func (r *Reconciler) nextConsensus() {
+	r.mu.Lock()
+	r.consensusNext++
+	r.mu.Unlock()
 }
 
 // Run serves and reconciles until ctx ends; an active replica releases its
 // lease on the way out so a standby takes over at once.
 func (r *Reconciler) Run(ctx context.Context) error {
 	defer r.curator.Close()
-	defer r.consensus.Close()
+	defer func() {
+		for _, cc := range r.consensus {
+			cc.Close()
+		}
+	}()
 	lis, err := net.Listen("tcp", r.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", r.cfg.Listen, err)
