@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -325,6 +326,8 @@ func TestE2E(t *testing.T) {
 	// The README's commands end by deleting the worker.
 	t.Run("README commands", func(t *testing.T) { runReadme(t, c) })
 
+	t.Run("no member removed while its node existed", func(t *testing.T) { auditInvariant(t, c) })
+
 	t.Run("restart from disk", func(t *testing.T) {
 		before := c.voters()
 		c.proc.Stop()
@@ -449,4 +452,43 @@ func runReadme(t *testing.T, c *cluster) {
 		t.Fatalf("only %d grpcurl commands in README.md", ran)
 	}
 	c.eventuallyAgree()
+}
+
+// auditInvariant reads the whole audit log: every member the reconciler
+// removed belonged to a node deleted before (or to no node at all), and
+// every other removal was the curator taking ConsensusMember away for an
+// operator.
+func auditInvariant(t *testing.T, c *cluster) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := c.mgmt().WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{Backlog: 10000, NoFollow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted := map[string]bool{}
+	removals := 0
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := resp.Event
+		switch {
+		case ev.Action == "node.delete":
+			deleted[ev.NodeId] = true
+		case ev.Action == "member.remove" && ev.Actor == "reconciler":
+			removals++
+			if !deleted[ev.NodeId] {
+				t.Errorf("the reconciler removed member %x of node %s, which was not deleted: %v", ev.MemberId, ev.NodeId, ev)
+			}
+		case ev.Action == "member.remove" && ev.Actor != "curator":
+			t.Errorf("member %x of node %s removed by %s", ev.MemberId, ev.NodeId, ev.Actor)
+		}
+	}
+	if removals == 0 {
+		t.Fatal("the reconciler removed no member: the delete scenario did not run?")
+	}
 }

@@ -50,6 +50,40 @@ func (x *server) ListMembers(ctx context.Context, _ *consensusv1.ListMembersRequ
 	return resp, nil
 }
 
+// WatchMembership sends the epoch now and after every change of it.
+func (x *server) WatchMembership(_ *consensusv1.WatchMembershipRequest, stream consensusv1.Consensus_WatchMembershipServer) error {
+	_, cli, err := x.s.member.running()
+	if err != nil {
+		return toStatus(err)
+	}
+	ctx := stream.Context()
+	resp, err := cli.Get(ctx, keys.MembershipEpoch, clientv3.WithKeysOnly())
+	if err != nil {
+		return toStatus(fmt.Errorf("read membership epoch: %w", err))
+	}
+	var epoch int64
+	if len(resp.Kvs) > 0 {
+		epoch = resp.Kvs[0].ModRevision
+	}
+	if err := stream.Send(&consensusv1.WatchMembershipResponse{MembershipEpoch: epoch}); err != nil {
+		return err
+	}
+	for wr := range cli.Watch(clientv3.WithRequireLeader(ctx), keys.MembershipEpoch, clientv3.WithRev(resp.Header.Revision+1)) {
+		if err := wr.Err(); err != nil {
+			return toStatus(fmt.Errorf("watch membership epoch: %w", err))
+		}
+		for _, ev := range wr.Events {
+			if err := stream.Send(&consensusv1.WatchMembershipResponse{MembershipEpoch: ev.Kv.ModRevision}); err != nil {
+				return err
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return toStatus(fmt.Errorf("%w: the membership watch ended (etcd stopping?); watch again", errNotRunning))
+}
+
 // membership is one consistent read of etcd membership: the epoch first, then
 // the member list, then the joining records that name unstarted learners.
 type membership struct {

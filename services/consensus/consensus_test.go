@@ -450,3 +450,34 @@ func TestBadRequests(t *testing.T) {
 		t.Fatalf("bad requests changed membership: %d members", got)
 	}
 }
+
+// TestWatchMembership: the stream sends the epoch, then every bump.
+func TestWatchMembership(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	n1 := c.NewNode()
+	c.Bootstrap(n1)
+	leader := c.Campaign(c.Etcd(n1.ClientURL))
+	stream, err := n1.Curator().WatchMembership(ctx, &consensusv1.WatchMembershipRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.MembershipEpoch != n1.Members().MembershipEpoch {
+		t.Fatalf("first epoch %d, ListMembers says %d", first.MembershipEpoch, n1.Members().MembershipEpoch)
+	}
+	added, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: leader.Fence.Proto()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.MembershipEpoch != added.MembershipEpoch || next.MembershipEpoch <= first.MembershipEpoch {
+		t.Fatalf("after AddNode the stream says %d, AddNode %d (before: %d)", next.MembershipEpoch, added.MembershipEpoch, first.MembershipEpoch)
+	}
+}

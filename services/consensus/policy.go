@@ -16,7 +16,7 @@ import (
 // (DESIGN §2), in one table.
 //
 //	Status         anyone in the cluster; a node only its own
-//	ListMembers    admin, curator, reconciler, consensus peers
+//	ListMembers, WatchMembership   admin, curator, reconciler, consensus peers
 //	AddNode, PromoteMember, RemoveMember
 //	               curator and reconciler, each with its own fence (checkFence)
 //	Start, Leave   only this node's own agent (roleserve, node/<id>)
@@ -32,13 +32,14 @@ func policy(nodeID string) rpc.Policy {
 	changers := []pki.Kind{pki.KindCurator, pki.KindReconciler}
 	self := rpc.Rule{Allow: []pki.Kind{pki.KindNode}, Check: onlySelf}
 	p := rpc.Policy{
-		m("Status"):        {Allow: []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindConsensus, pki.KindNode}, Check: onlySelf},
-		m("ListMembers"):   {Allow: readers},
-		m("AddNode"):       {Allow: changers},
-		m("PromoteMember"): {Allow: changers},
-		m("RemoveMember"):  {Allow: changers},
-		m("Start"):         self,
-		m("Leave"):         self,
+		m("Status"):          {Allow: []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindConsensus, pki.KindNode}, Check: onlySelf},
+		m("ListMembers"):     {Allow: readers},
+		m("WatchMembership"): {Allow: readers},
+		m("AddNode"):         {Allow: changers},
+		m("PromoteMember"):   {Allow: changers},
+		m("RemoveMember"):    {Allow: changers},
+		m("Start"):           self,
+		m("Leave"):           self,
 	}
 	if len(p) != len(consensusv1.Consensus_ServiceDesc.Methods)+len(consensusv1.Consensus_ServiceDesc.Streams) {
 		panic(fmt.Sprintf("consensus policy lists %d methods, the service has more", len(p)))

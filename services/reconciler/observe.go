@@ -133,3 +133,27 @@ func (r *Reconciler) watchNodes(ctx context.Context) error {
 	}
 	return nil
 }
+
+// watchMembership triggers a pass on every membership change made through
+// curia (each bumps the epoch), from whichever consensus service answers.
+func (r *Reconciler) watchMembership(ctx context.Context) error {
+	for ctx.Err() == nil {
+		stream, err := r.members().WatchMembership(ctx, &consensusv1.WatchMembershipRequest{})
+		if err == nil {
+			for {
+				if _, err = stream.Recv(); err != nil {
+					break
+				}
+				r.kick()
+			}
+		}
+		if ctx.Err() == nil {
+			r.log.Debug("membership watch ended", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+	return nil
+}

@@ -4,7 +4,7 @@
 // truth; every change is fenced on the lease, the term that granted it, and
 // the membership epoch the plan was made from.
 //
-//	trigger (node watch event, tick, previous action)
+//	trigger (node watch event, membership epoch change, tick, previous action)
 //	   │
 //	   ▼
 //	observe ── consensus ListMembers (epoch, members) ─┐
@@ -144,10 +144,10 @@ func (c Config) planConfig() plan.Config {
 
 // Reconciler is one replica.
 type Reconciler struct {
-	cfg       Config
-	log       *slog.Logger
-	rpc       *rpc.Server
-	curator   *grpc.ClientConn
+	cfg     Config
+	log     *slog.Logger
+	rpc     *rpc.Server
+	curator *grpc.ClientConn
 	// One connection per consensus service: a pass asks them in turn, so
 	// that a member which cannot answer for the cluster (e.g. the one of a
 	// deleted node) is not asked again and again.
@@ -214,6 +214,7 @@ func New(cfg Config, log *slog.Logger) (*Reconciler, error) {
 }
 
 func (r *Reconciler) leases() curatorv1.LeasesClient { return curatorv1.NewLeasesClient(r.curator) }
+
 // members is the consensus service this pass talks to.
 func (r *Reconciler) members() consensusv1.ConsensusClient {
 	r.mu.Lock()
@@ -246,6 +247,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	g.Add("grpc", func(ctx context.Context) error { return r.rpc.Serve(ctx, lis) })
 	g.Add("lease", r.lease.run)
 	g.Add("watch", r.watchNodes)
+	g.Add("watch-membership", r.watchMembership)
 	g.Add("loop", r.loop)
 	r.log.Info("reconciler serving", "listen", lis.Addr().String())
 	return g.Run(ctx)

@@ -438,6 +438,89 @@ func (*ListMembersRequest) Descriptor() ([]byte, []int) {
 	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{4}
 }
 
+// WatchMembershipRequest asks for epoch changes.
+type WatchMembershipRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchMembershipRequest) Reset() {
+	*x = WatchMembershipRequest{}
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchMembershipRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchMembershipRequest) ProtoMessage() {}
+
+func (x *WatchMembershipRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchMembershipRequest.ProtoReflect.Descriptor instead.
+func (*WatchMembershipRequest) Descriptor() ([]byte, []int) {
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{5}
+}
+
+// WatchMembershipResponse is the membership epoch at one moment.
+type WatchMembershipResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The membership epoch.
+	MembershipEpoch int64 `protobuf:"varint,1,opt,name=membership_epoch,json=membershipEpoch,proto3" json:"membership_epoch,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *WatchMembershipResponse) Reset() {
+	*x = WatchMembershipResponse{}
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchMembershipResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchMembershipResponse) ProtoMessage() {}
+
+func (x *WatchMembershipResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchMembershipResponse.ProtoReflect.Descriptor instead.
+func (*WatchMembershipResponse) Descriptor() ([]byte, []int) {
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *WatchMembershipResponse) GetMembershipEpoch() int64 {
+	if x != nil {
+		return x.MembershipEpoch
+	}
+	return 0
+}
+
 // Member is one etcd member.
 type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -463,7 +546,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[5]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +558,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[5]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +571,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{5}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Member) GetId() uint64 {
@@ -558,7 +641,7 @@ type ListMembersResponse struct {
 
 func (x *ListMembersResponse) Reset() {
 	*x = ListMembersResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[6]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +653,7 @@ func (x *ListMembersResponse) String() string {
 func (*ListMembersResponse) ProtoMessage() {}
 
 func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[6]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +666,7 @@ func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMembersResponse.ProtoReflect.Descriptor instead.
 func (*ListMembersResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{6}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListMembersResponse) GetMembers() []*Member {
@@ -629,7 +712,7 @@ type AddNodeRequest struct {
 
 func (x *AddNodeRequest) Reset() {
 	*x = AddNodeRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[7]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +724,7 @@ func (x *AddNodeRequest) String() string {
 func (*AddNodeRequest) ProtoMessage() {}
 
 func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[7]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,7 +737,7 @@ func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeRequest.ProtoReflect.Descriptor instead.
 func (*AddNodeRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{7}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AddNodeRequest) GetNodeId() string {
@@ -693,7 +776,7 @@ type Peer struct {
 
 func (x *Peer) Reset() {
 	*x = Peer{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[8]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -705,7 +788,7 @@ func (x *Peer) String() string {
 func (*Peer) ProtoMessage() {}
 
 func (x *Peer) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[8]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -718,7 +801,7 @@ func (x *Peer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Peer.ProtoReflect.Descriptor instead.
 func (*Peer) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{8}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Peer) GetName() string {
@@ -761,7 +844,7 @@ type JoinParameters struct {
 
 func (x *JoinParameters) Reset() {
 	*x = JoinParameters{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +856,7 @@ func (x *JoinParameters) String() string {
 func (*JoinParameters) ProtoMessage() {}
 
 func (x *JoinParameters) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +869,7 @@ func (x *JoinParameters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinParameters.ProtoReflect.Descriptor instead.
 func (*JoinParameters) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{9}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *JoinParameters) GetCaCertificate() []byte {
@@ -839,7 +922,7 @@ type AddNodeResponse struct {
 
 func (x *AddNodeResponse) Reset() {
 	*x = AddNodeResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +934,7 @@ func (x *AddNodeResponse) String() string {
 func (*AddNodeResponse) ProtoMessage() {}
 
 func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +947,7 @@ func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeResponse.ProtoReflect.Descriptor instead.
 func (*AddNodeResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{10}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AddNodeResponse) GetJoin() *JoinParameters {
@@ -901,7 +984,7 @@ type PromoteMemberRequest struct {
 
 func (x *PromoteMemberRequest) Reset() {
 	*x = PromoteMemberRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -913,7 +996,7 @@ func (x *PromoteMemberRequest) String() string {
 func (*PromoteMemberRequest) ProtoMessage() {}
 
 func (x *PromoteMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -926,7 +1009,7 @@ func (x *PromoteMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteMemberRequest.ProtoReflect.Descriptor instead.
 func (*PromoteMemberRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{11}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PromoteMemberRequest) GetMemberId() uint64 {
@@ -956,7 +1039,7 @@ type PromoteMemberResponse struct {
 
 func (x *PromoteMemberResponse) Reset() {
 	*x = PromoteMemberResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -968,7 +1051,7 @@ func (x *PromoteMemberResponse) String() string {
 func (*PromoteMemberResponse) ProtoMessage() {}
 
 func (x *PromoteMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -981,7 +1064,7 @@ func (x *PromoteMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteMemberResponse.ProtoReflect.Descriptor instead.
 func (*PromoteMemberResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{12}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PromoteMemberResponse) GetAlreadyVoter() bool {
@@ -1016,7 +1099,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1028,7 +1111,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1041,7 +1124,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{13}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RemoveMemberRequest) GetTarget() isRemoveMemberRequest_Target {
@@ -1111,7 +1194,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1123,7 +1206,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1136,7 +1219,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{14}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RemoveMemberResponse) GetMemberId() uint64 {
@@ -1183,7 +1266,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1278,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +1291,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{15}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StartRequest) GetMode() isStartRequest_Mode {
@@ -1263,7 +1346,7 @@ type Bootstrap struct {
 
 func (x *Bootstrap) Reset() {
 	*x = Bootstrap{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1275,7 +1358,7 @@ func (x *Bootstrap) String() string {
 func (*Bootstrap) ProtoMessage() {}
 
 func (x *Bootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1288,7 +1371,7 @@ func (x *Bootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bootstrap.ProtoReflect.Descriptor instead.
 func (*Bootstrap) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{16}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{18}
 }
 
 // StartResponse reports the result.
@@ -1304,7 +1387,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1399,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1412,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{17}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StartResponse) GetStatus() *StatusResponse {
@@ -1355,7 +1438,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1450,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1463,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{18}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{20}
 }
 
 // LeaveResponse reports the result.
@@ -1394,7 +1477,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1489,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1502,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{19}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LeaveResponse) GetAlreadyIdle() bool {
@@ -1462,7 +1545,10 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\tpeer_urls\x18\r \x03(\tR\bpeerUrls\x12\x1f\n" +
 	"\vclient_urls\x18\x0e \x03(\tR\n" +
 	"clientUrls\"\x14\n" +
-	"\x12ListMembersRequest\"\xc0\x01\n" +
+	"\x12ListMembersRequest\"\x18\n" +
+	"\x16WatchMembershipRequest\"D\n" +
+	"\x17WatchMembershipResponse\x12)\n" +
+	"\x10membership_epoch\x18\x01 \x01(\x03R\x0fmembershipEpoch\"\xc0\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1b\n" +
@@ -1529,10 +1615,11 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\x18LIFECYCLE_STATE_STARTING\x10\x02\x12\x1b\n" +
 	"\x17LIFECYCLE_STATE_RUNNING\x10\x03\x12\x1b\n" +
 	"\x17LIFECYCLE_STATE_STOPPED\x10\x04\x12\x1a\n" +
-	"\x16LIFECYCLE_STATE_FAILED\x10\x052\xf5\x04\n" +
+	"\x16LIFECYCLE_STATE_FAILED\x10\x052\xe3\x05\n" +
 	"\tConsensus\x12O\n" +
 	"\x06Status\x12!.curia.consensus.v1.StatusRequest\x1a\".curia.consensus.v1.StatusResponse\x12^\n" +
-	"\vListMembers\x12&.curia.consensus.v1.ListMembersRequest\x1a'.curia.consensus.v1.ListMembersResponse\x12R\n" +
+	"\vListMembers\x12&.curia.consensus.v1.ListMembersRequest\x1a'.curia.consensus.v1.ListMembersResponse\x12l\n" +
+	"\x0fWatchMembership\x12*.curia.consensus.v1.WatchMembershipRequest\x1a+.curia.consensus.v1.WatchMembershipResponse0\x01\x12R\n" +
 	"\aAddNode\x12\".curia.consensus.v1.AddNodeRequest\x1a#.curia.consensus.v1.AddNodeResponse\x12d\n" +
 	"\rPromoteMember\x12(.curia.consensus.v1.PromoteMemberRequest\x1a).curia.consensus.v1.PromoteMemberResponse\x12a\n" +
 	"\fRemoveMember\x12'.curia.consensus.v1.RemoveMemberRequest\x1a(.curia.consensus.v1.RemoveMemberResponse\x12L\n" +
@@ -1553,58 +1640,62 @@ func file_curia_consensus_v1_consensus_proto_rawDescGZIP() []byte {
 }
 
 var file_curia_consensus_v1_consensus_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_curia_consensus_v1_consensus_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_curia_consensus_v1_consensus_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_curia_consensus_v1_consensus_proto_goTypes = []any{
-	(LifecycleState)(0),           // 0: curia.consensus.v1.LifecycleState
-	(*Fence)(nil),                 // 1: curia.consensus.v1.Fence
-	(*FenceCondition)(nil),        // 2: curia.consensus.v1.FenceCondition
-	(*StatusRequest)(nil),         // 3: curia.consensus.v1.StatusRequest
-	(*StatusResponse)(nil),        // 4: curia.consensus.v1.StatusResponse
-	(*ListMembersRequest)(nil),    // 5: curia.consensus.v1.ListMembersRequest
-	(*Member)(nil),                // 6: curia.consensus.v1.Member
-	(*ListMembersResponse)(nil),   // 7: curia.consensus.v1.ListMembersResponse
-	(*AddNodeRequest)(nil),        // 8: curia.consensus.v1.AddNodeRequest
-	(*Peer)(nil),                  // 9: curia.consensus.v1.Peer
-	(*JoinParameters)(nil),        // 10: curia.consensus.v1.JoinParameters
-	(*AddNodeResponse)(nil),       // 11: curia.consensus.v1.AddNodeResponse
-	(*PromoteMemberRequest)(nil),  // 12: curia.consensus.v1.PromoteMemberRequest
-	(*PromoteMemberResponse)(nil), // 13: curia.consensus.v1.PromoteMemberResponse
-	(*RemoveMemberRequest)(nil),   // 14: curia.consensus.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),  // 15: curia.consensus.v1.RemoveMemberResponse
-	(*StartRequest)(nil),          // 16: curia.consensus.v1.StartRequest
-	(*Bootstrap)(nil),             // 17: curia.consensus.v1.Bootstrap
-	(*StartResponse)(nil),         // 18: curia.consensus.v1.StartResponse
-	(*LeaveRequest)(nil),          // 19: curia.consensus.v1.LeaveRequest
-	(*LeaveResponse)(nil),         // 20: curia.consensus.v1.LeaveResponse
+	(LifecycleState)(0),             // 0: curia.consensus.v1.LifecycleState
+	(*Fence)(nil),                   // 1: curia.consensus.v1.Fence
+	(*FenceCondition)(nil),          // 2: curia.consensus.v1.FenceCondition
+	(*StatusRequest)(nil),           // 3: curia.consensus.v1.StatusRequest
+	(*StatusResponse)(nil),          // 4: curia.consensus.v1.StatusResponse
+	(*ListMembersRequest)(nil),      // 5: curia.consensus.v1.ListMembersRequest
+	(*WatchMembershipRequest)(nil),  // 6: curia.consensus.v1.WatchMembershipRequest
+	(*WatchMembershipResponse)(nil), // 7: curia.consensus.v1.WatchMembershipResponse
+	(*Member)(nil),                  // 8: curia.consensus.v1.Member
+	(*ListMembersResponse)(nil),     // 9: curia.consensus.v1.ListMembersResponse
+	(*AddNodeRequest)(nil),          // 10: curia.consensus.v1.AddNodeRequest
+	(*Peer)(nil),                    // 11: curia.consensus.v1.Peer
+	(*JoinParameters)(nil),          // 12: curia.consensus.v1.JoinParameters
+	(*AddNodeResponse)(nil),         // 13: curia.consensus.v1.AddNodeResponse
+	(*PromoteMemberRequest)(nil),    // 14: curia.consensus.v1.PromoteMemberRequest
+	(*PromoteMemberResponse)(nil),   // 15: curia.consensus.v1.PromoteMemberResponse
+	(*RemoveMemberRequest)(nil),     // 16: curia.consensus.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),    // 17: curia.consensus.v1.RemoveMemberResponse
+	(*StartRequest)(nil),            // 18: curia.consensus.v1.StartRequest
+	(*Bootstrap)(nil),               // 19: curia.consensus.v1.Bootstrap
+	(*StartResponse)(nil),           // 20: curia.consensus.v1.StartResponse
+	(*LeaveRequest)(nil),            // 21: curia.consensus.v1.LeaveRequest
+	(*LeaveResponse)(nil),           // 22: curia.consensus.v1.LeaveResponse
 }
 var file_curia_consensus_v1_consensus_proto_depIdxs = []int32{
 	2,  // 0: curia.consensus.v1.Fence.conditions:type_name -> curia.consensus.v1.FenceCondition
 	0,  // 1: curia.consensus.v1.StatusResponse.state:type_name -> curia.consensus.v1.LifecycleState
-	6,  // 2: curia.consensus.v1.ListMembersResponse.members:type_name -> curia.consensus.v1.Member
+	8,  // 2: curia.consensus.v1.ListMembersResponse.members:type_name -> curia.consensus.v1.Member
 	1,  // 3: curia.consensus.v1.AddNodeRequest.fence:type_name -> curia.consensus.v1.Fence
-	9,  // 4: curia.consensus.v1.JoinParameters.voters:type_name -> curia.consensus.v1.Peer
-	10, // 5: curia.consensus.v1.AddNodeResponse.join:type_name -> curia.consensus.v1.JoinParameters
+	11, // 4: curia.consensus.v1.JoinParameters.voters:type_name -> curia.consensus.v1.Peer
+	12, // 5: curia.consensus.v1.AddNodeResponse.join:type_name -> curia.consensus.v1.JoinParameters
 	1,  // 6: curia.consensus.v1.PromoteMemberRequest.fence:type_name -> curia.consensus.v1.Fence
 	1,  // 7: curia.consensus.v1.RemoveMemberRequest.fence:type_name -> curia.consensus.v1.Fence
-	17, // 8: curia.consensus.v1.StartRequest.bootstrap:type_name -> curia.consensus.v1.Bootstrap
-	10, // 9: curia.consensus.v1.StartRequest.join:type_name -> curia.consensus.v1.JoinParameters
+	19, // 8: curia.consensus.v1.StartRequest.bootstrap:type_name -> curia.consensus.v1.Bootstrap
+	12, // 9: curia.consensus.v1.StartRequest.join:type_name -> curia.consensus.v1.JoinParameters
 	4,  // 10: curia.consensus.v1.StartResponse.status:type_name -> curia.consensus.v1.StatusResponse
 	3,  // 11: curia.consensus.v1.Consensus.Status:input_type -> curia.consensus.v1.StatusRequest
 	5,  // 12: curia.consensus.v1.Consensus.ListMembers:input_type -> curia.consensus.v1.ListMembersRequest
-	8,  // 13: curia.consensus.v1.Consensus.AddNode:input_type -> curia.consensus.v1.AddNodeRequest
-	12, // 14: curia.consensus.v1.Consensus.PromoteMember:input_type -> curia.consensus.v1.PromoteMemberRequest
-	14, // 15: curia.consensus.v1.Consensus.RemoveMember:input_type -> curia.consensus.v1.RemoveMemberRequest
-	16, // 16: curia.consensus.v1.Consensus.Start:input_type -> curia.consensus.v1.StartRequest
-	19, // 17: curia.consensus.v1.Consensus.Leave:input_type -> curia.consensus.v1.LeaveRequest
-	4,  // 18: curia.consensus.v1.Consensus.Status:output_type -> curia.consensus.v1.StatusResponse
-	7,  // 19: curia.consensus.v1.Consensus.ListMembers:output_type -> curia.consensus.v1.ListMembersResponse
-	11, // 20: curia.consensus.v1.Consensus.AddNode:output_type -> curia.consensus.v1.AddNodeResponse
-	13, // 21: curia.consensus.v1.Consensus.PromoteMember:output_type -> curia.consensus.v1.PromoteMemberResponse
-	15, // 22: curia.consensus.v1.Consensus.RemoveMember:output_type -> curia.consensus.v1.RemoveMemberResponse
-	18, // 23: curia.consensus.v1.Consensus.Start:output_type -> curia.consensus.v1.StartResponse
-	20, // 24: curia.consensus.v1.Consensus.Leave:output_type -> curia.consensus.v1.LeaveResponse
-	18, // [18:25] is the sub-list for method output_type
-	11, // [11:18] is the sub-list for method input_type
+	6,  // 13: curia.consensus.v1.Consensus.WatchMembership:input_type -> curia.consensus.v1.WatchMembershipRequest
+	10, // 14: curia.consensus.v1.Consensus.AddNode:input_type -> curia.consensus.v1.AddNodeRequest
+	14, // 15: curia.consensus.v1.Consensus.PromoteMember:input_type -> curia.consensus.v1.PromoteMemberRequest
+	16, // 16: curia.consensus.v1.Consensus.RemoveMember:input_type -> curia.consensus.v1.RemoveMemberRequest
+	18, // 17: curia.consensus.v1.Consensus.Start:input_type -> curia.consensus.v1.StartRequest
+	21, // 18: curia.consensus.v1.Consensus.Leave:input_type -> curia.consensus.v1.LeaveRequest
+	4,  // 19: curia.consensus.v1.Consensus.Status:output_type -> curia.consensus.v1.StatusResponse
+	9,  // 20: curia.consensus.v1.Consensus.ListMembers:output_type -> curia.consensus.v1.ListMembersResponse
+	7,  // 21: curia.consensus.v1.Consensus.WatchMembership:output_type -> curia.consensus.v1.WatchMembershipResponse
+	13, // 22: curia.consensus.v1.Consensus.AddNode:output_type -> curia.consensus.v1.AddNodeResponse
+	15, // 23: curia.consensus.v1.Consensus.PromoteMember:output_type -> curia.consensus.v1.PromoteMemberResponse
+	17, // 24: curia.consensus.v1.Consensus.RemoveMember:output_type -> curia.consensus.v1.RemoveMemberResponse
+	20, // 25: curia.consensus.v1.Consensus.Start:output_type -> curia.consensus.v1.StartResponse
+	22, // 26: curia.consensus.v1.Consensus.Leave:output_type -> curia.consensus.v1.LeaveResponse
+	19, // [19:27] is the sub-list for method output_type
+	11, // [11:19] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -1615,11 +1706,11 @@ func file_curia_consensus_v1_consensus_proto_init() {
 	if File_curia_consensus_v1_consensus_proto != nil {
 		return
 	}
-	file_curia_consensus_v1_consensus_proto_msgTypes[13].OneofWrappers = []any{
+	file_curia_consensus_v1_consensus_proto_msgTypes[15].OneofWrappers = []any{
 		(*RemoveMemberRequest_MemberId)(nil),
 		(*RemoveMemberRequest_NodeId)(nil),
 	}
-	file_curia_consensus_v1_consensus_proto_msgTypes[15].OneofWrappers = []any{
+	file_curia_consensus_v1_consensus_proto_msgTypes[17].OneofWrappers = []any{
 		(*StartRequest_Bootstrap)(nil),
 		(*StartRequest_Join)(nil),
 	}
@@ -1629,7 +1720,7 @@ func file_curia_consensus_v1_consensus_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_consensus_v1_consensus_proto_rawDesc), len(file_curia_consensus_v1_consensus_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

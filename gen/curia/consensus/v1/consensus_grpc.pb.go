@@ -19,13 +19,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Consensus_Status_FullMethodName        = "/curia.consensus.v1.Consensus/Status"
-	Consensus_ListMembers_FullMethodName   = "/curia.consensus.v1.Consensus/ListMembers"
-	Consensus_AddNode_FullMethodName       = "/curia.consensus.v1.Consensus/AddNode"
-	Consensus_PromoteMember_FullMethodName = "/curia.consensus.v1.Consensus/PromoteMember"
-	Consensus_RemoveMember_FullMethodName  = "/curia.consensus.v1.Consensus/RemoveMember"
-	Consensus_Start_FullMethodName         = "/curia.consensus.v1.Consensus/Start"
-	Consensus_Leave_FullMethodName         = "/curia.consensus.v1.Consensus/Leave"
+	Consensus_Status_FullMethodName          = "/curia.consensus.v1.Consensus/Status"
+	Consensus_ListMembers_FullMethodName     = "/curia.consensus.v1.Consensus/ListMembers"
+	Consensus_WatchMembership_FullMethodName = "/curia.consensus.v1.Consensus/WatchMembership"
+	Consensus_AddNode_FullMethodName         = "/curia.consensus.v1.Consensus/AddNode"
+	Consensus_PromoteMember_FullMethodName   = "/curia.consensus.v1.Consensus/PromoteMember"
+	Consensus_RemoveMember_FullMethodName    = "/curia.consensus.v1.Consensus/RemoveMember"
+	Consensus_Start_FullMethodName           = "/curia.consensus.v1.Consensus/Start"
+	Consensus_Leave_FullMethodName           = "/curia.consensus.v1.Consensus/Leave"
 )
 
 // ConsensusClient is the client API for Consensus service.
@@ -47,6 +48,9 @@ type ConsensusClient interface {
 	// ListMembers lists the etcd members as the cluster sees them, with the
 	// membership epoch read before the list, and says which member answered.
 	ListMembers(ctx context.Context, in *ListMembersRequest, opts ...grpc.CallOption) (*ListMembersResponse, error)
+	// WatchMembership streams the membership epoch: now, then every time a
+	// membership change through curia bumps it (the reconciler plans anew).
+	WatchMembership(ctx context.Context, in *WatchMembershipRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchMembershipResponse], error)
 	// AddNode adds a node as an etcd learner and returns the parameters it needs
 	// to join. Idempotent per node: a node that is already a member (started or
 	// not) gets the same answer and no second member.
@@ -95,6 +99,25 @@ func (c *consensusClient) ListMembers(ctx context.Context, in *ListMembersReques
 	}
 	return out, nil
 }
+
+func (c *consensusClient) WatchMembership(ctx context.Context, in *WatchMembershipRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchMembershipResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Consensus_ServiceDesc.Streams[0], Consensus_WatchMembership_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchMembershipRequest, WatchMembershipResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Consensus_WatchMembershipClient = grpc.ServerStreamingClient[WatchMembershipResponse]
 
 func (c *consensusClient) AddNode(ctx context.Context, in *AddNodeRequest, opts ...grpc.CallOption) (*AddNodeResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -165,6 +188,9 @@ type ConsensusServer interface {
 	// ListMembers lists the etcd members as the cluster sees them, with the
 	// membership epoch read before the list, and says which member answered.
 	ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error)
+	// WatchMembership streams the membership epoch: now, then every time a
+	// membership change through curia bumps it (the reconciler plans anew).
+	WatchMembership(*WatchMembershipRequest, grpc.ServerStreamingServer[WatchMembershipResponse]) error
 	// AddNode adds a node as an etcd learner and returns the parameters it needs
 	// to join. Idempotent per node: a node that is already a member (started or
 	// not) gets the same answer and no second member.
@@ -199,6 +225,9 @@ func (UnimplementedConsensusServer) Status(context.Context, *StatusRequest) (*St
 }
 func (UnimplementedConsensusServer) ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListMembers not implemented")
+}
+func (UnimplementedConsensusServer) WatchMembership(*WatchMembershipRequest, grpc.ServerStreamingServer[WatchMembershipResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchMembership not implemented")
 }
 func (UnimplementedConsensusServer) AddNode(context.Context, *AddNodeRequest) (*AddNodeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AddNode not implemented")
@@ -271,6 +300,17 @@ func _Consensus_ListMembers_Handler(srv interface{}, ctx context.Context, dec fu
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Consensus_WatchMembership_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchMembershipRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ConsensusServer).WatchMembership(m, &grpc.GenericServerStream[WatchMembershipRequest, WatchMembershipResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Consensus_WatchMembershipServer = grpc.ServerStreamingServer[WatchMembershipResponse]
 
 func _Consensus_AddNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(AddNodeRequest)
@@ -398,6 +438,12 @@ var Consensus_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Consensus_Leave_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchMembership",
+			Handler:       _Consensus_WatchMembership_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "curia/consensus/v1/consensus.proto",
 }

@@ -4,42 +4,16 @@
 package main
 
 import (
-	"context"
 	"flag"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
+	"log/slog"
 
-	"curia.dev/platform/logging"
+	"curia.dev/platform/run"
 	"curia.dev/services/roleserve"
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "roleserve:", err)
-		os.Exit(1)
-	}
-}
-
-func run(args []string) error {
-	fs := flag.NewFlagSet("roleserve", flag.ContinueOnError)
 	cfg := roleserve.DefaultConfig()
-	cfg.AddFlags(fs)
-	lc := logging.DefaultConfig()
-	lc.AddFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	log, err := logging.New(os.Stderr, lc)
-	if err != nil {
-		return err
-	}
-	svc, err := roleserve.New(cfg, log)
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return svc.Run(ctx)
+	run.Main("roleserve", func(fs *flag.FlagSet) { cfg.AddFlags(fs) }, func(log *slog.Logger) (run.Service, error) {
+		return roleserve.New(cfg, log)
+	})
 }

@@ -37,6 +37,9 @@ const (
 	ConsensusStatusProcedure = "/curia.consensus.v1.Consensus/Status"
 	// ConsensusListMembersProcedure is the fully-qualified name of the Consensus's ListMembers RPC.
 	ConsensusListMembersProcedure = "/curia.consensus.v1.Consensus/ListMembers"
+	// ConsensusWatchMembershipProcedure is the fully-qualified name of the Consensus's WatchMembership
+	// RPC.
+	ConsensusWatchMembershipProcedure = "/curia.consensus.v1.Consensus/WatchMembership"
 	// ConsensusAddNodeProcedure is the fully-qualified name of the Consensus's AddNode RPC.
 	ConsensusAddNodeProcedure = "/curia.consensus.v1.Consensus/AddNode"
 	// ConsensusPromoteMemberProcedure is the fully-qualified name of the Consensus's PromoteMember RPC.
@@ -57,6 +60,9 @@ type ConsensusClient interface {
 	// ListMembers lists the etcd members as the cluster sees them, with the
 	// membership epoch read before the list, and says which member answered.
 	ListMembers(context.Context, *connect.Request[v1.ListMembersRequest]) (*connect.Response[v1.ListMembersResponse], error)
+	// WatchMembership streams the membership epoch: now, then every time a
+	// membership change through curia bumps it (the reconciler plans anew).
+	WatchMembership(context.Context, *connect.Request[v1.WatchMembershipRequest]) (*connect.ServerStreamForClient[v1.WatchMembershipResponse], error)
 	// AddNode adds a node as an etcd learner and returns the parameters it needs
 	// to join. Idempotent per node: a node that is already a member (started or
 	// not) gets the same answer and no second member.
@@ -101,6 +107,12 @@ func NewConsensusClient(httpClient connect.HTTPClient, baseURL string, opts ...c
 			connect.WithSchema(consensusMethods.ByName("ListMembers")),
 			connect.WithClientOptions(opts...),
 		),
+		watchMembership: connect.NewClient[v1.WatchMembershipRequest, v1.WatchMembershipResponse](
+			httpClient,
+			baseURL+ConsensusWatchMembershipProcedure,
+			connect.WithSchema(consensusMethods.ByName("WatchMembership")),
+			connect.WithClientOptions(opts...),
+		),
 		addNode: connect.NewClient[v1.AddNodeRequest, v1.AddNodeResponse](
 			httpClient,
 			baseURL+ConsensusAddNodeProcedure,
@@ -136,13 +148,14 @@ func NewConsensusClient(httpClient connect.HTTPClient, baseURL string, opts ...c
 
 // consensusClient implements ConsensusClient.
 type consensusClient struct {
-	status        *connect.Client[v1.StatusRequest, v1.StatusResponse]
-	listMembers   *connect.Client[v1.ListMembersRequest, v1.ListMembersResponse]
-	addNode       *connect.Client[v1.AddNodeRequest, v1.AddNodeResponse]
-	promoteMember *connect.Client[v1.PromoteMemberRequest, v1.PromoteMemberResponse]
-	removeMember  *connect.Client[v1.RemoveMemberRequest, v1.RemoveMemberResponse]
-	start         *connect.Client[v1.StartRequest, v1.StartResponse]
-	leave         *connect.Client[v1.LeaveRequest, v1.LeaveResponse]
+	status          *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	listMembers     *connect.Client[v1.ListMembersRequest, v1.ListMembersResponse]
+	watchMembership *connect.Client[v1.WatchMembershipRequest, v1.WatchMembershipResponse]
+	addNode         *connect.Client[v1.AddNodeRequest, v1.AddNodeResponse]
+	promoteMember   *connect.Client[v1.PromoteMemberRequest, v1.PromoteMemberResponse]
+	removeMember    *connect.Client[v1.RemoveMemberRequest, v1.RemoveMemberResponse]
+	start           *connect.Client[v1.StartRequest, v1.StartResponse]
+	leave           *connect.Client[v1.LeaveRequest, v1.LeaveResponse]
 }
 
 // Status calls curia.consensus.v1.Consensus.Status.
@@ -153,6 +166,11 @@ func (c *consensusClient) Status(ctx context.Context, req *connect.Request[v1.St
 // ListMembers calls curia.consensus.v1.Consensus.ListMembers.
 func (c *consensusClient) ListMembers(ctx context.Context, req *connect.Request[v1.ListMembersRequest]) (*connect.Response[v1.ListMembersResponse], error) {
 	return c.listMembers.CallUnary(ctx, req)
+}
+
+// WatchMembership calls curia.consensus.v1.Consensus.WatchMembership.
+func (c *consensusClient) WatchMembership(ctx context.Context, req *connect.Request[v1.WatchMembershipRequest]) (*connect.ServerStreamForClient[v1.WatchMembershipResponse], error) {
+	return c.watchMembership.CallServerStream(ctx, req)
 }
 
 // AddNode calls curia.consensus.v1.Consensus.AddNode.
@@ -188,6 +206,9 @@ type ConsensusHandler interface {
 	// ListMembers lists the etcd members as the cluster sees them, with the
 	// membership epoch read before the list, and says which member answered.
 	ListMembers(context.Context, *connect.Request[v1.ListMembersRequest]) (*connect.Response[v1.ListMembersResponse], error)
+	// WatchMembership streams the membership epoch: now, then every time a
+	// membership change through curia bumps it (the reconciler plans anew).
+	WatchMembership(context.Context, *connect.Request[v1.WatchMembershipRequest], *connect.ServerStream[v1.WatchMembershipResponse]) error
 	// AddNode adds a node as an etcd learner and returns the parameters it needs
 	// to join. Idempotent per node: a node that is already a member (started or
 	// not) gets the same answer and no second member.
@@ -228,6 +249,12 @@ func NewConsensusHandler(svc ConsensusHandler, opts ...connect.HandlerOption) (s
 		connect.WithSchema(consensusMethods.ByName("ListMembers")),
 		connect.WithHandlerOptions(opts...),
 	)
+	consensusWatchMembershipHandler := connect.NewServerStreamHandler(
+		ConsensusWatchMembershipProcedure,
+		svc.WatchMembership,
+		connect.WithSchema(consensusMethods.ByName("WatchMembership")),
+		connect.WithHandlerOptions(opts...),
+	)
 	consensusAddNodeHandler := connect.NewUnaryHandler(
 		ConsensusAddNodeProcedure,
 		svc.AddNode,
@@ -264,6 +291,8 @@ func NewConsensusHandler(svc ConsensusHandler, opts ...connect.HandlerOption) (s
 			consensusStatusHandler.ServeHTTP(w, r)
 		case ConsensusListMembersProcedure:
 			consensusListMembersHandler.ServeHTTP(w, r)
+		case ConsensusWatchMembershipProcedure:
+			consensusWatchMembershipHandler.ServeHTTP(w, r)
 		case ConsensusAddNodeProcedure:
 			consensusAddNodeHandler.ServeHTTP(w, r)
 		case ConsensusPromoteMemberProcedure:
@@ -289,6 +318,10 @@ func (UnimplementedConsensusHandler) Status(context.Context, *connect.Request[v1
 
 func (UnimplementedConsensusHandler) ListMembers(context.Context, *connect.Request[v1.ListMembersRequest]) (*connect.Response[v1.ListMembersResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.consensus.v1.Consensus.ListMembers is not implemented"))
+}
+
+func (UnimplementedConsensusHandler) WatchMembership(context.Context, *connect.Request[v1.WatchMembershipRequest], *connect.ServerStream[v1.WatchMembershipResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("curia.consensus.v1.Consensus.WatchMembership is not implemented"))
 }
 
 func (UnimplementedConsensusHandler) AddNode(context.Context, *connect.Request[v1.AddNodeRequest]) (*connect.Response[v1.AddNodeResponse], error) {
