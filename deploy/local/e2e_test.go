@@ -398,7 +398,7 @@ func reconcilers(t *testing.T, c *cluster) (active, standby string) {
 	return active, standby
 }
 
-// runReadme runs every grpcurl command of README.md, in order, with the
+// runReadme runs every grpcurl and curl command of README.md, in order, with the
 // cluster's env file and NODE (the worker's id) set, as an operator would.
 // A command ending in "# fails: <Code>" must fail with that code; a command
 // that meets etcd's reconfiguration window (Unavailable) is retried, as an
@@ -421,7 +421,7 @@ func runReadme(t *testing.T, c *cluster) {
 	ran := 0
 	for _, line := range strings.Split(string(b), "\n") {
 		line = strings.TrimSpace(line)
-		if !strings.HasPrefix(line, "grpcurl ") {
+		if !strings.HasPrefix(line, "grpcurl ") && !strings.HasPrefix(line, "curl ") {
 			continue
 		}
 		cmdline, wantFail, _ := strings.Cut(line, "# fails: ")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,7 +98,7 @@ func (c *Cluster) startAll(ctx context.Context) {
 		c.start(ctx, name, "curator", append(common(name),
 			"--name", name,
 			"--ca", file(pki.CACertFile), "--cert", file("curator.crt"), "--key", file("curator.key"), "--ca-key", file(pki.CAKeyFile),
-			"--listen", addr,
+			"--listen", addr, "--listen-http", httpAddr(addr),
 			"--etcd", strings.Join(etcd, ","), "--consensus", strings.Join(consensus, ","))...)
 	}
 	for i, n := range c.Nodes {
@@ -291,6 +292,13 @@ func getNodes(ctx context.Context, m curatorv1.ManagementClient) (map[string]*cu
 	}
 }
 
+// httpAddr is where a curator serves the admin API over Connect: its gRPC
+// address, port 7201.
+func httpAddr(grpcAddr string) string {
+	host, _, _ := net.SplitHostPort(grpcAddr)
+	return net.JoinHostPort(host, "7201")
+}
+
 // writeEnv writes the shell variables an operator sources.
 func (c *Cluster) writeEnv() error {
 	abs := func(p string) string {
@@ -315,6 +323,7 @@ func (c *Cluster) writeEnv() error {
 		"export CURIA_ADMIN_KEY=" + abs(c.path("pki", "admin-admin.key")),
 		`export CURIA_TLS="-cacert $CURIA_CACERT -cert $CURIA_ADMIN_CERT -key $CURIA_ADMIN_KEY"`,
 		"export CURIA_CURATORS=" + strings.Join(c.Curators, ","),
+		"export CURIA_CURATOR_HTTP=https://" + httpAddr(c.Curators[0]),
 		"export CURIA_RECONCILER=" + c.Reconcilers[0],
 		"export CURIA_RECONCILERS=" + strings.Join(c.Reconcilers, ","),
 		"export CURIA_CONSENSUS=" + strings.Join(consensus, ","),

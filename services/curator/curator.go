@@ -60,6 +60,9 @@ type Config struct {
 	// forward to (default: Listen).
 	Listen    string
 	Advertise string
+	// ListenHTTP serves the admin API over the Connect protocol (curl with
+	// JSON) when set, with the same mutual TLS.
+	ListenHTTP string
 	// Etcd are etcd client URLs (https://host:port).
 	Etcd []string
 	// Consensus are consensus service API addresses (host:port) used for
@@ -96,6 +99,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	c.TLS.AddFlags(fs, "")
 	fs.StringVar(&c.CAKey, "ca-key", c.CAKey, "cluster CA private key (PEM), to issue and revoke node certificates")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "gRPC address (host:port)")
+	fs.StringVar(&c.ListenHTTP, "listen-http", c.ListenHTTP, "HTTPS address for the admin API over the Connect protocol, for curl with JSON (off when empty)")
 	fs.StringVar(&c.Advertise, "advertise", c.Advertise, "address other replicas forward to (default: --listen, or this host's first non-loopback address when listening on every interface)")
 	fs.Func("etcd", "etcd client URL (repeatable or comma-separated)", func(s string) error {
 		c.Etcd = append(c.Etcd, splitList(s)...)
@@ -273,6 +277,13 @@ func (s *Service) Run(ctx context.Context) error {
 	g.Add("observe", s.lead.observe)
 	g.Add("watch", s.watch.run)
 	g.Add("crl", func(ctx context.Context) error { return s.crl.Run(ctx, s.etcd) })
+	if s.cfg.ListenHTTP != "" {
+		hl, err := net.Listen("tcp", s.cfg.ListenHTTP)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", s.cfg.ListenHTTP, err)
+		}
+		g.Add("connect", func(ctx context.Context) error { return s.serveConnect(ctx, hl) })
+	}
 	s.log.Info("curator serving", "listen", lis.Addr().String(), "advertise", s.cfg.Advertise)
 	return g.Run(ctx)
 }

@@ -3,6 +3,7 @@ module curia.dev/services/curator
 go 1.26.0
 
 require (
+	connectrpc.com/connect v1.21.1
 	curia.dev/gen v0.0.0
 	curia.dev/platform v0.0.0
 	curia.dev/services/consensus v0.0.0-00010101000000-000000000000

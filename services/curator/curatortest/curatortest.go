@@ -38,6 +38,8 @@ type Cluster struct {
 type Curator struct {
 	Name string
 	Addr string
+	// HTTPAddr serves the admin API over the Connect protocol.
+	HTTPAddr string
 	*proctest.Proc
 }
 
@@ -94,7 +96,7 @@ func (c *Cluster) AddCurator() *Curator {
 	t.Helper()
 	files := c.PKI.Files(t, pki.Principal{Kind: pki.KindCurator})
 	name := fmt.Sprintf("curator-%d", len(c.Curators))
-	addr := proctest.FreeAddr(t)
+	addr, httpAddr := proctest.FreeAddr(t), proctest.FreeAddr(t)
 	var etcd, apis []string
 	for _, v := range c.Voters {
 		etcd = append(etcd, v.ClientURL)
@@ -105,12 +107,13 @@ func (c *Cluster) AddCurator() *Curator {
 		"--ca", files.CA, "--cert", files.Cert, "--key", files.Key,
 		"--ca-key", filepath.Join(c.PKI.Dir, pki.CAKeyFile),
 		"--listen", addr,
+		"--listen-http", httpAddr,
 		"--etcd", strings.Join(etcd, ","),
 		"--consensus", strings.Join(apis, ","),
 		"--session-ttl", "2s",
 		"--log-level", "debug",
 	}, c.CuratorFlags...)
-	cur := &Curator{Name: name, Addr: addr, Proc: proctest.New(t, name, Binary(t), args...)}
+	cur := &Curator{Name: name, Addr: addr, HTTPAddr: httpAddr, Proc: proctest.New(t, name, Binary(t), args...)}
 	cur.Start()
 	c.Curators = append(c.Curators, cur)
 	return cur
