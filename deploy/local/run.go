@@ -170,12 +170,8 @@ func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, ti
 		return false, err
 	}
 	if !*ticketWritten {
-		// The other nodes get the ticket only once the bootstrap node has
-		// its record: the curator refuses BootstrapCluster once any node
-		// exists, so a node registering first would strand the bootstrap.
-		if _, ok := nodes[c.Nodes[0].ID]; !ok {
-			return false, fmt.Errorf("%s has not bootstrapped the cluster yet", c.Nodes[0].Name)
-		}
+		// (The curator refuses registrations until the bootstrap node has
+		// its record, so the agents may have the ticket at once.)
 		t, err := m.GetRegisterTicket(cctx, &curatorv1.GetRegisterTicketRequest{})
 		if err != nil {
 			return false, fmt.Errorf("register ticket: %w", err)

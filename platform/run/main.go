@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"curia.dev/platform/logging"
@@ -15,6 +16,26 @@ import (
 // Service is what a curia command runs until its context ends.
 type Service interface {
 	Run(ctx context.Context) error
+}
+
+// ListFlag registers a flag that may be repeated or given a comma-separated
+// list; every value is appended to dst.
+func ListFlag(fs *flag.FlagSet, name, usage string, dst *[]string) {
+	fs.Func(name, usage+" (repeatable or comma-separated)", func(s string) error {
+		*dst = append(*dst, SplitList(s)...)
+		return nil
+	})
+}
+
+// SplitList splits a comma-separated flag value, dropping empty items.
+func SplitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Main is every curia service's main: it parses the flags addFlags

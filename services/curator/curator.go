@@ -30,7 +30,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -101,28 +100,12 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", c.Listen, "gRPC address (host:port)")
 	fs.StringVar(&c.ListenHTTP, "listen-http", c.ListenHTTP, "HTTPS address for the admin API over the Connect protocol, for curl with JSON (off when empty)")
 	fs.StringVar(&c.Advertise, "advertise", c.Advertise, "address other replicas forward to (default: --listen, or this host's first non-loopback address when listening on every interface)")
-	fs.Func("etcd", "etcd client URL (repeatable or comma-separated)", func(s string) error {
-		c.Etcd = append(c.Etcd, splitList(s)...)
-		return nil
-	})
-	fs.Func("consensus", "consensus service API address host:port (repeatable or comma-separated)", func(s string) error {
-		c.Consensus = append(c.Consensus, splitList(s)...)
-		return nil
-	})
+	run.ListFlag(fs, "etcd", "etcd client URL", &c.Etcd)
+	run.ListFlag(fs, "consensus", "consensus service API address host:port", &c.Consensus)
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "election session TTL: how long a crashed leader keeps leading")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "how often nodes send heartbeats")
 	fs.DurationVar(&c.HeartbeatTimeout, "heartbeat-timeout", c.HeartbeatTimeout, "silence after which a node is HEARTBEAT_TIMEOUT")
 	c.Watch.AddFlags(fs)
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 // Validate checks the configuration and fills in defaults.

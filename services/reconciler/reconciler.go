@@ -28,7 +28,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -90,18 +89,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Name, "name", c.Name, "this replica's name (the lease holder)")
 	c.TLS.AddFlags(fs, "")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "gRPC API address (host:port)")
-	list := func(dst *[]string) func(string) error {
-		return func(s string) error {
-			for _, p := range strings.Split(s, ",") {
-				if p = strings.TrimSpace(p); p != "" {
-					*dst = append(*dst, p)
-				}
-			}
-			return nil
-		}
-	}
-	fs.Func("curator", "curator address host:port (repeatable or comma-separated)", list(&c.Curator))
-	fs.Func("consensus", "consensus service address host:port (repeatable or comma-separated)", list(&c.Consensus))
+	run.ListFlag(fs, "curator", "curator address host:port", &c.Curator)
+	run.ListFlag(fs, "consensus", "consensus service address host:port", &c.Consensus)
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "TTL of the reconciler lease")
 	fs.DurationVar(&c.Tick, "tick", c.Tick, "time between passes when nothing triggers one")
 	fs.IntVar(&c.VoterFloor, "voter-floor", c.VoterFloor, "voters no automated removal goes below (at least 1)")

@@ -115,10 +115,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Cluster, "cluster", c.Cluster, "cluster name (trust domain of every identity)")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the node's key, certificate and enrolment state (0700)")
 	fs.StringVar(&c.CA, "ca", c.CA, "path of the cluster CA certificate (PEM)")
-	fs.Func("curator", "curator address host:port (repeatable or comma-separated)", func(s string) error {
-		c.Curators = append(c.Curators, splitList(s)...)
-		return nil
-	})
+	run.ListFlag(fs, "curator", "curator address host:port", &c.Curators)
 	fs.StringVar(&c.NodeKey, "node-key", c.NodeKey, "ed25519 node key (PKCS#8 PEM, e.g. node-<id>.ed25519.key from curia-pki) taken on first start instead of a generated one")
 	fs.BoolVar(&c.Bootstrap, "bootstrap", c.Bootstrap, "create a new cluster with this node as its first member")
 	fs.StringVar(&c.BootstrapCert, "bootstrap-cert", c.BootstrapCert, "with --bootstrap: node/<id> certificate of this node from curia-pki (PEM)")
@@ -132,7 +129,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 		if c.Labels == nil {
 			c.Labels = map[string]string{}
 		}
-		for _, kv := range splitList(s) {
+		for _, kv := range run.SplitList(s) {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok || strings.TrimSpace(k) == "" {
 				return fmt.Errorf("label %q: want key=value", kv)
@@ -144,16 +141,6 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "heartbeat interval until the curator names its own")
 	fs.DurationVar(&c.StatusInterval, "status-interval", c.StatusInterval, "how often the local consensus is checked for the status reported to the curator")
 	fs.DurationVar(&c.RetryMax, "retry-max", c.RetryMax, "longest wait between attempts of a failing step")
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 // Validate checks the configuration and fills in defaults.
