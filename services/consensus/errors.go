@@ -56,6 +56,12 @@ func toStatus(err error) error {
 	if code, ok := etcdCode(err); ok {
 		return status.Error(code, msg)
 	}
+	// An etcd call that failed below etcd's own errors (e.g. a member that
+	// is starting or stopping answered with the wrong protocol): retry.
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		return status.Error(codes.Unavailable, msg)
+	}
 	return status.Error(codes.Internal, msg)
 }
 

@@ -368,9 +368,13 @@ func (c *Cluster) Voters(count int) ([]*Node, *Leader) {
 func (n *Node) Members() *consensusv1.ListMembersResponse {
 	t := n.c.t
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := n.Curator().ListMembers(ctx, &consensusv1.ListMembersRequest{})
+	var resp *consensusv1.ListMembersResponse
+	err := RetryUnavailable(t, func() (err error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err = n.Curator().ListMembers(ctx, &consensusv1.ListMembersRequest{})
+		return err
+	})
 	if err != nil {
 		t.Fatalf("list members via %s: %v", n.ID, err)
 	}
