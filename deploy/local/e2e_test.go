@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,6 +22,8 @@ import (
 
 	"google.golang.org/grpc"
 
+	auditv1 "curia.dev/gen/curia/audit/v1"
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/pki"
@@ -262,10 +265,10 @@ func TestE2E(t *testing.T) {
 		if err := syscall.Kill(killed, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		// The standby takes the lease once it expires, unless the killed
-		// replica, restarted by curia-local as a supervisor would, resumes
-		// its own lease first (same holder name): either way a live
-		// process acts again.
+		// The standby takes the lease once it expires, or the killed
+		// replica, restarted by curia-local as a supervisor would, acquires
+		// it anew (a new process is a new incarnation: it never resumes
+		// the dead one's lease): either way a live process acts again.
 		var next string
 		proctest.Eventually(t, time.Minute, func() error {
 			for _, name := range []string{"reconciler-1", "reconciler-2"} {
@@ -284,8 +287,12 @@ func TestE2E(t *testing.T) {
 	t.Run("SIGSTOP the active reconciler past its lease", func(t *testing.T) {
 		// Frozen, not dead: the supervisor does not restart it, so the
 		// standby must take over when the lease expires; woken up, the old
-		// one finds its lease gone and stands by.
+		// one finds its lease gone and stands by — and nothing it sends
+		// with its old fence is accepted, counted at the resource (the
+		// audit log, written in the same transaction as every accepted
+		// change).
 		active, standby := reconcilers(t, c)
+		oldFence := reconcilerStatus(t, c, active).GetFence()
 		pid := c.pid(active)
 		begun := time.Now()
 		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
@@ -297,6 +304,7 @@ func TestE2E(t *testing.T) {
 			}
 			return nil
 		})
+		took := time.Now()
 		t.Logf("%s took over %v after %s froze", standby, time.Since(begun).Round(10*time.Millisecond), active)
 		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 			t.Fatal(err)
@@ -308,6 +316,9 @@ func TestE2E(t *testing.T) {
 			return nil
 		})
 		c.eventuallyAgree()
+		if n := acceptedWithFence(t, c, oldFence, took); n != 0 {
+			t.Fatalf("%d changes with %s's old fence accepted after %s took over", n, active, standby)
+		}
 	})
 
 	t.Run("delete a node that is still an etcd member", func(t *testing.T) {
@@ -339,11 +350,47 @@ func TestE2E(t *testing.T) {
 	})
 }
 
+// acceptedWithFence counts the audit events recorded after since whose fence
+// has every condition of f: changes accepted from its holder.
+func acceptedWithFence(t *testing.T, c *cluster, f *consensusv1.Fence, since time.Time) int {
+	t.Helper()
+	if len(f.GetConditions()) == 0 {
+		t.Fatal("no fence to look for")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := c.mgmt().WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{Backlog: 10000, NoFollow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return n
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := resp.Event
+		if ev.Time.AsTime().Before(since) {
+			continue
+		}
+		all := true
+		for _, cond := range f.GetConditions() {
+			all = all && slices.Contains(ev.Fence, fmt.Sprintf("%s@%d", cond.Key, cond.CreateRevision))
+		}
+		if all {
+			n++
+		}
+	}
+}
+
 func retryUnavailable(t *testing.T, f func() error) {
 	t.Helper()
 	proctest.Eventually(t, time.Minute, func() error {
 		err := f()
-		if err != nil && strings.Contains(err.Error(), "Unavailable") {
+		if err != nil && (strings.Contains(err.Error(), "Unavailable") || strings.Contains(err.Error(), "Aborted")) {
 			return err
 		}
 		if err != nil {
@@ -435,7 +482,7 @@ func runReadme(t *testing.T, c *cluster) {
 				cmd.Env = env
 				var err error
 				out, err = cmd.CombinedOutput()
-				if err != nil && wantFail == "" && strings.Contains(string(out), "Unavailable") {
+				if err != nil && wantFail == "" && (strings.Contains(string(out), "Unavailable") || strings.Contains(string(out), "Aborted")) {
 					return fmt.Errorf("%v: %s", err, out)
 				}
 				if err != nil && wantFail == "" {
@@ -479,6 +526,8 @@ func auditInvariant(t *testing.T, c *cluster) {
 		switch {
 		case ev.Action == "node.delete":
 			deleted[ev.NodeId] = true
+		case ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED:
+			// The outcome of a change whose intent was checked.
 		case ev.Action == "member.remove" && ev.Actor == "reconciler":
 			removals++
 			if !deleted[ev.NodeId] {

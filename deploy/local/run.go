@@ -226,8 +226,8 @@ func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, ti
 			continue // its agent has not reported its consensus yet
 		}
 		_, err := m.UpdateNodeRoles(cctx, &curatorv1.UpdateNodeRolesRequest{NodeId: n.ID, ConsensusMember: new(true), Reason: "curia-local: control-plane node"})
-		if status.Code(err) == codes.Unavailable {
-			return false, err // etcd's reconfiguration window; retry
+		if code := status.Code(err); code == codes.Unavailable || code == codes.Aborted {
+			return false, err // etcd's reconfiguration window, or another change in flight; retry
 		}
 		if err != nil {
 			return false, fmt.Errorf("give %s ConsensusMember: %w", n.Name, err)

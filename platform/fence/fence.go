@@ -3,9 +3,16 @@
 // A fence is a short list of conditions {key, create revision} and, for a
 // caller acting on a snapshot, the membership epoch it read. A fenced change
 // runs only after one etcd transaction has found every condition true; the
-// same transaction bumps the epoch and records the change, so a caller whose
-// lease, term or snapshot ended changes nothing. The consensus service uses
-// it for membership calls, the curator for role writes.
+// same transaction records the change, so a caller whose lease, term or
+// snapshot ended changes nothing. The consensus service uses it for
+// membership calls, the curator for role writes.
+//
+// Conditions are checked as pairs, not one by one: a leader key must be the
+// current leader's (no key under the election prefix is older), so a
+// follower's candidate key fences nothing; and a lease must have been
+// granted by the leader key of the same fence, in its term (the lease
+// record says which), so a live lease of one term and the leader key of
+// another never add up to a valid fence.
 package fence
 
 import (
@@ -14,6 +21,7 @@ import (
 	"fmt"
 	"strings"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
@@ -76,13 +84,15 @@ func (f Fence) Strings() []string {
 func (f Fence) String() string { return strings.Join(f.Strings(), ",") }
 
 // Validate checks the fence's shape: at least one condition, every one on a
-// key under one of the allowed prefixes with a positive revision. A fence on
-// an arbitrary key would let any caller fence itself on a key that never
+// key under one of the allowed prefixes with a positive revision, and a
+// lease only together with a leader key (the one that granted it). A fence
+// on an arbitrary key would let any caller fence itself on a key that never
 // goes away.
 func (f Fence) Validate(allowedPrefixes ...string) error {
 	if len(f.Conditions) == 0 {
 		return errors.New("fence: no conditions: a membership change needs the caller's leader key or lease")
 	}
+	leaders := 0
 	for _, c := range f.Conditions {
 		if c.CreateRevision <= 0 {
 			return fmt.Errorf("fence: condition on %q: create revision must be positive, got %d", c.Key, c.CreateRevision)
@@ -96,11 +106,40 @@ func (f Fence) Validate(allowedPrefixes ...string) error {
 		if !ok {
 			return fmt.Errorf("fence: key %q is not a leader or lease key (want a key under %s)", c.Key, strings.Join(allowedPrefixes, " or "))
 		}
+		if strings.HasPrefix(c.Key, keys.LeaderElection) {
+			leaders++
+		}
+	}
+	if leaders > 1 {
+		return fmt.Errorf("fence: %d leader keys: a fence names the one leader it acts for", leaders)
+	}
+	if leaders == 0 && f.HasKeyUnder(keys.LeasesPrefix) {
+		return fmt.Errorf("fence: a lease needs the leader key that granted it (under %s) in the same fence", keys.LeaderElection)
 	}
 	if f.Epoch < 0 {
 		return fmt.Errorf("fence: membership epoch must not be negative, got %d", f.Epoch)
 	}
 	return nil
+}
+
+// RequireEpoch checks that the fence carries the membership epoch its
+// caller planned from: every automated membership change and role write
+// acts on a snapshot, so "not checked" (0) is refused.
+func (f Fence) RequireEpoch() error {
+	if f.Epoch <= 0 {
+		return errors.New("fence: membership_epoch is required: the epoch of the member list the change was planned from (ListMembersResponse.membership_epoch)")
+	}
+	return nil
+}
+
+// leader is the fence's leader key condition, if it has one.
+func (f Fence) leader() (Condition, bool) {
+	for _, c := range f.Conditions {
+		if strings.HasPrefix(c.Key, keys.LeaderElection) {
+			return c, true
+		}
+	}
+	return Condition{}, false
 }
 
 // HasKeyUnder reports whether some condition is on a key under prefix.
@@ -136,20 +175,39 @@ var ErrStale = errors.New("stale fence")
 func (e *StaleError) Is(target error) bool { return target == ErrStale }
 
 // Apply runs ops in one transaction guarded by f, plus extra comparisons
-// (e.g. a node's ModRevision). When the guard fails it returns a *StaleError
-// naming the first condition that no longer holds, read in the same
-// transaction, and writes nothing.
+// (e.g. a node's ModRevision). The guard holds when every condition holds,
+// the fence's leader key is the current leader's, every lease in it was
+// granted by that leader key in its term (read first, and pinned to the
+// revision read), and the epoch, when given, is current. When the guard
+// fails it returns a *StaleError naming the first part that no longer
+// holds, read in the same transaction, and writes nothing.
 func Apply(ctx context.Context, kv clientv3.KV, f Fence, extra []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	cmps := make([]clientv3.Cmp, 0, len(f.Conditions)+1+len(extra))
+	leases, err := readLeases(ctx, kv, f)
+	if err != nil {
+		return nil, err
+	}
+	var cmps []clientv3.Cmp
 	var reads []clientv3.Op
 	for _, c := range f.Conditions {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.Key), "=", c.CreateRevision))
 		reads = append(reads, clientv3.OpGet(c.Key, clientv3.WithKeysOnly()))
 	}
+	if l, ok := f.leader(); ok {
+		// No key under the election prefix is older than the fence's: it
+		// is the leader's, not a waiting candidate's.
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(keys.LeaderElection), ">", l.CreateRevision-1).WithPrefix())
+	}
+	reads = append(reads, clientv3.OpGet(keys.LeaderElection, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...))
+	for _, l := range leases {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(l.key), "=", l.modRev))
+	}
 	if f.Epoch != 0 {
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(keys.MembershipEpoch), "=", f.Epoch))
 	}
 	reads = append(reads, clientv3.OpGet(keys.MembershipEpoch, clientv3.WithKeysOnly()))
+	for _, l := range leases {
+		reads = append(reads, clientv3.OpGet(l.key, clientv3.WithKeysOnly()))
+	}
 	cmps = append(cmps, extra...)
 	resp, err := kv.Txn(ctx).If(cmps...).Then(ops...).Else(reads...).Commit()
 	if err != nil {
@@ -158,12 +216,53 @@ func Apply(ctx context.Context, kv clientv3.KV, f Fence, extra []clientv3.Cmp, o
 	if resp.Succeeded {
 		return resp, nil
 	}
-	return nil, &StaleError{Reason: staleReason(f, resp)}
+	return nil, &StaleError{Reason: staleReason(f, leases, resp)}
 }
 
-func staleReason(f Fence, resp *clientv3.TxnResponse) string {
+// leaseRead is a lease record of a fence, as read before the transaction.
+type leaseRead struct {
+	key    string
+	modRev int64
+}
+
+// readLeases reads the lease records of f's lease conditions and checks
+// that each was granted by f's leader key in its term. A lease record that
+// changes after this read fails the transaction (its ModRevision is
+// pinned).
+func readLeases(ctx context.Context, kv clientv3.KV, f Fence) ([]leaseRead, error) {
+	var out []leaseRead
+	leader, _ := f.leader()
+	for _, c := range f.Conditions {
+		if !strings.HasPrefix(c.Key, keys.LeasesPrefix) {
+			continue
+		}
+		resp, err := kv.Get(ctx, c.Key)
+		if err != nil {
+			return nil, fmt.Errorf("read lease %s: %w", c.Key, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return nil, &StaleError{Reason: fmt.Sprintf("%s no longer exists (the lease behind it ended); acquire a new one", c.Key)}
+		}
+		got := resp.Kvs[0]
+		if got.CreateRevision != c.CreateRevision {
+			return nil, &StaleError{Reason: fmt.Sprintf("%s was created at revision %d, not %d (a newer lease holder exists)", c.Key, got.CreateRevision, c.CreateRevision)}
+		}
+		rec, err := ParseLeaseRecord(got.Value)
+		if err != nil {
+			return nil, &StaleError{Reason: fmt.Sprintf("%s: %v: acquire the lease again", c.Key, err)}
+		}
+		if rec.LeaderKey != leader.Key || rec.Term != leader.CreateRevision {
+			return nil, &StaleError{Reason: fmt.Sprintf("%s was granted by leader key %s at term %d, not by the fence's %s: a lease is valid only with the leader term that granted it; acquire it again from the current leader", c.Key, rec.LeaderKey, rec.Term, leader)}
+		}
+		out = append(out, leaseRead{key: c.Key, modRev: got.ModRevision})
+	}
+	return out, nil
+}
+
+func staleReason(f Fence, leases []leaseRead, resp *clientv3.TxnResponse) string {
+	kvsAt := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().GetKvs() }
 	for i, c := range f.Conditions {
-		kvs := resp.Responses[i].GetResponseRange().GetKvs()
+		kvs := kvsAt(i)
 		if len(kvs) == 0 {
 			return fmt.Sprintf("%s no longer exists (the term or lease behind it ended); acquire a new one", c.Key)
 		}
@@ -171,7 +270,13 @@ func staleReason(f Fence, resp *clientv3.TxnResponse) string {
 			return fmt.Sprintf("%s was created at revision %d, not %d (a newer term or lease holder exists)", c.Key, got, c.CreateRevision)
 		}
 	}
-	epochKVs := resp.Responses[len(f.Conditions)].GetResponseRange().GetKvs()
+	n := len(f.Conditions)
+	if l, ok := f.leader(); ok {
+		if first := kvsAt(n); len(first) > 0 && string(first[0].Key) != l.Key {
+			return fmt.Sprintf("%s is not the current leader's key (the leader is %s, term %d): a candidate's key fences nothing", l, first[0].Key, first[0].CreateRevision)
+		}
+	}
+	epochKVs := kvsAt(n + 1)
 	var epoch int64
 	if len(epochKVs) > 0 {
 		epoch = epochKVs[0].ModRevision
@@ -179,11 +284,17 @@ func staleReason(f Fence, resp *clientv3.TxnResponse) string {
 	if f.Epoch != 0 && epoch != f.Epoch {
 		return fmt.Sprintf("membership epoch is %d, the caller planned at %d: membership changed since; read members again", epoch, f.Epoch)
 	}
+	for i, l := range leases {
+		if kvs := kvsAt(n + 2 + i); len(kvs) == 0 || kvs[0].ModRevision != l.modRev {
+			return fmt.Sprintf("%s changed during the write (released, expired or granted again); acquire it again", l.key)
+		}
+	}
 	return "a condition of the write no longer holds (the record changed since it was read)"
 }
 
-// BumpEpoch is the operation that moves the membership epoch on. Put it in
-// the fenced transaction of every real membership change.
+// BumpEpoch is the operation that moves the membership epoch on. It is in
+// the fenced transaction that starts every membership change and in the one
+// that finishes it.
 func BumpEpoch(recorder string) clientv3.Op {
 	return clientv3.OpPut(keys.MembershipEpoch, recorder)
 }

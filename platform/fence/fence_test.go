@@ -5,6 +5,7 @@ package fence
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -152,16 +153,31 @@ func endSession(ctx context.Context, t *testing.T, cli *clientv3.Client, s *conc
 	}
 }
 
-// putWithLease writes key bound to a new lease, as the curator stores a named
-// lease, and returns the key's create revision and the lease.
-func putWithLease(ctx context.Context, t *testing.T, cli *clientv3.Client, key string) (int64, clientv3.LeaseID) {
+// putLease writes a named lease as the curator leader l grants it: a lease
+// record naming l's key and term, bound to a new etcd lease. It returns the
+// key's create revision and the etcd lease.
+func putLease(ctx context.Context, t *testing.T, cli *clientv3.Client, key string, l Condition) (int64, clientv3.LeaseID) {
+	t.Helper()
+	return putLeaseValue(ctx, t, cli, key, leaseJSON(t, l))
+}
+
+func leaseJSON(t *testing.T, l Condition) string {
+	t.Helper()
+	b, err := json.Marshal(LeaseRecord{Holder: "reconciler-0/abc", Term: l.CreateRevision, LeaderKey: l.Key, TTLSeconds: 60, Granted: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func putLeaseValue(ctx context.Context, t *testing.T, cli *clientv3.Client, key, value string) (int64, clientv3.LeaseID) {
 	t.Helper()
 	g, err := cli.Grant(ctx, 60)
 	if err != nil {
 		t.Fatalf("grant lease: %v", err)
 	}
 	t.Cleanup(func() { _, _ = cli.Revoke(context.Background(), g.ID) })
-	resp, err := cli.Put(ctx, key, "holder", clientv3.WithLease(g.ID))
+	resp, err := cli.Put(ctx, key, value, clientv3.WithLease(g.ID))
 	if err != nil {
 		t.Fatalf("put %s: %v", key, err)
 	}
@@ -330,13 +346,14 @@ func TestApplyConditions(t *testing.T) {
 			// holder re-creates the very key the old holder fenced on.
 			name: "named lease re-granted to a new holder",
 			setup: func(t *testing.T) (Fence, string) {
+				l := campaign(ctx, t, cli)
 				key := keys.Lease("reconciler-regrant")
-				oldRev, oldLease := putWithLease(ctx, t, cli, key)
+				oldRev, oldLease := putLease(ctx, t, cli, key, l.fence.Conditions[0])
 				if _, err := cli.Revoke(ctx, oldLease); err != nil {
 					t.Fatalf("revoke: %v", err)
 				}
-				newRev, _ := putWithLease(ctx, t, cli, key)
-				f := Fence{Conditions: []Condition{{Key: key, CreateRevision: oldRev}}}
+				newRev, _ := putLease(ctx, t, cli, key, l.fence.Conditions[0])
+				f := Fence{Conditions: []Condition{l.fence.Conditions[0], {Key: key, CreateRevision: oldRev}}}
 				return f, fmt.Sprintf("%s was created at revision %d, not %d", key, newRev, oldRev)
 			},
 		},
@@ -345,7 +362,7 @@ func TestApplyConditions(t *testing.T) {
 			setup: func(t *testing.T) (Fence, string) {
 				l := campaign(ctx, t, cli)
 				key := keys.Lease("reconciler-intact")
-				rev, _ := putWithLease(ctx, t, cli, key)
+				rev, _ := putLease(ctx, t, cli, key, l.fence.Conditions[0])
 				return Fence{Conditions: []Condition{l.fence.Conditions[0], {Key: key, CreateRevision: rev}}}, ""
 			},
 		},
@@ -355,7 +372,7 @@ func TestApplyConditions(t *testing.T) {
 			setup: func(t *testing.T) (Fence, string) {
 				l := campaign(ctx, t, cli)
 				key := keys.Lease("reconciler-expired")
-				rev, lease := putWithLease(ctx, t, cli, key)
+				rev, lease := putLease(ctx, t, cli, key, l.fence.Conditions[0])
 				if _, err := cli.Revoke(ctx, lease); err != nil {
 					t.Fatalf("revoke: %v", err)
 				}
@@ -368,9 +385,47 @@ func TestApplyConditions(t *testing.T) {
 			setup: func(t *testing.T) (Fence, string) {
 				l := campaign(ctx, t, cli)
 				key := keys.Lease("reconciler-failover")
-				rev, _ := putWithLease(ctx, t, cli, key)
+				rev, _ := putLease(ctx, t, cli, key, l.fence.Conditions[0])
 				endSession(ctx, t, cli, l.session)
 				return Fence{Conditions: []Condition{l.fence.Conditions[0], {Key: key, CreateRevision: rev}}}, l.fence.Conditions[0].Key + " no longer exists"
+			},
+		},
+		{
+			// A follower's campaign creates its key under the election
+			// prefix too; it exists, but it is not the leader's.
+			name: "candidate key",
+			setup: func(t *testing.T) (Fence, string) {
+				l := campaign(ctx, t, cli)
+				s := newSession(t, cli)
+				key := keys.LeaderElection + "candidate"
+				resp, err := cli.Put(ctx, key, "follower", clientv3.WithLease(s.Lease()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return Fence{Conditions: []Condition{{Key: key, CreateRevision: resp.Header.Revision}}}, "is not the current leader's key (the leader is " + l.fence.Conditions[0].Key
+			},
+		},
+		{
+			// A live lease granted in another term, paired with the current
+			// leader key: each condition holds, the pair does not.
+			name: "lease of another term with the current leader key",
+			setup: func(t *testing.T) (Fence, string) {
+				old := campaign(ctx, t, cli)
+				oldCond := old.fence.Conditions[0]
+				key := keys.Lease("reconciler-other-term")
+				rev, _ := putLease(ctx, t, cli, key, oldCond)
+				endSession(ctx, t, cli, old.session)
+				cur := campaign(ctx, t, cli)
+				return Fence{Conditions: []Condition{cur.fence.Conditions[0], {Key: key, CreateRevision: rev}}}, fmt.Sprintf("was granted by leader key %s at term %d", oldCond.Key, oldCond.CreateRevision)
+			},
+		},
+		{
+			name: "lease key without a lease record",
+			setup: func(t *testing.T) (Fence, string) {
+				l := campaign(ctx, t, cli)
+				key := keys.Lease("reconciler-garbage")
+				rev, _ := putLeaseValue(ctx, t, cli, key, "holder")
+				return Fence{Conditions: []Condition{l.fence.Conditions[0], {Key: key, CreateRevision: rev}}}, key + ": lease record"
 			},
 		},
 	}
@@ -690,6 +745,8 @@ func TestValidate(t *testing.T) {
 		{"bare leader prefix", Fence{Conditions: []Condition{{Key: keys.LeaderElection, CreateRevision: 1}}}, allowed, []string{"not a leader or lease key"}},
 		{"bare leases prefix", Fence{Conditions: []Condition{leader, {Key: keys.LeasesPrefix, CreateRevision: 1}}}, allowed, []string{keys.LeasesPrefix, "not a leader or lease key"}},
 		{"lease key when only leader keys are allowed", Fence{Conditions: []Condition{leader, lease}}, []string{keys.LeaderElection}, []string{lease.Key, "want a key under " + keys.LeaderElection}},
+		{"lease without its leader key", Fence{Conditions: []Condition{lease}}, allowed, []string{"a lease needs the leader key that granted it"}},
+		{"two leader keys", Fence{Conditions: []Condition{leader, {Key: leader.Key + "0", CreateRevision: 13}}}, allowed, []string{"2 leader keys"}},
 		{"negative epoch", Fence{Conditions: []Condition{leader}, Epoch: -1}, allowed, []string{"membership epoch must not be negative, got -1"}},
 	}
 	for _, tt := range tests {

@@ -5,7 +5,8 @@
 //	/curia/
 //	├── leader/<lease id>          curator election (concurrency.Election)
 //	├── leases/<name>              named leases (JSON), e.g. leases/reconciler
-//	├── membership/epoch           bumped by every real membership change
+//	├── membership/epoch           bumped twice by every membership change (start, finish)
+//	├── membership/pending         the one membership change in flight, cluster-wide
 //	├── membership/joining/<url>   node id a learner was added for, by peer URL
 //	├── audit/<time>-<recorder>    audit log of membership and role changes
 //	├── nodes/<node id>            the node registry
@@ -48,16 +49,31 @@ const (
 	// Acquire.
 	LeasesPrefix = Prefix + "leases/"
 
-	// MembershipEpoch is bumped (re-Put) in the fenced transaction before
-	// every real etcd membership change. The epoch is the key's ModRevision,
-	// so it only ever grows; the value is the recorder's name, for humans.
+	// MembershipPrefix holds the membership records below; one read of it
+	// is one consistent view of them.
+	MembershipPrefix = Prefix + "membership/"
+
+	// MembershipEpoch is bumped (re-Put) in the fenced transaction that
+	// starts every etcd membership change and again in the one that
+	// finishes it. The epoch is the key's ModRevision, so it only ever
+	// grows; the value is the recorder's name, for humans. Every consensus
+	// process creates it when its member starts, if it is missing.
 	MembershipEpoch = Prefix + "membership/epoch"
+
+	// MembershipPending is the one membership change in flight, cluster-wide
+	// (curia.consensus.v1.PendingChange). The fenced transaction that allows
+	// a change creates it (CreateRevision == 0, so a second change anywhere
+	// is refused); the transaction that finishes the change deletes it. A
+	// record whose recorder died is resolved from the live member list by
+	// the next consensus process that has watched it past its deadline.
+	MembershipPending = Prefix + "membership/pending"
 
 	// MembershipJoining maps a learner's peer URL to the node it was added
 	// for (value: the node id as plain text). etcd knows an unstarted
 	// learner only by its peer URL; this record names its node until it
 	// starts and publishes its name. Written in the same fenced transaction
-	// that bumps the epoch for the add; deleted when the member is removed.
+	// that starts the add; deleted when the add did not happen, or when the
+	// member's removal is finished.
 	MembershipJoining = Prefix + "membership/joining/"
 
 	// AuditPrefix holds the audit log (curia.audit.v1.Event), one key per

@@ -55,8 +55,12 @@ type Proc struct {
 	bin  string
 	args []string
 	Log  string
-	// Env is the process's environment (the test's, by default).
+	// Env is the process's environment (the test's, by default, and
+	// CURIA_FAILPOINT_DIR).
 	Env []string
+	// Failpoints is the process's CURIA_FAILPOINT_DIR: Hold stops it at a
+	// point of its code (binaries built with the failpoints tag).
+	Failpoints string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -65,8 +69,8 @@ type Proc struct {
 
 // New prepares a process; Start runs it. It is killed when the test ends.
 func New(t testing.TB, name, bin string, args ...string) *Proc {
-	p := &Proc{t: t, Name: name, bin: bin, args: args, Log: filepath.Join(t.TempDir(), name+".log")}
-	p.Env = os.Environ()
+	p := &Proc{t: t, Name: name, bin: bin, args: args, Log: filepath.Join(t.TempDir(), name+".log"), Failpoints: t.TempDir()}
+	p.Env = append(os.Environ(), "CURIA_FAILPOINT_DIR="+p.Failpoints)
 	t.Cleanup(func() {
 		p.Kill()
 		if t.Failed() {
@@ -174,6 +178,40 @@ func (p *Proc) Signal(sig syscall.Signal) {
 		cmd.Process.Kill()
 		<-done
 	}
+}
+
+// Hold makes the process stop at the named failpoint (platform/failpoint)
+// the next time it gets there, until release is called (at the latest when
+// the test ends).
+func (p *Proc) Hold(name string) (release func()) {
+	p.t.Helper()
+	dir := filepath.Join(p.Failpoints, name)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		p.t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { os.RemoveAll(dir) }) }
+	p.t.Cleanup(release)
+	return release
+}
+
+// Delay makes the process sleep d every time it passes the named
+// failpoint (until the test ends).
+func (p *Proc) Delay(name string, d time.Duration) {
+	p.t.Helper()
+	file := filepath.Join(p.Failpoints, name+".delay")
+	if err := os.WriteFile(file, []byte(d.String()), 0o600); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// Reached waits until the process stopped at the held failpoint name.
+func (p *Proc) Reached(name string) {
+	p.t.Helper()
+	Eventually(p.t, time.Minute, func() error {
+		_, err := os.Stat(filepath.Join(p.Failpoints, name, "reached"))
+		return err
+	})
 }
 
 // LogContains reports whether the process's log contains s.

@@ -11,10 +11,14 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/audit"
+	"curia.dev/platform/failpoint"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
@@ -22,19 +26,23 @@ import (
 )
 
 // change is one fenced membership change in progress: who asks, under which
-// fence, against which snapshot.
+// fence, against which snapshot. It holds this process's change lock until
+// end.
 type change struct {
 	x      *server
 	cli    *clientv3.Client
 	actor  pki.Principal
 	fence  fence.Fence
+	op     consensusv1.MembershipOperation
 	action string
 	snap   *membership
+	unlock func()
 }
 
-// begin validates the caller's fence, takes the change lock and reads
-// membership. The caller must call end.
-func (x *server) begin(ctx context.Context, pf *consensusv1.Fence, action string) (*change, error) {
+// begin checks the caller's fence, takes the change lock and reads
+// membership at the caller's epoch. It refuses while another change is
+// pending anywhere in the cluster. The caller must call end.
+func (x *server) begin(ctx context.Context, pf *consensusv1.Fence, op consensusv1.MembershipOperation, action string) (*change, error) {
 	actor, _ := rpc.PrincipalFromContext(ctx)
 	f := fence.FromProto(pf)
 	if err := checkFence(actor, f); err != nil {
@@ -44,31 +52,54 @@ func (x *server) begin(ctx context.Context, pf *consensusv1.Fence, action string
 	if err != nil {
 		return nil, err
 	}
-	x.s.member.changeMu.Lock()
-	snap, err := readMembership(ctx, cli)
-	if err != nil {
-		x.s.member.changeMu.Unlock()
-		return nil, err
-	}
-	x.s.member.rememberEndpoints(snap.members)
-	c := &change{x: x, cli: cli, actor: actor, fence: f, action: action, snap: snap}
 	// A stale caller learns that first, before any other answer, and even
 	// when the call would change nothing (an idempotent repeat).
 	if _, err := fence.Apply(ctx, cli, f, nil); err != nil {
-		x.s.member.changeMu.Unlock()
 		return nil, fmt.Errorf("%s: %w", action, err)
+	}
+	unlock, err := x.s.member.lockChanges(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c := &change{x: x, cli: cli, actor: actor, fence: f, op: op, action: action, unlock: unlock}
+	if err := c.read(ctx); err != nil {
+		unlock()
+		return nil, err
 	}
 	return c, nil
 }
 
-func (c *change) end() { c.x.s.member.changeMu.Unlock() }
+// read takes the snapshot the change is decided on: membership at exactly
+// the caller's epoch (the commit compares that epoch again), with no change
+// pending.
+func (c *change) read(ctx context.Context) error {
+	snap, err := readMembership(ctx, c.cli)
+	if err != nil {
+		return err
+	}
+	c.x.s.member.rememberEndpoints(snap.members)
+	if snap.pending != nil {
+		return fmt.Errorf("%s: %w", c.action, c.x.s.blockedBy(ctx, c.cli, snap.pending))
+	}
+	if snap.epoch != c.fence.Epoch {
+		return fmt.Errorf("%s: %w", c.action, &fence.StaleError{Reason: fmt.Sprintf("membership epoch is %d, the caller planned at %d: membership changed since; read members again", snap.epoch, c.fence.Epoch)})
+	}
+	c.snap = snap
+	return nil
+}
+
+func (c *change) end() { c.unlock() }
 
 // checkFence enforces the shape of a fence per caller (DESIGN §4): the
 // curator fences on its leader key; the reconciler on the leader key that
-// granted its lease and on its lease. Keys elsewhere are refused: a fence on
-// a key that never goes away would fence nothing.
+// granted its lease and on its lease; both on the membership epoch of the
+// member list they planned from. Keys elsewhere are refused: a fence on a
+// key that never goes away would fence nothing.
 func checkFence(actor pki.Principal, f fence.Fence) error {
 	if err := f.Validate(keys.LeaderElection, keys.LeasesPrefix); err != nil {
+		return fmt.Errorf("%w: %v", errBadRequest, err)
+	}
+	if err := f.RequireEpoch(); err != nil {
 		return fmt.Errorf("%w: %v", errBadRequest, err)
 	}
 	switch actor.Kind {
@@ -84,12 +115,32 @@ func checkFence(actor pki.Principal, f fence.Fence) error {
 	return nil
 }
 
-// commit is the fenced transaction before a real change: it checks the
-// fence (and the caller's epoch), bumps the epoch, records the intent in the
-// audit log and applies extra ops, all or nothing. It returns the new epoch.
-func (c *change) commit(ctx context.Context, nodeID string, memberID uint64, reason string, ops ...clientv3.Op) (int64, error) {
-	recorder := "consensus/" + c.x.s.cfg.nodeID
-	ops = append(ops, fence.BumpEpoch(recorder), audit.Put(&auditv1.Event{
+// commit is the fenced transaction that starts a real change: it checks
+// the fence and the caller's epoch (and extra, e.g. a proof of absence),
+// and only if no change is pending creates the pending change record,
+// bumps the epoch, records the intent in the audit log and applies ops, all
+// or nothing.
+func (c *change) commit(ctx context.Context, nodeID string, memberID uint64, peerURL, reason string, extra []clientv3.Cmp, ops ...clientv3.Op) (*pendingChange, error) {
+	failpoint.Hold("before-commit")
+	s := c.x.s
+	recorder := s.recorder()
+	p := &consensusv1.PendingChange{
+		Id:         newChangeID(),
+		Operation:  c.op,
+		MemberId:   memberID,
+		NodeId:     nodeID,
+		PeerUrl:    peerURL,
+		Actor:      c.actor.String(),
+		Fence:      c.fence.Strings(),
+		RecordedBy: recorder,
+		Started:    timestamppb.Now(),
+		Deadline:   durationpb.New(s.cfg.MemberCallTimeout),
+	}
+	val, err := proto.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("encode pending change: %w", err)
+	}
+	ops = append(ops, clientv3.OpPut(keys.MembershipPending, string(val)), fence.BumpEpoch(recorder), audit.Put(&auditv1.Event{
 		Actor:      c.actor.String(),
 		RecordedBy: recorder,
 		Action:     c.action,
@@ -97,13 +148,93 @@ func (c *change) commit(ctx context.Context, nodeID string, memberID uint64, rea
 		MemberId:   memberID,
 		Fence:      c.fence.Strings(),
 		Reason:     reason,
+		ChangeId:   p.Id,
 	}))
-	resp, err := fence.Apply(ctx, c.cli, c.fence, nil, ops...)
+	extra = append(extra, clientv3.Compare(clientv3.CreateRevision(keys.MembershipPending), "=", 0))
+	resp, err := fence.Apply(ctx, c.cli, c.fence, extra, ops...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.action, c.whyNotCommitted(ctx, err))
+	}
+	s.log.Info("membership change started", "change", p.Id, "action", c.action, "node", nodeID, "member", types.ID(memberID).String(), "actor", c.actor.String(), "fence", c.fence.String(), "reason", reason)
+	return &pendingChange{PendingChange: p, createRev: resp.Header.Revision}, nil
+}
+
+// whyNotCommitted explains a failed commit whose fence still held: another
+// change started meanwhile, or a proof in extra failed (the node exists).
+func (c *change) whyNotCommitted(ctx context.Context, err error) error {
+	var se *fence.StaleError
+	if !errors.As(err, &se) || !strings.HasPrefix(se.Reason, "a condition of the write") {
+		return err
+	}
+	resp, rerr := c.cli.Get(ctx, keys.MembershipPending)
+	if rerr == nil && len(resp.Kvs) > 0 {
+		if p, derr := decodePending(resp.Kvs[0].Value, resp.Kvs[0].CreateRevision); derr == nil {
+			return fmt.Errorf("%w: %s", errChangePending, p)
+		}
+		return fmt.Errorf("%w: another change started meanwhile", errChangePending)
+	}
+	return err
+}
+
+// carryOut makes the etcd member call of a started change under its
+// deadline, then finishes the change: APPLIED when the call succeeded or
+// the live member list shows it done, NOT_APPLIED when etcd refused it (or
+// the call was never made). When the outcome cannot be known, the record
+// stays: whoever comes next resolves it from the member list. It returns
+// the epoch after the finish and the call's error.
+func (c *change) carryOut(p *pendingChange, call func(context.Context) error) (int64, error) {
+	begun := time.Now()
+	failpoint.Hold("after-commit")
+	deadline := begun.Add(p.deadline())
+	callErr := errNeverCalled
+	if time.Now().Before(deadline) {
+		// Not the caller's context: a client that hangs up must not leave
+		// the change half done.
+		mctx, cancel := context.WithDeadline(context.Background(), deadline)
+		callErr = call(mctx)
+		cancel()
+	} else {
+		callErr = fmt.Errorf("%w: its deadline (%v) passed before it could be made", errNeverCalled, p.deadline())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+	defer cancel()
+	cli, done, err := c.finishClient(p)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %v; it stays pending and is resolved from the member list within %v", errOutcomeUnknown, p, err, resolveAfter(p))
+	}
+	defer done()
+	outcome := auditv1.ChangeOutcome_CHANGE_OUTCOME_APPLIED
+	reason := "the etcd member call succeeded"
+	if callErr != nil {
+		var list *clientv3.MemberListResponse
+		err := untilFinished(ctx, func() (err error) {
+			list, err = cli.MemberList(ctx)
+			return err
+		})
+		switch {
+		case err == nil && p.applied(list.Members):
+			reason = fmt.Sprintf("the member call failed (%v), but the member list shows the change done", callErr)
+		case err == nil && definitelyNotApplied(callErr):
+			outcome = auditv1.ChangeOutcome_CHANGE_OUTCOME_NOT_APPLIED
+			reason = fmt.Sprintf("etcd refused the change: %v", callErr)
+		default:
+			c.x.s.log.Warn("membership change outcome unknown; it stays pending", "change", p.Id, "action", c.action, "err", callErr)
+			return 0, fmt.Errorf("%w: %s: %v; it stays pending and is resolved from the member list within %v", errOutcomeUnknown, p, callErr, resolveAfter(p))
+		}
+	}
+	var epoch int64
+	err = untilFinished(ctx, func() (err error) {
+		epoch, err = finish(ctx, cli, p, outcome, c.x.s.recorder(), reason)
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", c.action, err)
 	}
-	c.x.s.log.Info("membership change", "action", c.action, "node", nodeID, "member", types.ID(memberID).String(), "actor", c.actor.String(), "fence", c.fence.String(), "reason", reason)
-	return fence.EpochAfter(resp), nil
+	c.x.s.log.Info("membership change finished", "change", p.Id, "action", c.action, "outcome", outcome.String(), "epoch", epoch)
+	if outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_NOT_APPLIED {
+		return epoch, callErr
+	}
+	return epoch, nil
 }
 
 func (x *server) AddNode(ctx context.Context, req *consensusv1.AddNodeRequest) (*consensusv1.AddNodeResponse, error) {
@@ -118,7 +249,7 @@ func (x *server) addNode(ctx context.Context, req *consensusv1.AddNodeRequest) (
 	if err := validatePeerURL(req.GetPeerUrl()); err != nil {
 		return nil, fmt.Errorf("%w: peer_url: %v", errBadRequest, err)
 	}
-	c, err := x.begin(ctx, req.GetFence(), "member.add")
+	c, err := x.begin(ctx, req.GetFence(), consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_ADD, "member.add")
 	if err != nil {
 		return nil, err
 	}
@@ -136,25 +267,38 @@ func (x *server) addNode(ctx context.Context, req *consensusv1.AddNodeRequest) (
 		return nil, fmt.Errorf("%w: add %s: member %s (node %q) is still a learner and etcd allows one learner at a time: wait until it is promoted, or remove it", errRefused, req.GetNodeId(), types.ID(learners[0].ID), c.snap.nodeID(learners[0]))
 	}
 
-	// The epoch bump, the joining record that names the learner and the
-	// audit entry land together, fenced; the member call follows at once.
-	// This is the one unfenced step etcd leaves us: if we die here, the
-	// epoch moved without a change, which costs a re-read and nothing more.
-	epoch, err := c.commit(ctx, req.GetNodeId(), 0, "add node as learner with peer URL "+req.GetPeerUrl(),
+	// The pending record, the joining record that names the learner and
+	// the intent land together, fenced; the member call follows.
+	p, err := c.commit(ctx, req.GetNodeId(), 0, req.GetPeerUrl(), "add node as learner with peer URL "+req.GetPeerUrl(), nil,
 		clientv3.OpPut(keys.Joining(req.GetPeerUrl()), req.GetNodeId()))
 	if err != nil {
 		return nil, err
 	}
-	added, err := c.cli.MemberAddAsLearner(ctx, []string{req.GetPeerUrl()})
-	if errors.Is(err, rpctypes.ErrPeerURLExist) {
-		// Someone added it between our read and our call; answer as for
-		// an existing member if it is this node's.
-		if resp, rerr := c.reread(ctx, req.GetNodeId()); resp != nil || rerr != nil {
-			return resp, rerr
-		}
+	var added *clientv3.MemberAddResponse
+	epoch, err := c.carryOut(p, func(ctx context.Context) (err error) {
+		added, err = c.cli.MemberAddAsLearner(ctx, []string{req.GetPeerUrl()})
+		return err
+	})
+	if errors.Is(err, rpctypes.ErrMemberNotFound) {
+		// etcd derives a new member's id from its peer URLs and the
+		// current second: re-adding the peer URL of a member removed in the
+		// same second yields that removed id, which etcd refuses.
+		return nil, fmt.Errorf("%w: add learner %s: etcd gave the new member the id of a member removed a moment ago with the same peer URL (ids depend on the URL and the second); retry in a second: %v", errTryAgain, req.GetNodeId(), err)
 	}
 	if err != nil {
 		return nil, explain(err, "add learner "+req.GetNodeId())
+	}
+	if added == nil {
+		// The call failed, but the member list showed the learner added:
+		// answer as for an existing member.
+		if err := c.reread(ctx); err != nil {
+			return nil, err
+		}
+		resp, err := c.existing(ctx, req.GetNodeId())
+		if resp == nil && err == nil {
+			err = fmt.Errorf("%w: the learner for %s was added but is not in the member list now", errCannotConfirm, req.GetNodeId())
+		}
+		return resp, err
 	}
 	snap := &membership{members: added.Members, joining: map[string]string{req.GetPeerUrl(): req.GetNodeId()}}
 	crl, err := x.crl(ctx, c.cli)
@@ -189,13 +333,14 @@ func (c *change) existing(ctx context.Context, nodeID string) (*consensusv1.AddN
 	}, nil
 }
 
-func (c *change) reread(ctx context.Context, nodeID string) (*consensusv1.AddNodeResponse, error) {
+// reread reads membership again after this change finished.
+func (c *change) reread(ctx context.Context) error {
 	snap, err := readMembership(ctx, c.cli)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	c.snap = snap
-	return c.existing(ctx, nodeID)
+	return nil
 }
 
 // crl is the cluster's current revocation list, handed to joining members.
@@ -229,7 +374,7 @@ func (x *server) promote(ctx context.Context, req *consensusv1.PromoteMemberRequ
 	if req.GetMemberId() == 0 {
 		return nil, fmt.Errorf("%w: member_id is required", errBadRequest)
 	}
-	c, err := x.begin(ctx, req.GetFence(), "member.promote")
+	c, err := x.begin(ctx, req.GetFence(), consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_PROMOTE, "member.promote")
 	if err != nil {
 		return nil, err
 	}
@@ -243,19 +388,31 @@ func (x *server) promote(ctx context.Context, req *consensusv1.PromoteMemberRequ
 	if !m.IsLearner {
 		return &consensusv1.PromoteMemberResponse{AlreadyVoter: true, MembershipEpoch: c.snap.epoch}, nil
 	}
-	// Ask before bumping the epoch, so that polling a learner that is not
-	// ready yet does not invalidate everyone's snapshot. etcd checks again.
+	// Ask before starting the change, so that polling a learner that is
+	// not ready yet does not move the epoch and invalidate everyone's
+	// snapshot. etcd checks again.
 	if err := c.learnerReady(ctx, m); err != nil {
 		return nil, err
 	}
-	epoch, err := c.commit(ctx, node, m.ID, "promote learner to voter")
+	p, err := c.commit(ctx, node, m.ID, firstURL(m.PeerURLs), "promote learner to voter", nil)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.cli.MemberPromote(ctx, m.ID); err != nil {
+	epoch, err := c.carryOut(p, func(ctx context.Context) error {
+		_, err := c.cli.MemberPromote(ctx, m.ID)
+		return err
+	})
+	if err != nil {
 		return nil, explain(err, fmt.Sprintf("promote member %s (node %q)", types.ID(m.ID), node))
 	}
 	return &consensusv1.PromoteMemberResponse{MembershipEpoch: epoch}, nil
+}
+
+func firstURL(urls []string) string {
+	if len(urls) == 0 {
+		return ""
+	}
+	return urls[0]
 }
 
 // learnerReady approximates etcd's own readiness rule (the learner's log is
@@ -307,7 +464,13 @@ func (x *server) remove(ctx context.Context, req *consensusv1.RemoveMemberReques
 	default:
 		return nil, fmt.Errorf("%w: set member_id or node_id", errBadRequest)
 	}
-	c, err := x.begin(ctx, req.GetFence(), "member.remove")
+	// Not necessarily a node id: a member added outside curia is named by
+	// its peer URL's host. It must name the member (checked below).
+	absent := req.GetAbsentNodeId()
+	if strings.Contains(absent, "/") {
+		return nil, fmt.Errorf("%w: absent_node_id %q: a node id has no '/'", errBadRequest, absent)
+	}
+	c, err := x.begin(ctx, req.GetFence(), consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_REMOVE, "member.remove")
 	if err != nil {
 		return nil, err
 	}
@@ -324,34 +487,106 @@ func (x *server) remove(ctx context.Context, req *consensusv1.RemoveMemberReques
 		return &consensusv1.RemoveMemberResponse{AlreadyAbsent: true, MembershipEpoch: c.snap.epoch}, nil
 	}
 	node := c.snap.nodeID(m)
-	moved := false
+	var extra []clientv3.Cmp
+	reason := "remove member"
+	if absent != "" {
+		if node != absent {
+			return nil, fmt.Errorf("%w: absent_node_id %s: member %s is node %q's, not that node's", errBadRequest, absent, types.ID(m.ID), node)
+		}
+		// The proof of absence, checked in the fenced transaction: a stale
+		// view of the registry never removes a live member.
+		extra = append(extra, clientv3.Compare(clientv3.CreateRevision(keys.Node(absent)), "=", 0))
+		reason = "remove member: its node " + absent + " does not exist"
+	}
+	var transferee *etcdMember
+	isLeader := false
 	if !m.IsLearner {
-		transferee, isLeader, err := c.quorumGuard(ctx, m)
-		if err != nil {
+		if transferee, isLeader, err = c.quorumGuard(ctx, m); err != nil {
 			return nil, err
 		}
+	}
+	p, err := c.commit(ctx, node, m.ID, firstURL(m.PeerURLs), reason, extra)
+	if err != nil {
+		if absent != "" {
+			err = c.whyNotAbsent(ctx, absent, err)
+		}
+		return nil, err
+	}
+	// Leadership moves only now, after the fenced start: a stale or
+	// refused caller never moves it.
+	moved := false
+	epoch, err := c.carryOut(p, func(ctx context.Context) error {
 		if isLeader {
 			if err := c.moveLeader(ctx, m, transferee); err != nil {
-				return nil, err
+				return fmt.Errorf("%w: %v", errNeverCalled, err)
 			}
 			moved = true
 		}
-	}
-	ops := make([]clientv3.Op, 0, len(m.PeerURLs))
-	for _, u := range m.PeerURLs {
-		ops = append(ops, clientv3.OpDelete(keys.Joining(u)))
-	}
-	epoch, err := c.commit(ctx, node, m.ID, "remove member", ops...)
+		_, err := c.cli.MemberRemove(ctx, m.ID)
+		return err
+	})
 	if err != nil {
-		return nil, err
-	}
-	if _, err := c.cli.MemberRemove(ctx, m.ID); err != nil {
-		if errors.Is(err, rpctypes.ErrMemberNotFound) {
-			return &consensusv1.RemoveMemberResponse{AlreadyAbsent: true, MembershipEpoch: epoch}, nil
-		}
 		return nil, explain(err, fmt.Sprintf("remove member %s (node %q)", types.ID(m.ID), node))
 	}
 	return &consensusv1.RemoveMemberResponse{MemberId: m.ID, MovedLeadership: moved, MembershipEpoch: epoch}, nil
+}
+
+// untilFinished retries f until it succeeds, the change turns out finished
+// elsewhere, or ctx ends: right after a membership change the client may
+// still talk to a member that is stopping (a removed one answers "raft:
+// stopped").
+func untilFinished(ctx context.Context, f func() error) error {
+	wait := 50 * time.Millisecond
+	for {
+		err := f()
+		if err == nil || errors.Is(err, errFinishedElsewhere) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// finishClient is the etcd client that finishes p: the cluster client,
+// except when p removes this process's own member, whose etcd stops (and
+// closes that client) as soon as it learns it was removed; then a client of
+// the other voters.
+func (c *change) finishClient(p *pendingChange) (*clientv3.Client, func(), error) {
+	own := c.x.s.member.status().GetMemberId()
+	if p.GetOperation() != consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_REMOVE || p.GetMemberId() != own {
+		return c.cli, func() {}, nil
+	}
+	var eps []string
+	for _, v := range c.snap.voters() {
+		if v.ID != own {
+			eps = append(eps, v.ClientURLs...)
+		}
+	}
+	if len(eps) == 0 {
+		return nil, nil, errors.New("no other voter to finish the change through")
+	}
+	cli, err := c.x.s.member.dial(eps)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cli, func() { cli.Close() }, nil
+}
+
+// whyNotAbsent names a failed proof of absence: the node exists.
+func (c *change) whyNotAbsent(ctx context.Context, nodeID string, err error) error {
+	var se *fence.StaleError
+	if !errors.As(err, &se) || !strings.Contains(se.Reason, "a condition of the write") {
+		return err
+	}
+	resp, rerr := c.cli.Get(ctx, keys.Node(nodeID), clientv3.WithKeysOnly())
+	if rerr != nil || len(resp.Kvs) == 0 {
+		return err
+	}
+	return fmt.Errorf("member.remove: %w", &fence.StaleError{Reason: fmt.Sprintf("node %s exists (created at revision %d): the member of a live node is not removed for want of a node; read nodes again", nodeID, resp.Kvs[0].CreateRevision)})
 }
 
 // quorumGuard refuses to remove the last voter, or a voter whose removal

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strings"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -38,6 +39,10 @@ func (x *server) ListMembers(ctx context.Context, _ *consensusv1.ListMembersRequ
 	resp := &consensusv1.ListMembersResponse{
 		AnsweredByMemberId: snap.answeredBy,
 		MembershipEpoch:    snap.epoch,
+		Revision:           snap.revision,
+	}
+	if snap.pending != nil {
+		resp.Pending = snap.pending.PendingChange
 	}
 	for _, m := range snap.members {
 		pm := snap.toProto(m)
@@ -84,47 +89,71 @@ func (x *server) WatchMembership(_ *consensusv1.WatchMembershipRequest, stream c
 	return toStatus(fmt.Errorf("%w: the membership watch ended (etcd stopping?); watch again", errNotRunning))
 }
 
-// membership is one consistent read of etcd membership: the epoch first, then
-// the member list, then the joining records that name unstarted learners.
+// membership is one consistent read of etcd membership: the member list,
+// and the membership records (epoch, pending change, joining records) read
+// before and after it with the same epoch, so that no change made through
+// curia landed in between.
 type membership struct {
-	epoch      int64
+	epoch int64
+	// revision is the etcd revision of the read after the member list.
+	revision   int64
 	members    []*etcdMember
 	answeredBy uint64
+	// pending is the change in flight, nil when none.
+	pending *pendingChange
 	// joining maps a peer URL to the node a learner was added for.
 	joining map[string]string
 }
 
+// readMembershipAttempts bounds how often readMembership reads again when
+// a change landed while it read.
+const readMembershipAttempts = 3
+
 func readMembership(ctx context.Context, cli *clientv3.Client) (*membership, error) {
-	// The epoch is read before the list, so that a change that lands in
-	// between makes the epoch stale rather than the list.
-	epochResp, err := cli.Get(ctx, keys.MembershipEpoch, clientv3.WithKeysOnly())
-	if err != nil {
-		return nil, fmt.Errorf("read membership epoch: %w", err)
-	}
-	list, err := cli.MemberList(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("list members: %w", err)
-	}
-	joining, err := cli.Get(ctx, keys.MembershipJoining, clientv3.WithPrefix())
-	if err != nil {
-		return nil, fmt.Errorf("read joining records: %w", err)
-	}
-	snap := &membership{
-		members:    list.Members,
-		answeredBy: list.Header.MemberId,
-		joining:    make(map[string]string, len(joining.Kvs)),
-	}
-	if len(epochResp.Kvs) > 0 {
-		snap.epoch = epochResp.Kvs[0].ModRevision
-	}
-	for _, kv := range joining.Kvs {
-		u, err := keys.JoiningPeerURL(string(kv.Key))
+	for range readMembershipAttempts {
+		before, err := cli.Get(ctx, keys.MembershipEpoch, clientv3.WithKeysOnly())
 		if err != nil {
-			continue
+			return nil, fmt.Errorf("read membership epoch: %w", err)
 		}
-		snap.joining[u] = string(kv.Value)
+		// Linearizable (etcd's default): the list is at least as new as
+		// every change finished before this call.
+		list, err := cli.MemberList(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list members: %w", err)
+		}
+		after, err := cli.Get(ctx, keys.MembershipPrefix, clientv3.WithPrefix())
+		if err != nil {
+			return nil, fmt.Errorf("read membership records: %w", err)
+		}
+		snap := &membership{
+			revision:   after.Header.Revision,
+			members:    list.Members,
+			answeredBy: list.Header.MemberId,
+			joining:    map[string]string{},
+		}
+		for _, kv := range after.Kvs {
+			switch key := string(kv.Key); {
+			case key == keys.MembershipEpoch:
+				snap.epoch = kv.ModRevision
+			case key == keys.MembershipPending:
+				if snap.pending, err = decodePending(kv.Value, kv.CreateRevision); err != nil {
+					return nil, err
+				}
+			case strings.HasPrefix(key, keys.MembershipJoining):
+				if u, err := keys.JoiningPeerURL(key); err == nil {
+					snap.joining[u] = string(kv.Value)
+				}
+			}
+		}
+		var epochBefore int64
+		if len(before.Kvs) > 0 {
+			epochBefore = before.Kvs[0].ModRevision
+		}
+		if epochBefore == snap.epoch {
+			return snap, nil
+		}
 	}
-	return snap, nil
+	return nil, fmt.Errorf("%w: membership changed while it was read, %d times in a row; retry", errChangePending, readMembershipAttempts)
 }
 
 // nodeID names the node of a member: its etcd name once it started; before

@@ -39,7 +39,7 @@ func BenchmarkJoinToVoter(b *testing.B) {
 		c.Promote(n1, id, leader.Fence)
 		b.StopTimer()
 		err := ct.RetryUnavailable(b, func() error {
-			_, err := n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: id}, Fence: leader.Fence.Proto()})
+			_, err := n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: id}, Fence: n1.Fenced(leader.Fence)})
 			return err
 		})
 		if err != nil {

@@ -11,8 +11,9 @@
 //
 // Files: consensus.go (config, run), member.go (etcd lifecycle),
 // api_status.go, api_membership.go (fenced changes and quorum guards),
-// api_lifecycle.go (Start, Leave), policy.go (who may call what),
-// errors.go (the one mapping to gRPC codes).
+// pending.go (one change at a time, cluster-wide), api_lifecycle.go
+// (Start, Leave), policy.go (who may call what), errors.go (the one
+// mapping to gRPC codes).
 package consensus
 
 import (
@@ -68,8 +69,18 @@ type Config struct {
 	StartTimeout time.Duration
 	// HealthTimeout bounds each voter health probe of the quorum guard.
 	HealthTimeout time.Duration
+	// MemberCallTimeout bounds the etcd member call of a membership change
+	// after its fenced start: once it passed, this process no longer makes
+	// the call, and another process may resolve the pending change after
+	// twice as long.
+	MemberCallTimeout time.Duration
 	// UnsafeNoFsync turns off fsync in etcd. Tests only.
 	UnsafeNoFsync bool
+	// UnsafeNoStrictReconfig turns off etcd's own checks before a
+	// membership change (its voters in contact for 5s, the change keeping
+	// an active quorum). Tests only: they prove curia's own guards without
+	// etcd's behind them, and want many changes in a short run.
+	UnsafeNoStrictReconfig bool
 
 	// nodeID is derived from the certificate in New.
 	nodeID string
@@ -78,15 +89,16 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
-		Cluster:         "curia",
-		DataDir:         "consensus-data",
-		ListenAPI:       "127.0.0.1:7100",
-		ListenPeer:      "127.0.0.1:2380",
-		ListenClient:    "127.0.0.1:2379",
-		TickInterval:    100 * time.Millisecond,
-		ElectionTimeout: 1000 * time.Millisecond,
-		StartTimeout:    time.Minute,
-		HealthTimeout:   2 * time.Second,
+		Cluster:           "curia",
+		DataDir:           "consensus-data",
+		ListenAPI:         "127.0.0.1:7100",
+		ListenPeer:        "127.0.0.1:2380",
+		ListenClient:      "127.0.0.1:2379",
+		TickInterval:      100 * time.Millisecond,
+		ElectionTimeout:   1000 * time.Millisecond,
+		StartTimeout:      time.Minute,
+		HealthTimeout:     2 * time.Second,
+		MemberCallTimeout: 10 * time.Second,
 	}
 }
 
@@ -105,7 +117,9 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ElectionTimeout, "etcd-election-timeout", c.ElectionTimeout, "etcd election timeout")
 	fs.DurationVar(&c.StartTimeout, "start-timeout", c.StartTimeout, "how long Start waits for etcd to serve")
 	fs.DurationVar(&c.HealthTimeout, "health-timeout", c.HealthTimeout, "timeout of each voter health probe before a removal")
+	fs.DurationVar(&c.MemberCallTimeout, "member-call-timeout", c.MemberCallTimeout, "deadline of the etcd member call of a membership change; a change left pending by a dead process is resolved after twice this")
 	fs.BoolVar(&c.UnsafeNoFsync, "unsafe-no-fsync", c.UnsafeNoFsync, "turn off fsync in etcd: data loss on power failure; for tests only")
+	fs.BoolVar(&c.UnsafeNoStrictReconfig, "unsafe-no-strict-reconfig", c.UnsafeNoStrictReconfig, "turn off etcd's own quorum checks before membership changes (curia's guards still run); for tests only")
 }
 
 // Validate checks the configuration and fills in derived defaults.
@@ -138,9 +152,10 @@ func (c *Config) Validate() error {
 	if c.TickInterval <= 0 || c.ElectionTimeout < 5*c.TickInterval {
 		return fmt.Errorf("etcd election timeout (%v) must be at least 5 heartbeat intervals (%v)", c.ElectionTimeout, c.TickInterval)
 	}
-	if c.StartTimeout <= 0 || c.HealthTimeout <= 0 {
-		return errors.New("--start-timeout and --health-timeout must be positive")
+	if c.StartTimeout <= 0 || c.HealthTimeout <= 0 || c.MemberCallTimeout <= 0 {
+		return errors.New("--start-timeout, --health-timeout and --member-call-timeout must be positive")
 	}
+
 	return nil
 }
 
@@ -164,6 +179,8 @@ type Service struct {
 	member *member
 	rpc    *rpc.Server
 	crl    *crl.Watcher
+	// pending is when this process first saw each pending change.
+	pending *pendingClock
 }
 
 // New prepares the service; nothing listens until Run.
@@ -188,7 +205,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, log: log, creds: creds, member: m, crl: crl.New(caCert, log.With("part", "crl"))}
+	s := &Service{cfg: cfg, log: log, creds: creds, member: m, crl: crl.New(caCert, log.With("part", "crl")), pending: newPendingClock()}
 	srv, err := rpc.NewServer(rpc.ServerConfig{
 		Credentials: creds,
 		Policy:      policy(cfg.nodeID),
@@ -221,6 +238,7 @@ func (s *Service) Run(ctx context.Context) error {
 	g.Add("grpc", func(ctx context.Context) error { return s.rpc.Serve(ctx, lis) })
 	g.Add("member", s.runMember)
 	g.Add("crl", s.followCRL)
+	g.Add("pending", s.followPending)
 	if s.cfg.ListenMetrics != "" {
 		g.Add("metrics", func(ctx context.Context) error { return serveMetrics(ctx, s.cfg.ListenMetrics, s.rpc.MetricsHandler()) })
 	}

@@ -122,11 +122,11 @@ func TestAddNodeIdempotentAndOneLearner(t *testing.T) {
 	leader := c.Campaign(c.Etcd(n1.ClientURL))
 	a, b := ct.NewNodeID(t), ct.NewNodeID(t)
 
-	first, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: a, PeerUrl: "https://127.0.0.1:1", Fence: leader.Fence.Proto()})
+	first, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: a, PeerUrl: "https://127.0.0.1:1", Fence: n1.Fenced(leader.Fence)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: a, PeerUrl: "https://127.0.0.1:1", Fence: leader.Fence.Proto()})
+	again, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: a, PeerUrl: "https://127.0.0.1:1", Fence: n1.Fenced(leader.Fence)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,14 +150,14 @@ func TestAddNodeIdempotentAndOneLearner(t *testing.T) {
 		}
 	}
 
-	_, err = n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: b, PeerUrl: "https://127.0.0.1:2", Fence: leader.Fence.Proto()})
+	_, err = n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: b, PeerUrl: "https://127.0.0.1:2", Fence: n1.Fenced(leader.Fence)})
 	wantCode(t, err, codes.FailedPrecondition, "one learner at a time")
 	if got := len(n1.Members().Members); got != 2 {
 		t.Fatalf("a refused AddNode changed membership: %d members", got)
 	}
 
 	// Concurrent adds of two new nodes: exactly one becomes the learner.
-	_, err = n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: a}, Fence: leader.Fence.Proto()})
+	_, err = n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: a}, Fence: n1.Fenced(leader.Fence)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestAddNodeIdempotentAndOneLearner(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: id, PeerUrl: fmt.Sprintf("https://127.0.0.1:%d", 10+i), Fence: leader.Fence.Proto()})
+			_, errs[i] = n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: id, PeerUrl: fmt.Sprintf("https://127.0.0.1:%d", 10+i), Fence: n1.Fenced(leader.Fence)})
 		}()
 	}
 	wg.Wait()
@@ -176,7 +176,9 @@ func TestAddNodeIdempotentAndOneLearner(t *testing.T) {
 		switch status.Code(err) {
 		case codes.OK:
 			ok++
-		case codes.FailedPrecondition:
+		case codes.FailedPrecondition, codes.Aborted:
+			// One learner at a time, a stale epoch, or the other add in
+			// flight.
 		default:
 			t.Fatalf("concurrent AddNode: %v", err)
 		}
@@ -198,7 +200,7 @@ func TestRemoveGuards(t *testing.T) {
 	// healthy voter of two.
 	nodes[2].Kill()
 	before := n1.Members()
-	_, err := n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: nodes[1].ID}, Fence: leader.Fence.Proto()})
+	_, err := n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: nodes[1].ID}, Fence: n1.Fenced(leader.Fence)})
 	wantCode(t, err, codes.FailedPrecondition, "below the quorum")
 	if after := n1.Members(); len(after.Members) != 3 || after.MembershipEpoch != before.MembershipEpoch {
 		t.Fatalf("refused removal changed membership: %v", after)
@@ -207,7 +209,7 @@ func TestRemoveGuards(t *testing.T) {
 	// Remove the dead member instead: that keeps 2 healthy of 2.
 	var resp *consensusv1.RemoveMemberResponse
 	err = ct.RetryUnavailable(t, func() (err error) {
-		resp, err = n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: nodes[2].ID}, Fence: leader.Fence.Proto()})
+		resp, err = n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: nodes[2].ID}, Fence: n1.Fenced(leader.Fence)})
 		return err
 	})
 	if err != nil {
@@ -233,7 +235,7 @@ func TestRemoveGuards(t *testing.T) {
 		return nil
 	})
 	err = ct.RetryUnavailable(t, func() (err error) {
-		resp, err = other.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: lead.ID}, Fence: leader.Fence.Proto()})
+		resp, err = other.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: lead.ID}, Fence: other.Fenced(leader.Fence)})
 		return err
 	})
 	if err != nil {
@@ -262,7 +264,7 @@ func TestRemoveGuards(t *testing.T) {
 	})
 
 	// The last voter stays.
-	_, err = other.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: other.ID}, Fence: leader.Fence.Proto()})
+	_, err = other.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: other.ID}, Fence: other.Fenced(leader.Fence)})
 	wantCode(t, err, codes.FailedPrecondition, "last voter")
 	if got := len(other.Members().Members); got != 1 {
 		t.Fatalf("last voter removal changed membership: %d", got)
@@ -281,7 +283,7 @@ func TestStaleFence(t *testing.T) {
 	epoch0 := n1.Members().MembershipEpoch
 	var added *consensusv1.AddNodeResponse
 	err := ct.RetryUnavailable(t, func() (err error) {
-		added, err = n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: spare.ID, PeerUrl: spare.PeerURL, Fence: leader.Fence.Proto()})
+		added, err = n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: spare.ID, PeerUrl: spare.PeerURL, Fence: n1.Fenced(leader.Fence)})
 		return err
 	})
 	if err != nil {
@@ -304,23 +306,23 @@ func TestStaleFence(t *testing.T) {
 	before := n1.Members()
 	calls := map[string]func() error{
 		"AddNode": func() error {
-			_, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:3", Fence: leader.Fence.Proto()})
+			_, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:3", Fence: n1.Fenced(leader.Fence)})
 			return err
 		},
 		"AddNode (already a member)": func() error {
-			_, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: spare.ID, PeerUrl: spare.PeerURL, Fence: leader.Fence.Proto()})
+			_, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: spare.ID, PeerUrl: spare.PeerURL, Fence: n1.Fenced(leader.Fence)})
 			return err
 		},
 		"PromoteMember": func() error {
-			_, err := n1.Curator().PromoteMember(ctx, &consensusv1.PromoteMemberRequest{MemberId: added.Join.MemberId, Fence: leader.Fence.Proto()})
+			_, err := n1.Curator().PromoteMember(ctx, &consensusv1.PromoteMemberRequest{MemberId: added.Join.MemberId, Fence: n1.Fenced(leader.Fence)})
 			return err
 		},
 		"RemoveMember": func() error {
-			_, err := n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: nodes[1].ID}, Fence: leader.Fence.Proto()})
+			_, err := n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: nodes[1].ID}, Fence: n1.Fenced(leader.Fence)})
 			return err
 		},
 		"RemoveMember (learner)": func() error {
-			_, err := n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: added.Join.MemberId}, Fence: leader.Fence.Proto()})
+			_, err := n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: added.Join.MemberId}, Fence: n1.Fenced(leader.Fence)})
 			return err
 		},
 	}
@@ -338,7 +340,7 @@ func TestStaleFence(t *testing.T) {
 	fresh := c.Campaign(c.Etcd(n1.ClientURL))
 	var removed *consensusv1.RemoveMemberResponse
 	err = ct.RetryUnavailable(t, func() (err error) {
-		removed, err = n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: added.Join.MemberId}, Fence: fresh.Fence.Proto()})
+		removed, err = n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: added.Join.MemberId}, Fence: n1.Fenced(fresh.Fence)})
 		return err
 	})
 	if err != nil {
@@ -400,7 +402,7 @@ func TestLeave(t *testing.T) {
 	}
 
 	if err := ct.RetryUnavailable(t, func() error {
-		_, err := nodes[0].Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: n2.ID}, Fence: leader.Fence.Proto()})
+		_, err := nodes[0].Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: n2.ID}, Fence: nodes[0].Fenced(leader.Fence)})
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -427,7 +429,7 @@ func TestBadRequests(t *testing.T) {
 	n1 := c.NewNode()
 	c.Bootstrap(n1)
 	leader := c.Campaign(c.Etcd(n1.ClientURL))
-	good := leader.Fence.Proto()
+	good := n1.Fenced(leader.Fence)
 	cases := map[string]struct {
 		req  *consensusv1.AddNodeRequest
 		says string
@@ -435,6 +437,7 @@ func TestBadRequests(t *testing.T) {
 		"bad node id":     {&consensusv1.AddNodeRequest{NodeId: "bob", PeerUrl: "https://127.0.0.1:1", Fence: good}, "node id"},
 		"http peer URL":   {&consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "http://127.0.0.1:1", Fence: good}, "https://host:port"},
 		"no fence":        {&consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1"}, "no conditions"},
+		"no epoch":        {&consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: leader.Fence.Proto()}, "membership_epoch is required"},
 		"fence elsewhere": {&consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: fence.Fence{Conditions: []fence.Condition{{Key: "/curia/membership/epoch", CreateRevision: 1}}}.Proto()}, "not a leader or lease key"},
 	}
 	for name, tc := range cases {
@@ -451,7 +454,8 @@ func TestBadRequests(t *testing.T) {
 	}
 }
 
-// TestWatchMembership: the stream sends the epoch, then every bump.
+// TestWatchMembership: the stream sends the epoch, then every bump: a
+// change bumps it twice, when it starts and when it finishes.
 func TestWatchMembership(t *testing.T) {
 	c := ct.NewCluster(t)
 	ctx := ctxT(t)
@@ -469,15 +473,19 @@ func TestWatchMembership(t *testing.T) {
 	if first.MembershipEpoch != n1.Members().MembershipEpoch {
 		t.Fatalf("first epoch %d, ListMembers says %d", first.MembershipEpoch, n1.Members().MembershipEpoch)
 	}
-	added, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: leader.Fence.Proto()})
+	added, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: n1.Fenced(leader.Fence)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	next, err := stream.Recv()
+	started, err := stream.Recv()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if next.MembershipEpoch != added.MembershipEpoch || next.MembershipEpoch <= first.MembershipEpoch {
-		t.Fatalf("after AddNode the stream says %d, AddNode %d (before: %d)", next.MembershipEpoch, added.MembershipEpoch, first.MembershipEpoch)
+	finished, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if started.MembershipEpoch <= first.MembershipEpoch || finished.MembershipEpoch != added.MembershipEpoch || finished.MembershipEpoch <= started.MembershipEpoch {
+		t.Fatalf("after AddNode the stream says %d then %d, AddNode %d (before: %d)", started.MembershipEpoch, finished.MembershipEpoch, added.MembershipEpoch, first.MembershipEpoch)
 	}
 }

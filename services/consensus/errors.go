@@ -22,6 +22,14 @@ var (
 	errCannotConfirm = errors.New("cannot confirm membership")
 	errConflict      = errors.New("conflict")
 	errNotFound      = errors.New("not found")
+	// errChangePending: another membership change is in flight somewhere
+	// in the cluster; retry once it finished.
+	errChangePending = errors.New("a membership change is in flight")
+	// errOutcomeUnknown: the member call of a change failed in a way that
+	// does not say whether etcd applied it; the change stays pending.
+	errOutcomeUnknown = errors.New("outcome of the membership change unknown")
+	// errTryAgain: etcd refused for a reason that passes by itself.
+	errTryAgain = errors.New("try again shortly")
 )
 
 // toStatus maps an error to a gRPC status at the API boundary, so that no
@@ -50,7 +58,9 @@ func toStatus(err error) error {
 		return status.Error(codes.NotFound, msg)
 	case errors.Is(err, errConflict):
 		return status.Error(codes.AlreadyExists, msg)
-	case errors.Is(err, errNotRunning), errors.Is(err, errCannotConfirm):
+	case errors.Is(err, errChangePending), errors.Is(err, errFinishedElsewhere):
+		return status.Error(codes.Aborted, msg)
+	case errors.Is(err, errNotRunning), errors.Is(err, errCannotConfirm), errors.Is(err, errOutcomeUnknown), errors.Is(err, errTryAgain):
 		return status.Error(codes.Unavailable, msg)
 	}
 	if code, ok := etcdCode(err); ok {

@@ -45,10 +45,10 @@ type member struct {
 	log   *slog.Logger
 	zap   *zap.Logger
 
-	// changeMu serialises membership changes made through this process, so
-	// that concurrent calls see each other's results instead of racing in
-	// etcd (a second learner is refused cleanly rather than half-added).
-	changeMu sync.Mutex
+	// changes serialises membership changes made through this process (a
+	// one-slot semaphore, so that waiting honours the caller's context).
+	// Across processes, the pending change record in etcd does (pending.go).
+	changes chan struct{}
 	// lifeMu serialises Start, Leave and the restart from disk.
 	lifeMu sync.Mutex
 
@@ -82,7 +82,7 @@ func newMember(cfg Config, creds *rpc.Credentials, log *slog.Logger) (*member, e
 	if err != nil {
 		return nil, fmt.Errorf("etcd logger: %w", err)
 	}
-	m := &member{cfg: cfg, creds: creds, log: log, zap: zl.With(zap.String("node", cfg.nodeID))}
+	m := &member{cfg: cfg, creds: creds, log: log, zap: zl.With(zap.String("node", cfg.nodeID)), changes: make(chan struct{}, 1)}
 	m.state = consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
@@ -267,6 +267,17 @@ func (m *member) stateReason() string {
 	return m.reason
 }
 
+// lockChanges waits for this process's change lock until ctx ends; the
+// caller calls unlock.
+func (m *member) lockChanges(ctx context.Context) (unlock func(), err error) {
+	select {
+	case m.changes <- struct{}{}:
+		return func() { <-m.changes }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait for this process's membership change in progress: %w", ctx.Err())
+	}
+}
+
 // running returns the etcd instance and the cluster client, or errNotRunning.
 func (m *member) running() (*embed.Etcd, *clientv3.Client, error) {
 	m.mu.Lock()
@@ -353,6 +364,7 @@ func (m *member) etcdConfig(mode startMode, initialCluster string) (*embed.Confi
 	ec.TickMs = uint(m.cfg.TickInterval / time.Millisecond)
 	ec.ElectionMs = uint(m.cfg.ElectionTimeout / time.Millisecond)
 	ec.UnsafeNoFsync = m.cfg.UnsafeNoFsync
+	ec.StrictReconfigCheck = !m.cfg.UnsafeNoStrictReconfig
 	ec.EnableGRPCGateway = false
 	ec.AutoCompactionMode = "periodic"
 	ec.AutoCompactionRetention = "1h"
@@ -490,8 +502,9 @@ func (m *member) writeCRL(crl []byte) error {
 	return os.WriteFile(m.crlPath(), crl, 0o600)
 }
 
-// ensureEpoch creates the membership epoch key in a new cluster, so that the
-// epoch is never 0 once a cluster exists.
+// ensureEpoch creates the membership epoch key if it is missing (a new
+// cluster, or one whose key was lost), so that the epoch is never 0 while a
+// cluster exists: every change needs an epoch.
 func ensureEpoch(ctx context.Context, cli *clientv3.Client, recorder string) error {
 	_, err := cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(keys.MembershipEpoch), "=", 0)).

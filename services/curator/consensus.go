@@ -88,6 +88,17 @@ func (p *consensusPool) do(ctx context.Context, what string, f func(consensusv1.
 	return fmt.Errorf("%w: %s: no consensus service answered (tried %v): %v", errUnavailable, what, addrs, last)
 }
 
+// listMembers reads a fresh member list (with its epoch and pending
+// change) from the first consensus service that answers.
+func (p *consensusPool) listMembers(ctx context.Context) (*consensusv1.ListMembersResponse, error) {
+	var members *consensusv1.ListMembersResponse
+	err := p.do(ctx, "list etcd members", func(c consensusv1.ConsensusClient) (err error) {
+		members, err = c.ListMembers(ctx, &consensusv1.ListMembersRequest{})
+		return err
+	})
+	return members, err
+}
+
 func (p *consensusPool) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()

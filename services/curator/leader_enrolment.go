@@ -128,7 +128,7 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 		}
 		// Already a member: AddNode changes nothing and answers with the
 		// join parameters the role carries.
-		added, err = c.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: id, PeerUrl: peerURL, Fence: f.Proto()})
+		added, err = c.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: id, PeerUrl: peerURL, Fence: f.WithEpoch(members.GetMembershipEpoch()).Proto()})
 		return err
 	})
 	if err != nil {

@@ -27,9 +27,10 @@ package curator
 //     record, whose create revision differs, so nothing of the old fence can
 //     hold again.
 //   - A fence could still be forged from the current leader key and an
-//     old-term record that has not expired yet. ReconcileNodeRoles reads the
-//     record and refuses it unless it was granted in this leader's term, and
-//     pins the record's revision in the write's txn.
+//     old-term record that has not expired yet. fence.Apply, here and at the
+//     consensus service, reads the record and refuses it unless it names
+//     the fence's leader key and term, and pins the record's revision in
+//     the write's txn.
 //   - A deposed leader that has not noticed yet may answer a KeepAlive for a
 //     lease of its own (ended) term: harmless, because that lease's fence
 //     already fails; it cannot grant or write anything, since every write is
@@ -86,19 +87,9 @@ const (
 // leaseNameRE: a DNS label, so that a name is a plain etcd key segment.
 var leaseNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
-// leaseRecord is the value of keys.Lease(name), stored as JSON.
-type leaseRecord struct {
-	// Holder is who acquired the lease.
-	Holder string `json:"holder"`
-	// Term is the granting leader's term; LeaderKey its election key.
-	Term      int64  `json:"term"`
-	LeaderKey string `json:"leader_key"`
-	// TTLSeconds is the etcd lease's TTL; Granted when it was granted.
-	// The live expiry is the etcd lease's (keep-alives do not rewrite the
-	// record).
-	TTLSeconds int64     `json:"ttl_seconds"`
-	Granted    time.Time `json:"granted"`
-}
+// leaseRecord is the value of keys.Lease(name), stored as JSON; the
+// consensus service reads it too, to pair a lease with its leader key.
+type leaseRecord = fence.LeaseRecord
 
 // storedLease is a lease record as read from etcd.
 type storedLease struct {
@@ -458,7 +449,7 @@ func (x *leasesServer) ReconcileNodeRoles(ctx context.Context, req *curatorv1.Re
 func (x *leasesServer) reconcileNodeRoles(ctx context.Context, req *curatorv1.ReconcileNodeRolesRequest) (*curatorv1.Node, error) {
 	s := x.s
 	f := fence.FromProto(req.GetFence())
-	leaderCond, leaseCond, err := leaseFenceShape(f, reconcilerLeaseName)
+	leaderCond, _, err := leaseFenceShape(f, reconcilerLeaseName)
 	if err != nil {
 		return nil, err
 	}
@@ -506,25 +497,14 @@ func (x *leasesServer) reconcileNodeRoles(ctx context.Context, req *curatorv1.Re
 	if leaderCond.Key != leaderKey || leaderCond.CreateRevision != term {
 		return nil, fmt.Errorf("%w: fence from term %d; the leader is at term %d: re-acquire the lease", errStale, leaderCond.CreateRevision, term)
 	}
+	// The fence (leader key and term, the lease granted by that term,
+	// the epoch) is checked by fence.Apply; besides it, the node must be as
+	// the caller read it, and no membership change may be in flight (its
+	// epoch bump would fail the fence anyway; this says so at once).
 	extra := []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(leaderKey), "=", term), // the leader guard (also in the fence)
 		clientv3.Compare(clientv3.ModRevision(keys.Node(id)), "=", rev),
+		clientv3.Compare(clientv3.CreateRevision(keys.MembershipPending), "=", 0),
 	}
-	// The lease record must be of this term too (see the file comment), and
-	// stay as read.
-	lease, err := x.read(ctx, reconcilerLeaseName)
-	if err != nil {
-		return nil, err
-	}
-	var leaseMod int64
-	if lease != nil && lease.createRev == leaseCond.CreateRevision {
-		if lease.rec.Term != term {
-			return nil, fmt.Errorf("%w: lease %s was granted in term %d; the leader is at term %d: re-acquire the lease", errStale, reconcilerLeaseName, lease.rec.Term, term)
-		}
-		leaseMod = lease.modRev
-		extra = append(extra, clientv3.Compare(clientv3.ModRevision(keys.Lease(reconcilerLeaseName)), "=", leaseMod))
-	}
-	// Otherwise the lease condition fails in the txn and says why.
 
 	// Decide on the node as the caller read it. If it is gone or at another
 	// revision, the txn fails on the node's revision (after the fence).
@@ -569,7 +549,7 @@ func (x *leasesServer) reconcileNodeRoles(ctx context.Context, req *curatorv1.Re
 	if _, err := fence.Apply(ctx, s.etcd, f, extra, ops...); err != nil {
 		var se *fence.StaleError
 		if errors.As(err, &se) {
-			return nil, x.whyStale(ctx, se, f, leaderKey, term, id, rev, leaseMod)
+			return nil, x.whyStale(ctx, se, f, leaderKey, term, id, rev)
 		}
 		return nil, err
 	}
@@ -584,21 +564,21 @@ func (x *leasesServer) reconcileNodeRoles(ctx context.Context, req *curatorv1.Re
 }
 
 // whyStale names the condition of a failed reconcile txn: this leader's
-// term, then the caller's fence and epoch (in fence.Apply's words), then
-// the node, then the lease record. It reads after the txn; every condition
+// term, then the caller's fence and epoch (in fence.Apply's words), then a
+// pending change, then the node. It reads after the txn; every condition
 // only ever goes from true to false (keys are not re-created at an old
-// revision, revisions only grow), so what failed then is still false now.
-func (x *leasesServer) whyStale(ctx context.Context, se *fence.StaleError, f fence.Fence, leaderKey string, term int64, id string, rev, leaseMod int64) error {
-	ops := []clientv3.Op{
+// revision, revisions only grow), so what failed then is still false now —
+// except a pending change, which may have finished meanwhile; then the
+// epoch it bumped failed the fence.
+func (x *leasesServer) whyStale(ctx context.Context, se *fence.StaleError, f fence.Fence, leaderKey string, term int64, id string, rev int64) error {
+	if !strings.HasPrefix(se.Reason, "a condition of the write") {
+		return fmt.Errorf("reconcile roles of %s: %w", id, se)
+	}
+	resp, err := x.s.etcd.Txn(ctx).Then(
 		clientv3.OpGet(leaderKey, clientv3.WithKeysOnly()),
-		clientv3.OpGet(keys.MembershipEpoch, clientv3.WithKeysOnly()),
+		clientv3.OpGet(keys.MembershipPending, clientv3.WithKeysOnly()),
 		clientv3.OpGet(keys.Node(id), clientv3.WithKeysOnly()),
-		clientv3.OpGet(keys.Lease(reconcilerLeaseName), clientv3.WithKeysOnly()),
-	}
-	for _, c := range f.Conditions {
-		ops = append(ops, clientv3.OpGet(c.Key, clientv3.WithKeysOnly()))
-	}
-	resp, err := x.s.etcd.Txn(ctx).Then(ops...).Commit()
+	).Commit()
 	if err != nil {
 		return fmt.Errorf("reconcile roles of %s: %w", id, se)
 	}
@@ -614,25 +594,13 @@ func (x *leasesServer) whyStale(ctx context.Context, se *fence.StaleError, f fen
 		x.s.lead.lost()
 		return fmt.Errorf("%w: this curator's term %d ended during the write; retry, and re-acquire the lease at the new leader", errNotLeader, term)
 	}
-	fenceFailed := false
-	if _, epoch, _ := get(1); epoch != f.Epoch {
-		fenceFailed = true
-	}
-	for i, c := range f.Conditions {
-		if create, _, ok := get(4 + i); !ok || create != c.CreateRevision {
-			fenceFailed = true
-		}
-	}
-	if fenceFailed {
-		return fmt.Errorf("reconcile roles of %s: %w", id, se)
+	if _, _, ok := get(1); ok {
+		return fmt.Errorf("%w: a membership change is in flight: read members again once it finished", errStale)
 	}
 	if _, mod, ok := get(2); !ok {
 		return fmt.Errorf("%w: node %s no longer exists (it was at revision %d): read nodes again", errStale, id, rev)
 	} else if mod != rev {
 		return fmt.Errorf("%w: node %s changed since revision %d (it is at revision %d now): read it again", errStale, id, rev, mod)
-	}
-	if _, mod, ok := get(3); leaseMod != 0 && (!ok || mod != leaseMod) {
-		return fmt.Errorf("%w: lease %s changed during the write: acquire again", errStale, reconcilerLeaseName)
 	}
 	return fmt.Errorf("reconcile roles of %s: %w", id, se)
 }

@@ -13,6 +13,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/failpoint"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 )
@@ -60,10 +61,17 @@ func (x *managementServer) UpdateNodeRoles(ctx context.Context, req *curatorv1.U
 	return &curatorv1.UpdateNodeRolesResponse{Node: n}, nil
 }
 
+// roleWriteAttempts bounds how often UpdateNodeRoles decides its role write
+// again when the node's record changed under it (a status update).
+const roleWriteAttempts = 5
+
 // updateRoles changes roles in DESIGN §5's fixed order: etcd membership
-// first, the role second. A crash in between leaves "membership ahead of
-// roles", which the reconciler completes; it never leaves a role without
-// membership.
+// first, the role second. Membership is the truth: whether the node needs
+// an etcd change is decided from a fresh member list, not from its role, so
+// consensus_member=false removes the member of a node that lost its role
+// and consensus_member=true adds one for a role without a member. A crash
+// in between leaves "membership ahead of roles", which the reconciler
+// completes; it never leaves a role without membership.
 func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRolesRequest) (*curatorv1.Node, error) {
 	n, err := s.getNode(ctx, req.GetNodeId())
 	if err != nil {
@@ -72,98 +80,186 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 	if n.State != curatorv1.NodeState_NODE_STATE_UP {
 		return nil, fmt.Errorf("%w: node %s is %s: roles are for UP nodes (approve it and let it commit)", errRefused, n.Id, n.State)
 	}
-	r := n.GetRoles()
-	hasCM, hasKC := r.GetConsensusMember() != nil, r.GetKubernetesController() != nil
-	wantCM, wantKC, wantKW := hasCM, hasKC, r.GetKubernetesWorker() != nil
-	if req.ConsensusMember != nil {
-		wantCM = req.GetConsensusMember()
+	want := requestedRoles(n.GetRoles(), req)
+	if err := validRoles(n, want); err != nil {
+		return nil, err
 	}
-	if req.KubernetesController != nil {
-		wantKC = req.GetKubernetesController()
+	hadCM, wantCM := n.GetRoles().GetConsensusMember() != nil, want.cm
+
+	f, err := s.lead.fence()
+	if err != nil {
+		return nil, err
 	}
-	if req.KubernetesWorker != nil {
-		wantKW = req.GetKubernetesWorker()
+	members, err := s.consensus.listMembers(ctx)
+	if err != nil {
+		return nil, err
 	}
-	if wantKC && !wantCM {
-		if hasKC {
-			return nil, fmt.Errorf("%w: node %s has KubernetesController, which requires ConsensusMember: take it first (kubernetes_controller=false, in this call or before)", errRefused, n.Id)
+	if p := members.GetPending(); p != nil {
+		return nil, fmt.Errorf("%w: membership change %s of node %s by %s is in flight; retry once it finished", errConflict, p.GetOperation(), p.GetNodeId(), p.GetActor())
+	}
+	epoch := members.GetMembershipEpoch()
+	fenced := f.WithEpoch(epoch).Proto()
+	isMember := false
+	for _, m := range members.GetMembers() {
+		if m.GetNodeId() == n.Id {
+			isMember = true
 		}
-		return nil, fmt.Errorf("%w: KubernetesController requires ConsensusMember: give consensus_member=true (in this call or before)", errRefused)
 	}
 
 	var join *consensusv1.JoinParameters
 	switch {
-	case wantCM && !hasCM:
+	case wantCM && (!isMember || !hadCM):
+		// A new member, or the join parameters of the member a role-less
+		// node has (AddNode is idempotent per node).
 		peerURL := n.GetStatus().GetConsensusPeerUrl()
 		if peerURL == "" {
 			return nil, fmt.Errorf("%w: node %s has not reported a consensus peer URL (status.consensus_peer_url); its agent reports one when the node can run consensus", errRefused, n.Id)
 		}
-		f, err := s.lead.fence()
-		if err != nil {
-			return nil, err
-		}
 		err = s.consensus.do(ctx, "add "+n.Id+" to etcd", func(c consensusv1.ConsensusClient) error {
-			resp, err := c.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: n.Id, PeerUrl: peerURL, Fence: f.Proto()})
-			join = resp.GetJoin()
+			resp, err := c.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: n.Id, PeerUrl: peerURL, Fence: fenced})
+			join, epoch = resp.GetJoin(), resp.GetMembershipEpoch()
 			return err
 		})
 		if err != nil {
 			return nil, err
 		}
-		failpoint("after-add-node")
-	case !wantCM && hasCM:
-		f, err := s.lead.fence()
-		if err != nil {
-			return nil, err
-		}
+		failpoint.Crash("after-add-node")
+	case !wantCM && isMember:
 		err = s.consensus.do(ctx, "remove "+n.Id+" from etcd", func(c consensusv1.ConsensusClient) error {
-			_, err := c.RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: n.Id}, Fence: f.Proto()})
+			resp, err := c.RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: n.Id}, Fence: fenced})
+			epoch = resp.GetMembershipEpoch()
 			return err
 		})
 		if err != nil {
 			return nil, err
 		}
-		failpoint("after-remove-member")
+		failpoint.Crash("after-remove-member")
 	}
+	return s.writeRoles(ctx, req, hadCM, join, epoch)
+}
 
-	// The role follows. Other writes (status updates) may race with us:
-	// re-read and apply again; membership already moved and the role must
-	// follow it.
+// writeRoles writes the roles req asks for, re-reading the node and
+// deciding again from that record on every attempt (a status update may
+// race with us). The write is guarded by the membership epoch the etcd step
+// left, and by no change being pending: if membership moved on meanwhile,
+// the role is not written (Aborted), and the reconciler aligns roles with
+// membership.
+func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRolesRequest, hadCM bool, join *consensusv1.JoinParameters, epoch int64) (*curatorv1.Node, error) {
 	reason := req.GetReason()
 	if reason == "" {
 		reason = "UpdateNodeRoles"
 	}
-	for {
-		roles := &curatorv1.Roles{}
-		if wantCM {
-			roles.ConsensusMember = n.GetRoles().GetConsensusMember()
-			if join != nil {
-				roles.ConsensusMember = &curatorv1.ConsensusMember{Join: join}
-			}
+	guard := []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(keys.MembershipEpoch), "=", epoch),
+		clientv3.Compare(clientv3.CreateRevision(keys.MembershipPending), "=", 0),
+	}
+	for range roleWriteAttempts {
+		failpoint.Hold("before-role-write")
+		n, err := s.getNode(ctx, req.GetNodeId())
+		if err != nil {
+			return nil, err
 		}
-		if wantKC {
-			roles.KubernetesController = &curatorv1.KubernetesController{}
+		hasCM := n.GetRoles().GetConsensusMember() != nil
+		if hasCM != hadCM && (req.ConsensusMember == nil || hasCM != req.GetConsensusMember()) {
+			return nil, fmt.Errorf("%w: ConsensusMember of node %s changed while this call ran (the reconciler aligned it with etcd membership?): read the node and decide again", errConflict, n.Id)
 		}
-		if wantKW {
-			roles.KubernetesWorker = &curatorv1.KubernetesWorker{}
+		want := requestedRoles(n.GetRoles(), req)
+		if err := validRoles(n, want); err != nil {
+			return nil, err
+		}
+		roles, err := desiredRoles(n, want, join)
+		if err != nil {
+			return nil, err
 		}
 		if protoEqual(roles, n.GetRoles()) {
 			return n, nil
 		}
-		action := fmt.Sprintf("roles.update consensus_member=%v kubernetes_controller=%v kubernetes_worker=%v", wantCM, wantKC, wantKW)
+		action := fmt.Sprintf("roles.update consensus_member=%v kubernetes_controller=%v kubernetes_worker=%v", roles.GetConsensusMember() != nil, roles.GetKubernetesController() != nil, roles.GetKubernetesWorker() != nil)
 		n.Roles = roles
-		_, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, action, n.Id, reason))
+		_, err = s.lead.txn(ctx, append([]clientv3.Cmp{unchanged(n)}, guard...), putNode(n), s.auditOp(ctx, action, n.Id, reason))
 		if err == nil {
-			s.log.Info("roles updated", "node", n.Id, "consensus_member", wantCM, "kubernetes_controller", wantKC, "kubernetes_worker", wantKW, "by", caller(ctx).String())
+			s.log.Info("roles updated", "node", n.Id, "roles", roleNames(roles), "by", caller(ctx).String())
 			return s.getNode(ctx, n.Id)
 		}
 		if err != errConflict {
 			return nil, err
 		}
-		if n, err = s.getNode(ctx, n.Id); err != nil {
+		if moved, err := s.membershipMoved(ctx, epoch); err != nil || moved {
+			if err == nil {
+				err = fmt.Errorf("%w: etcd membership changed while the roles of node %s were written; the roles were not written (the reconciler aligns them with membership): read the node and retry", errConflict, n.Id)
+			}
 			return nil, err
 		}
 	}
+	return nil, fmt.Errorf("%w: node %s changed under every one of %d attempts to write its roles; retry", errConflict, req.GetNodeId(), roleWriteAttempts)
+}
+
+// membershipMoved says whether the epoch is no longer epoch, or a change is
+// pending.
+func (s *Service) membershipMoved(ctx context.Context, epoch int64) (bool, error) {
+	resp, err := s.etcd.Txn(ctx).Then(
+		clientv3.OpGet(keys.MembershipEpoch, clientv3.WithKeysOnly()),
+		clientv3.OpGet(keys.MembershipPending, clientv3.WithKeysOnly()),
+	).Commit()
+	if err != nil {
+		return false, fmt.Errorf("%w: read the membership epoch: %v", errUnavailable, err)
+	}
+	e := resp.Responses[0].GetResponseRange().GetKvs()
+	pending := resp.Responses[1].GetResponseRange().GetKvs()
+	return len(e) == 0 || e[0].ModRevision != epoch || len(pending) > 0, nil
+}
+
+// roleSet says which roles a node holds (or should hold).
+type roleSet struct{ cm, kc, kw bool }
+
+// requestedRoles is the node's roles with the request applied.
+func requestedRoles(have *curatorv1.Roles, req *curatorv1.UpdateNodeRolesRequest) roleSet {
+	want := roleSet{cm: have.GetConsensusMember() != nil, kc: have.GetKubernetesController() != nil, kw: have.GetKubernetesWorker() != nil}
+	if req.ConsensusMember != nil {
+		want.cm = req.GetConsensusMember()
+	}
+	if req.KubernetesController != nil {
+		want.kc = req.GetKubernetesController()
+	}
+	if req.KubernetesWorker != nil {
+		want.kw = req.GetKubernetesWorker()
+	}
+	return want
+}
+
+// validRoles checks that want may follow from the node's roles:
+// KubernetesController requires ConsensusMember.
+func validRoles(n *curatorv1.Node, want roleSet) error {
+	if !want.kc || want.cm {
+		return nil
+	}
+	if n.GetRoles().GetKubernetesController() != nil {
+		return fmt.Errorf("%w: node %s has KubernetesController, which requires ConsensusMember: take it first (kubernetes_controller=false, in this call or before)", errRefused, n.Id)
+	}
+	return fmt.Errorf("%w: KubernetesController requires ConsensusMember: give consensus_member=true (in this call or before)", errRefused)
+}
+
+// desiredRoles is what UpdateNodeRoles writes on the record n: the roles of
+// want, ConsensusMember carrying join when the etcd step gave new join
+// parameters and the record's otherwise.
+func desiredRoles(n *curatorv1.Node, want roleSet, join *consensusv1.JoinParameters) (*curatorv1.Roles, error) {
+	out := &curatorv1.Roles{}
+	if want.cm {
+		out.ConsensusMember = n.GetRoles().GetConsensusMember()
+		if join != nil {
+			out.ConsensusMember = &curatorv1.ConsensusMember{Join: join}
+		}
+		if out.ConsensusMember == nil {
+			return nil, fmt.Errorf("%w: node %s lost ConsensusMember while this call ran: read the node and decide again", errConflict, n.Id)
+		}
+	}
+	if want.kc {
+		out.KubernetesController = &curatorv1.KubernetesController{}
+	}
+	if want.kw {
+		out.KubernetesWorker = &curatorv1.KubernetesWorker{}
+	}
+	return out, nil
 }
 
 func (x *managementServer) DeleteNode(ctx context.Context, req *curatorv1.DeleteNodeRequest) (*curatorv1.DeleteNodeResponse, error) {

@@ -233,7 +233,7 @@ func TestLeaseNewCuratorTerm(t *testing.T) {
 	}
 	// The consensus service refuses the old fence as well.
 	_, err = c.Voters[0].Consensus(leaseReconciler).AddNode(ctx, &consensusv1.AddNodeRequest{
-		NodeId: ag.ID, PeerUrl: "https://" + proctest.FreeAddr(t), Fence: a.Fence,
+		NodeId: ag.ID, PeerUrl: "https://" + proctest.FreeAddr(t), Fence: leaseFence(a, epoch),
 	})
 	if err == nil || !strings.Contains(status.Convert(err).Message(), "stale fence") {
 		t.Fatalf("consensus AddNode with an old-term fence: %v", err)
@@ -316,7 +316,7 @@ func TestReconcileNodeRoles(t *testing.T) {
 	var added *consensusv1.AddNodeResponse
 	err := ct.RetryUnavailable(t, func() error {
 		var err error
-		added, err = cons.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ag.ID, PeerUrl: "https://" + proctest.FreeAddr(t), Fence: lease.Fence})
+		added, err = cons.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ag.ID, PeerUrl: "https://" + proctest.FreeAddr(t), Fence: leaseFence(lease, voter.Members().MembershipEpoch)})
 		return err
 	})
 	if err != nil {
@@ -409,7 +409,7 @@ func TestReconcileNodeRoles(t *testing.T) {
 	var removed *consensusv1.RemoveMemberResponse
 	err = ct.RetryUnavailable(t, func() error {
 		var err error
-		removed, err = cons.RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: ag.ID}, Fence: lease.Fence})
+		removed, err = cons.RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: ag.ID}, Fence: leaseFence(lease, voter.Members().MembershipEpoch)})
 		return err
 	})
 	if err != nil || removed.AlreadyAbsent {

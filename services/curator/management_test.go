@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
@@ -163,13 +164,13 @@ func TestGetConsensusStatus(t *testing.T) {
 		return err
 	})
 	mgmtRetryUnavailable(t, func() error {
-		_, err := voter.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: a.ID}, Fence: fence})
+		_, err := voter.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: a.ID}, Fence: withEpoch(fence, voter.Members().MembershipEpoch)})
 		return err
 	})
 	_, ghost := newKey(t)
 	ghostURL := "https://" + proctest.FreeAddr(t)
 	mgmtRetryUnavailable(t, func() error {
-		_, err := voter.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ghost, PeerUrl: ghostURL, Fence: fence})
+		_, err := voter.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ghost, PeerUrl: ghostURL, Fence: withEpoch(fence, voter.Members().MembershipEpoch)})
 		return err
 	})
 
@@ -223,13 +224,21 @@ func mgmtLeaderFence(t *testing.T, c *cut.Cluster) *consensusv1.Fence {
 	return nil
 }
 
+// withEpoch is f planned at epoch.
+func withEpoch(f *consensusv1.Fence, epoch int64) *consensusv1.Fence {
+	f = proto.Clone(f).(*consensusv1.Fence)
+	f.MembershipEpoch = epoch
+	return f
+}
+
 // mgmtRetryUnavailable retries f while etcd refuses membership changes
-// (Unavailable shortly after the previous one); other errors fail.
+// (Unavailable shortly after the previous one) or another change is in
+// flight (Aborted); other errors fail.
 func mgmtRetryUnavailable(t *testing.T, f func() error) {
 	t.Helper()
 	proctest.Eventually(t, time.Minute, func() error {
 		err := f()
-		if status.Code(err) == codes.Unavailable {
+		if status.Code(err) == codes.Unavailable || status.Code(err) == codes.Aborted {
 			return err
 		}
 		if err != nil {

@@ -36,11 +36,22 @@ package curator
 //     messages: the first has snapshot=true, the following ones add nodes,
 //     and all but the last carry revision 0 ("not at a revision yet: resume
 //     from 0"); the last carries the snapshot's revision.
+//   - start_revision 0 with min_revision M > 0: the snapshot's revision is
+//     at least M, never older. A replica whose hub is behind M asks etcd for
+//     progress and waits up to watchMinRevisionWait (its first load
+//     included), then fails the stream UNAVAILABLE before sending anything
+//     (retry, any replica) — also when etcd itself has not reached M.
+//     min_revision < 0, or with start_revision > 0, is INVALID_ARGUMENT.
 //   - then one response per etcd revision that changed a watched node, in
 //     order, each exactly once: nodes put, ids deleted. A node_id watcher
 //     gets only the revisions that changed its node.
 //   - start_revision R > 0 within the ring: no snapshot, every change after
 //     R. A replica whose hub has not reached R yet waits until it has.
+//   - every record under nodes/<id> is a node, in snapshots and batches
+//     alike: one that does not decode, or that holds another node, comes as
+//     {id: <id>, revision, unreadable: why} — it exists, and must never look
+//     deleted (the reconciler removes the etcd member of a node that does
+//     not exist). Only a delete of the key is a deletion.
 
 import (
 	"cmp"
@@ -76,8 +87,19 @@ const (
 	// hub's snapshot fetches.
 	watchSnapshotPage = 1000
 	// watchNudgeInterval is how often a stream waiting for the hub to reach
-	// its start revision asks etcd for a progress notification.
+	// its start revision or min_revision asks etcd for a progress
+	// notification.
 	watchNudgeInterval = 200 * time.Millisecond
+	// watchMinRevisionWait bounds how long a stream waits for the hub to
+	// reach its min_revision before it is refused. A healthy hub gets there
+	// within a progress round trip; one that does not in this long lags or
+	// is cut off from etcd, and the client does better on another replica
+	// than waiting here.
+	watchMinRevisionWait = 5 * time.Second
+	// watchEtcdRevisionTimeout bounds the read of etcd's revision that
+	// tells a refused client whether etcd itself is behind its
+	// min_revision: the refusal must not hang on an etcd that is away.
+	watchEtcdRevisionTimeout = time.Second
 	// watchBackoffMin and watchBackoffMax bound the wait before the hub
 	// watches etcd again after an error.
 	watchBackoffMin = 100 * time.Millisecond
@@ -247,10 +269,17 @@ type watchHub struct {
 	stopped  chan struct{}
 	stopOnce sync.Once
 
+	// unreadable is the revision at which each unreadable node record (by
+	// key) was logged, so that a reload does not log it again. Only decode
+	// and the watch loop (load, apply) use it, one at a time.
+	unreadable map[string]int64
+
 	// etcdRevision reads etcd's current revision (a linearizable read).
 	etcdRevision func(context.Context) (int64, error)
 	// decorateNodes fills in the computed fields of nodes (Service.decorate).
 	decorateNodes func(context.Context, []*curatorv1.Node) error
+	// minRevisionWait is watchMinRevisionWait (tests shorten it).
+	minRevisionWait time.Duration
 }
 
 func newWatchHub(s *Service) *watchHub {
@@ -266,6 +295,9 @@ func newWatchHub(s *Service) *watchHub {
 		changed: make(chan struct{}),
 		nudge:   make(chan struct{}, 1),
 		stopped: make(chan struct{}),
+
+		unreadable:      map[string]int64{},
+		minRevisionWait: watchMinRevisionWait,
 	}
 	h.etcdRevision = func(ctx context.Context) (int64, error) {
 		resp, err := s.etcd.Get(ctx, keys.NodesPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -345,14 +377,19 @@ func (h *watchHub) load(ctx context.Context) error {
 			rev = resp.Header.Revision
 		}
 		for _, kv := range resp.Kvs {
-			if n := h.decode(string(kv.Key), kv.Value, kv.ModRevision); n != nil {
-				nodes[n.Id] = n
-			}
+			n := h.decode(string(kv.Key), kv.Value, kv.ModRevision)
+			nodes[n.Id] = n
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			break
 		}
 		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	// Forget the unreadable records deleted while the hub was away.
+	for key := range h.unreadable {
+		if _, ok := nodes[strings.TrimPrefix(key, keys.NodesPrefix)]; !ok {
+			delete(h.unreadable, key)
+		}
 	}
 	return h.install(nodes, rev)
 }
@@ -375,19 +412,33 @@ func (h *watchHub) install(nodes map[string]*curatorv1.Node, rev int64) error {
 	return nil
 }
 
-// decode reads a node record; a record that does not decode is logged and
-// left out, not allowed to stop every watcher.
+// decode reads the node record stored under key at rev. A record that
+// does not decode, or that holds another node, must neither stop every
+// watcher nor be left out: a node left out looks deleted, and the
+// reconciler removes the etcd member of a node that does not exist. It
+// becomes a node with only what the key says — its id, its revision — and
+// why nothing else is known; it is logged once per revision.
 func (h *watchHub) decode(key string, value []byte, rev int64) *curatorv1.Node {
+	id := strings.TrimPrefix(key, keys.NodesPrefix)
 	n, err := decodeNode(value, rev)
-	if err != nil {
-		h.log.Error("unreadable node record left out of watches", "key", key, "revision", rev, "err", err)
-		return nil
+	switch {
+	case err != nil:
+		return h.unreadableNode(key, id, rev, fmt.Sprintf("the stored record does not decode (%v); the node exists, nothing else about it is known", err))
+	case n.Id != id:
+		return h.unreadableNode(key, id, rev, fmt.Sprintf("the stored record holds node %q, not %s; the node exists, nothing else about it is known", n.Id, id))
 	}
-	if id := strings.TrimPrefix(key, keys.NodesPrefix); n.Id != id {
-		h.log.Error("node record under another node's key left out of watches", "key", key, "node", n.Id)
-		return nil
-	}
+	delete(h.unreadable, key)
 	return n
+}
+
+// unreadableNode is the node stored under key at rev whose record cannot
+// be read, for why.
+func (h *watchHub) unreadableNode(key, id string, rev int64, why string) *curatorv1.Node {
+	if h.unreadable[key] != rev {
+		h.unreadable[key] = rev
+		h.log.Error("unreadable node record; watchers see the node with only its id", "key", key, "node", id, "revision", rev, "reason", why)
+	}
+	return &curatorv1.Node{Id: id, Revision: rev, Unreadable: why}
 }
 
 // follow watches etcd from the hub's revision on and applies what it sees,
@@ -470,8 +521,10 @@ func (h *watchHub) apply(changes []nodeChange) {
 			if c.deleted {
 				id := strings.TrimPrefix(c.key, keys.NodesPrefix)
 				delete(h.nodes, id)
+				delete(h.unreadable, c.key)
 				resp.Deleted = append(resp.Deleted, id)
-			} else if n := h.decode(c.key, c.value, c.rev); n != nil {
+			} else {
+				n := h.decode(c.key, c.value, c.rev)
 				h.nodes[n.Id] = n
 				resp.Nodes = append(resp.Nodes, n)
 			}
@@ -527,6 +580,9 @@ type watcher struct {
 	cursor int64
 	// snapshot asks for a snapshot at the next read.
 	snapshot bool
+	// minRev is the revision that snapshot must be at least at (the
+	// request's min_revision); 0: any.
+	minRev int64
 }
 
 // watchItem is a response for one stream: either made for it (a snapshot,
@@ -539,7 +595,7 @@ type watchItem struct {
 
 // read returns what w has not been sent yet and advances its cursor; and
 // a channel closed when there may be more. behind means the hub has not
-// reached w's cursor yet.
+// reached w's cursor, or the revision its snapshot must be at, yet.
 func (h *watchHub) read(w *watcher) (out []watchItem, changed <-chan struct{}, behind bool) {
 	h.mu.RLock()
 	changed = h.changed
@@ -548,6 +604,13 @@ func (h *watchHub) read(w *watcher) (out []watchItem, changed <-chan struct{}, b
 		return nil, changed, true
 	}
 	if w.snapshot || w.cursor < h.oldest {
+		if h.rev < w.minRev {
+			// An older snapshot would show the client nodes deleted
+			// since that still existed at minRev, or none of those
+			// created up to it: wait.
+			h.mu.RUnlock()
+			return nil, changed, true
+		}
 		var nodes []*curatorv1.Node
 		if w.node != "" {
 			if n, ok := h.nodes[w.node]; ok {
@@ -610,6 +673,15 @@ func snapshotResponses(nodes []*curatorv1.Node, rev int64, maxBytes int) []*cura
 // serve sends w what the hub has, and then every change, until ctx ends,
 // sending fails or the hub stops.
 func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.WatchResponse) error) error {
+	// A snapshot that must reach a revision waits for it a bounded time,
+	// the hub's first load included; a client waiting on a lagging replica
+	// is better off on another one.
+	var deadline <-chan time.Time
+	if w.snapshot && w.minRev > 0 {
+		t := time.NewTimer(h.minRevisionWait)
+		defer t.Stop()
+		deadline = t.C
+	}
 	// Wait for the hub's first snapshot.
 	for {
 		h.mu.RLock()
@@ -618,7 +690,7 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.W
 		if ready {
 			break
 		}
-		if err := h.wait(ctx, w, changed, nil); err != nil {
+		if err := h.wait(ctx, w, changed, nil, deadline); err != nil {
 			return err
 		}
 	}
@@ -648,6 +720,9 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.W
 				return err
 			}
 		}
+		if !w.snapshot {
+			deadline = nil // the snapshot is sent: min_revision is met
+		}
 		var nudge *time.Timer
 		var fire <-chan time.Time
 		if behind {
@@ -655,7 +730,7 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.W
 			nudge = time.NewTimer(watchNudgeInterval)
 			fire = nudge.C
 		}
-		err := h.wait(ctx, w, changed, fire)
+		err := h.wait(ctx, w, changed, fire, deadline)
 		if nudge != nil {
 			nudge.Stop()
 		}
@@ -666,17 +741,34 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.W
 }
 
 // wait blocks until changed is closed or nudge fires; it fails when ctx
-// ends or the hub stops.
-func (h *watchHub) wait(ctx context.Context, w *watcher, changed <-chan struct{}, nudge <-chan time.Time) error {
+// ends, the hub stops, or deadline (for w's min_revision) fires.
+func (h *watchHub) wait(ctx context.Context, w *watcher, changed <-chan struct{}, nudge, deadline <-chan time.Time) error {
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-h.stopped:
 		return fmt.Errorf("%w: this curator replica is shutting down; watch again (any replica) with start_revision=%d", errUnavailable, w.cursor)
+	case <-deadline:
+		return h.behindMinRevision(ctx, w)
 	case <-changed:
 	case <-nudge:
 	}
 	return nil
+}
+
+// behindMinRevision is the refusal of w, whose min_revision the hub did
+// not reach in time. It says whether etcd itself is behind it (a
+// min_revision from elsewhere: retrying will not help) when etcd answers
+// quickly.
+func (h *watchHub) behindMinRevision(ctx context.Context, w *watcher) error {
+	rev := h.revision()
+	h.log.Warn("watch refused: the hub did not reach min_revision in time", "revision", rev, "min_revision", w.minRev, "waited", h.minRevisionWait)
+	rctx, cancel := context.WithTimeout(ctx, watchEtcdRevisionTimeout)
+	defer cancel()
+	if etcdRev, err := h.etcdRevision(rctx); err == nil && etcdRev < w.minRev {
+		return fmt.Errorf("%w: min_revision %d is ahead of etcd: etcd itself is at revision %d (this replica's view of the nodes is at revision %d); pass a revision this cluster returned, e.g. ListMembersResponse.revision, and retry (any replica)", errUnavailable, w.minRev, etcdRev, rev)
+	}
+	return fmt.Errorf("%w: this replica's view of the nodes is at revision %d, behind the requested min_revision %d after waiting %s; retry, on any replica", errUnavailable, rev, w.minRev, h.minRevisionWait)
 }
 
 // decorate is where every response leaves the hub for a stream: it gets
@@ -710,7 +802,13 @@ func newWatcher(who pki.Principal, req *curatorv1.WatchRequest) (*watcher, error
 	if req.GetStartRevision() < 0 {
 		return nil, fmt.Errorf("%w: start_revision %d: want 0 (snapshot first) or the revision of the last response seen", errBadRequest, req.GetStartRevision())
 	}
-	w := &watcher{cursor: req.GetStartRevision(), snapshot: req.GetStartRevision() == 0}
+	switch min := req.GetMinRevision(); {
+	case min < 0:
+		return nil, fmt.Errorf("%w: min_revision %d: want 0 (any snapshot) or the revision the snapshot must be at least at, e.g. ListMembersResponse.revision", errBadRequest, min)
+	case min > 0 && req.GetStartRevision() > 0:
+		return nil, fmt.Errorf("%w: min_revision %d with start_revision %d: min_revision bounds the snapshot of start_revision 0; a resume sends no snapshot, only the changes after start_revision, so it is already as new as the client's view: drop min_revision, or watch from 0 for a snapshot at least at min_revision", errBadRequest, min, req.GetStartRevision())
+	}
+	w := &watcher{cursor: req.GetStartRevision(), snapshot: req.GetStartRevision() == 0, minRev: req.GetMinRevision()}
 	switch k := req.GetKind().(type) {
 	case *curatorv1.WatchRequest_NodeId:
 		if err := validNodeID(k.NodeId); err != nil {

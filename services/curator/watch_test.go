@@ -62,13 +62,18 @@ func wdel(rev int64, c string) nodeChange {
 	return nodeChange{rev: rev, key: keys.Node(wid(c)), deleted: true}
 }
 
-// summary renders responses compactly: "snap@15[a:v2 c:v1]", "@12[a:v2 -b]".
+// summary renders responses compactly: "snap@15[a:v2 c:v1]", "@12[a:v2 -b]";
+// a node whose record does not decode is "d:unreadable".
 func summary(rs []*curatorv1.WatchResponse) []string {
 	out := []string{}
 	for _, r := range rs {
 		var parts []string
 		for _, n := range r.Nodes {
-			parts = append(parts, fmt.Sprintf("%s:%s", n.Id[len(n.Id)-1:], n.GetStatus().GetVersion()))
+			v := n.GetStatus().GetVersion()
+			if n.Unreadable != "" {
+				v = "unreadable"
+			}
+			parts = append(parts, fmt.Sprintf("%s:%s", n.Id[len(n.Id)-1:], v))
 		}
 		for _, d := range r.Deleted {
 			parts = append(parts, "-"+d[len(d)-1:])
@@ -284,6 +289,10 @@ func TestWatchRequestRules(t *testing.T) {
 		"neither":                   {who: admin, req: &curatorv1.WatchRequest{}, code: codes.InvalidArgument, says: "set node_id"},
 		"all_nodes false":           {who: admin, req: &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{}}, code: codes.InvalidArgument, says: "all_nodes=true"},
 		"negative start revision":   {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, StartRevision: -1}, code: codes.InvalidArgument, says: "start_revision"},
+		"snapshot at a revision":    {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, MinRevision: 7}},
+		"negative min revision":     {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, MinRevision: -1}, code: codes.InvalidArgument, says: "min_revision -1"},
+		"min revision on a resume":  {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, StartRevision: 7, MinRevision: 7}, code: codes.InvalidArgument, says: "a resume"},
+		"node snapshot at a rev":    {who: node, req: &curatorv1.WatchRequest{Kind: one(self).Kind, MinRevision: 7}},
 		"resume asks no snapshot":   {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, StartRevision: 7}},
 		"node resumes itself":       {who: node, req: &curatorv1.WatchRequest{Kind: one(self).Kind, StartRevision: 7}},
 		"node resumes another one":  {who: node, req: &curatorv1.WatchRequest{Kind: one(other).Kind, StartRevision: 7}, code: codes.PermissionDenied},
@@ -301,7 +310,7 @@ func TestWatchRequestRules(t *testing.T) {
 			if err != nil {
 				return
 			}
-			if w.cursor != tc.req.StartRevision || w.snapshot != (tc.req.StartRevision == 0) || w.node != tc.req.GetNodeId() {
+			if w.cursor != tc.req.StartRevision || w.snapshot != (tc.req.StartRevision == 0) || w.node != tc.req.GetNodeId() || w.minRev != tc.req.MinRevision {
 				t.Fatalf("watcher %+v for %v", *w, tc.req)
 			}
 		})
@@ -501,6 +510,109 @@ func TestWatchHubServe(t *testing.T) {
 	})
 }
 
+// minRevisionWatcher is an admin's all_nodes watcher asking for a snapshot
+// at least at min.
+func minRevisionWatcher(t *testing.T, min int64) *watcher {
+	t.Helper()
+	w, err := newWatcher(pki.Principal{Kind: pki.KindAdmin, Name: "ops"}, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}, MinRevision: min})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// watchRefused waits for a stream that must fail before it sent anything,
+// and returns how it failed.
+func watchRefused(t *testing.T, out <-chan *curatorv1.WatchResponse, done <-chan error) *status.Status {
+	t.Helper()
+	select {
+	case r := <-out:
+		t.Fatalf("sent %s, want no response", summary([]*curatorv1.WatchResponse{r})[0])
+	case err := <-done:
+		return status.Convert(toStatus(err))
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stream neither answered nor failed within 30s")
+	}
+	return nil
+}
+
+// TestWatchHubMinRevision: a snapshot asked for with min_revision M is
+// never older than M. Here the hub lags: it follows no etcd and is moved
+// by hand. A stream behind M asks etcd for progress and sends nothing
+// until the hub reaches M; a hub that does not get there within the bound
+// refuses the stream, saying where it is.
+func TestWatchHubMinRevision(t *testing.T) {
+	// lagging is a hub at revision 10 holding node a; etcd is at etcdRev.
+	lagging := func(t *testing.T, etcdRev int64) *watchHub {
+		h := watchTestHub(8, etcdRev)
+		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a"), Revision: 5}}, 10); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	t.Run("the hub has reached it", func(t *testing.T) {
+		for _, min := range []int64{5, 10} {
+			out, _ := watchServe(t, lagging(t, 20), minRevisionWatcher(t, min))
+			if got := watchRecv(t, out); got != "snap@10[a:]" {
+				t.Fatalf("min_revision %d: got %s, want snap@10[a:]", min, got)
+			}
+		}
+	})
+	t.Run("waits for the hub to reach it", func(t *testing.T) {
+		h := lagging(t, 12)
+		h.minRevisionWait = time.Minute // the test moves the hub
+		out, done := watchServe(t, h, minRevisionWatcher(t, 12))
+		select {
+		case <-h.nudge: // the stream asked for a progress notification
+		case r := <-out:
+			t.Fatalf("sent %s from a view at revision 10, below min_revision 12", summary([]*curatorv1.WatchResponse{r})[0])
+		case err := <-done:
+			t.Fatalf("stream ended: %v", err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the stream neither asked for progress nor answered")
+		}
+		h.apply([]nodeChange{wput(11, "b", "v1")}) // still behind
+		h.apply([]nodeChange{wput(12, "c", "v1")})
+		if got := watchRecv(t, out); got != "snap@12[a: b:v1 c:v1]" {
+			t.Fatalf("first response %s, want the snapshot at 12 with c, created at 12", got)
+		}
+		h.apply([]nodeChange{wput(13, "a", "v1")})
+		if got := watchRecv(t, out); got != "@13[a:v1]" {
+			t.Fatalf("then %s, want @13[a:v1]", got)
+		}
+	})
+	t.Run("refused after the bound", func(t *testing.T) {
+		h := lagging(t, 12)
+		h.minRevisionWait = 200 * time.Millisecond
+		out, done := watchServe(t, h, minRevisionWatcher(t, 12))
+		st := watchRefused(t, out, done)
+		for _, says := range []string{"at revision 10", "min_revision 12", "any replica"} {
+			if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), says) {
+				t.Fatalf("stream ended with %v, want Unavailable saying %q", st, says)
+			}
+		}
+	})
+	t.Run("above etcd's revision", func(t *testing.T) {
+		h := lagging(t, 11)
+		h.minRevisionWait = 200 * time.Millisecond
+		out, done := watchServe(t, h, minRevisionWatcher(t, 50))
+		st := watchRefused(t, out, done)
+		for _, says := range []string{"min_revision 50", "etcd itself is at revision 11"} {
+			if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), says) {
+				t.Fatalf("stream ended with %v, want Unavailable saying %q", st, says)
+			}
+		}
+	})
+	t.Run("the bound covers the first load", func(t *testing.T) {
+		h := watchTestHub(8, 12) // never loads
+		h.minRevisionWait = 200 * time.Millisecond
+		out, done := watchServe(t, h, minRevisionWatcher(t, 12))
+		if st := watchRefused(t, out, done); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "min_revision 12") {
+			t.Fatalf("stream ended with %v, want Unavailable", st)
+		}
+	})
+}
+
 // ---- The hub against a real etcd ----
 
 // TestWatchHubEtcd runs the hub on a real etcd: it follows node writes,
@@ -609,6 +721,210 @@ func TestWatchHubEtcd(t *testing.T) {
 	got, _, _ = h.read(w)
 	if s, want := summary(resps(got)), []string{fmt.Sprintf("@%d[c:v2]", r4), fmt.Sprintf("@%d[b:v3]", r5)}; !slices.Equal(s, want) {
 		t.Fatalf("after etcd restarted %q, want %q", s, want)
+	}
+}
+
+// TestWatchHubEtcdMinRevision: on a real etcd, a hub that lags (it loaded
+// its view and does not follow etcd yet) does not serve that view to a
+// stream asking for a snapshot at a newer revision: the stream waits until
+// the hub follows etcd up to it, and then gets the node created there. A
+// hub that stays behind, or a revision etcd has not reached, fails the
+// stream after the bound.
+func TestWatchHubEtcdMinRevision(t *testing.T) {
+	cc := ct.NewCluster(t)
+	voters, _ := cc.Voters(1)
+	cli := cc.Etcd(voters[0].ClientURL)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := &Service{log: slog.New(slog.DiscardHandler), etcd: cli}
+	put := func(c, version string) int64 {
+		t.Helper()
+		v := wput(0, c, version)
+		resp, err := cli.Put(ctx, v.key, string(v.value))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+	// lagging is a hub that loaded the nodes and follows nothing.
+	lagging := func() *watchHub {
+		t.Helper()
+		h := newWatchHub(s)
+		if err := h.load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+
+	put("a", "v0")
+	h := lagging()
+	h.minRevisionWait = time.Minute // the test decides when the hub follows
+	loaded := h.revision()
+	rb := put("b", "v1")
+	out, done := watchServe(t, h, minRevisionWatcher(t, rb))
+	select {
+	case <-h.nudge:
+	case r := <-out:
+		t.Fatalf("sent %s from the hub's view at %d, below min_revision %d", summary([]*curatorv1.WatchResponse{r})[0], loaded, rb)
+	case err := <-done:
+		t.Fatalf("stream ended: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream neither asked for progress nor answered")
+	}
+	// The hub starts following etcd: it catches up, the snapshot follows.
+	rctx, rcancel := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- h.run(rctx) }()
+	defer func() {
+		rcancel()
+		if err := <-stopped; err != nil {
+			t.Errorf("hub: %v", err)
+		}
+	}()
+	select {
+	case r := <-out:
+		if !r.Snapshot || r.Revision < rb || nodeIn(r, wid("b")).GetStatus().GetVersion() != "v1" || nodeIn(r, wid("a")) == nil {
+			t.Fatalf("got %s, want a snapshot at %d or later with a and b:v1", summary([]*curatorv1.WatchResponse{r})[0], rb)
+		}
+	case err := <-done:
+		t.Fatalf("stream ended: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no snapshot within 30s of the hub following etcd")
+	}
+
+	t.Run("a hub that stays behind", func(t *testing.T) {
+		held := lagging()
+		held.minRevisionWait = 500 * time.Millisecond
+		rc := put("c", "v1")
+		out, done := watchServe(t, held, minRevisionWatcher(t, rc))
+		st := watchRefused(t, out, done)
+		for _, says := range []string{fmt.Sprintf("at revision %d", held.revision()), fmt.Sprintf("min_revision %d", rc)} {
+			if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), says) {
+				t.Fatalf("stream ended with %v, want Unavailable saying %q", st, says)
+			}
+		}
+	})
+	t.Run("a revision etcd has not reached", func(t *testing.T) {
+		h.minRevisionWait = 500 * time.Millisecond
+		now := put("a", "v1")
+		out, done := watchServe(t, h, minRevisionWatcher(t, now+1000))
+		st := watchRefused(t, out, done)
+		if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), fmt.Sprintf("min_revision %d", now+1000)) || !strings.Contains(st.Message(), "etcd itself is at revision") {
+			t.Fatalf("stream ended with %v, want Unavailable saying etcd is behind min_revision", st)
+		}
+	})
+}
+
+// errorCount counts the error records logged through it.
+type errorCount struct{ n atomic.Int32 }
+
+func (c *errorCount) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelError }
+func (c *errorCount) Handle(context.Context, slog.Record) error    { c.n.Add(1); return nil }
+func (c *errorCount) WithAttrs([]slog.Attr) slog.Handler           { return c }
+func (c *errorCount) WithGroup(string) slog.Handler                { return c }
+
+// TestWatchHubEtcdUnreadable: a node record that does not decode, or that
+// holds another node, is a node that exists: the hub shows it (id from the
+// key, its revision, why it is unreadable) in snapshots and batches, never
+// leaves it out; its deletion is a normal delete. Each unreadable revision
+// is logged once, also across reloads.
+func TestWatchHubEtcdUnreadable(t *testing.T) {
+	cc := ct.NewCluster(t)
+	voters, _ := cc.Voters(1)
+	cli := cc.Etcd(voters[0].ClientURL)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	errs := &errorCount{}
+	s := &Service{log: slog.New(errs), etcd: cli}
+	h := newWatchHub(s)
+	putRaw := func(c string, value []byte) int64 {
+		t.Helper()
+		resp, err := cli.Put(ctx, keys.Node(wid(c)), string(value))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+	put := func(c, version string) int64 { t.Helper(); return putRaw(c, wput(0, c, version).value) }
+	garbage := []byte("not a node record")
+	unreadable := func(r *curatorv1.WatchResponse, c string, rev int64, says string) {
+		t.Helper()
+		n := nodeIn(r, wid(c))
+		if n == nil || n.Revision != rev || !strings.Contains(n.Unreadable, says) {
+			t.Fatalf("node %s in %v: want it at revision %d, unreadable saying %q", c, r, rev, says)
+		}
+	}
+
+	put("a", "v0")
+	rd := putRaw("d", garbage)
+	re := putRaw("e", wput(0, "a", "v0").value) // node a's record under e's key
+	// Loaded twice: a reload does not log the same records again.
+	for range 2 {
+		if err := h.load(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := &watcher{snapshot: true}
+	got, _, _ := h.read(w)
+	if s := summary(resps(got)); len(s) != 1 || s[0] != fmt.Sprintf("snap@%d[a:v0 d:unreadable e:unreadable]", h.revision()) {
+		t.Fatalf("snapshot %q, want a:v0 and d, e unreadable", s)
+	}
+	snap := got[0].resp
+	unreadable(snap, "d", rd, "decode")
+	unreadable(snap, "e", re, wid("a"))
+	if n := errs.n.Load(); n != 2 {
+		t.Fatalf("%d errors logged for two unreadable records, loaded twice; want 2", n)
+	}
+	// Health comes from heartbeats, which an unreadable node may still send.
+	deco, err := h.decorate(ctx, got[0])
+	if err != nil {
+		t.Fatalf("decorate a snapshot with unreadable nodes: %v", err)
+	}
+	if n := nodeIn(deco, wid("d")); n.GetHealth() != curatorv1.NodeHealth_NODE_HEALTH_UNKNOWN || n.GetUnreadable() == "" {
+		t.Fatalf("decorated %v", n)
+	}
+
+	rctx, rcancel := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- h.run(rctx) }()
+	defer func() {
+		rcancel()
+		if err := <-stopped; err != nil {
+			t.Errorf("hub: %v", err)
+		}
+	}()
+	waitRev := func(rev int64) {
+		t.Helper()
+		proctest.Eventually(t, 30*time.Second, func() error {
+			if got := h.revision(); got < rev {
+				h.requestProgress()
+				return fmt.Errorf("hub at revision %d, want %d", got, rev)
+			}
+			return nil
+		})
+	}
+	rf := putRaw("f", garbage)    // a new unreadable node
+	rd2 := put("d", "v1")         // d is readable again
+	rf2 := putRaw("f", []byte{0}) // f unreadable at a new revision
+	del, err := cli.Delete(ctx, keys.Node(wid("e")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rde := del.Header.Revision
+	waitRev(rde)
+	got, _, _ = h.read(w)
+	want := []string{fmt.Sprintf("@%d[f:unreadable]", rf), fmt.Sprintf("@%d[d:v1]", rd2), fmt.Sprintf("@%d[f:unreadable]", rf2), fmt.Sprintf("@%d[-e]", rde)}
+	if s := summary(resps(got)); !slices.Equal(s, want) {
+		t.Fatalf("batches %q, want %q", s, want)
+	}
+	unreadable(got[0].resp, "f", rf, "decode")
+	unreadable(got[2].resp, "f", rf2, "decode")
+	if n := errs.n.Load(); n != 4 {
+		t.Fatalf("%d errors logged, want 4 (d, e, and f at two revisions)", n)
+	}
+	got, _, _ = h.read(&watcher{snapshot: true})
+	if s := summary(resps(got)); len(s) != 1 || s[0] != fmt.Sprintf("snap@%d[a:v0 d:v1 f:unreadable]", h.revision()) {
+		t.Fatalf("snapshot %q", s)
 	}
 }
 
@@ -772,6 +1088,13 @@ func TestWatchAllNodes(t *testing.T) {
 	if !slices.Equal(r.Deleted, []string{a.ID}) || len(r.Nodes) != 0 || r.Revision <= last {
 		t.Fatalf("after the delete: %v", r)
 	}
+
+	// A snapshot at least as new as the delete (as the reconciler asks for
+	// one as new as its member list) does not have the node.
+	fresh := openWatch(t, curatorv1.NewCuratorClient(c.Conn(follower, cut.Admin)), &curatorv1.WatchRequest{Kind: allNodes(0).Kind, MinRevision: r.Revision})
+	if snap := fresh.next(); !snap.Snapshot || snap.Revision < r.Revision || nodeIn(snap, a.ID) != nil || nodeIn(snap, c.Voters[0].ID) == nil {
+		t.Fatalf("snapshot with min_revision %d: %v", r.Revision, snap)
+	}
 }
 
 // TestWatchNodeItself: a node watches itself and nothing else; it sees
@@ -795,7 +1118,11 @@ func TestWatchNodeItself(t *testing.T) {
 			t.Fatalf("node watches all: %v", err)
 		}
 		admin := curatorv1.NewCuratorClient(c.Conn(cur, cut.Admin))
-		for _, req := range []*curatorv1.WatchRequest{oneNode("node-1234", 0), {}, allNodes(-1)} {
+		minRev := func(req *curatorv1.WatchRequest, min int64) *curatorv1.WatchRequest {
+			req.MinRevision = min
+			return req
+		}
+		for _, req := range []*curatorv1.WatchRequest{oneNode("node-1234", 0), {}, allNodes(-1), minRev(allNodes(0), -1), minRev(allNodes(5), 5)} {
 			if err := watchErr(t, admin, req); status.Code(err) != codes.InvalidArgument {
 				t.Fatalf("watch %v: %v, want InvalidArgument", req, err)
 			}

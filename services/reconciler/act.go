@@ -10,6 +10,7 @@ import (
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
+	"curia.dev/platform/failpoint"
 	"curia.dev/services/reconciler/plan"
 )
 
@@ -44,13 +45,14 @@ func (r *Reconciler) pass(ctx context.Context) bool {
 		r.finish("paused ("+why+"): would "+a.String(), &a, nil)
 		return false
 	}
-	failpoint("before-act")
+	failpoint.Hold("before-act")
 	// The lease may have ended while we observed: stop within this pass.
 	lease := r.lease.current()
 	if lease == nil {
 		r.finish("standby: lost the lease before acting", &a, nil)
 		return false
 	}
+	failpoint.Hold("before-call")
 	if err := r.act(ctx, snap, a, r.lease.fence(lease, a.Epoch)); err != nil {
 		r.log.Warn("action failed", "action", a.String(), "err", err)
 		r.metrics.actions.WithLabelValues(a.Kind.String(), "failed").Inc()
@@ -70,7 +72,13 @@ func (r *Reconciler) act(ctx context.Context, s *snapshot, a plan.Action, f *con
 	reason := "reconciler: " + a.Reason
 	switch a.Kind {
 	case plan.RemoveMember:
-		_, err := r.members().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: a.MemberID}, Fence: f})
+		req := &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: a.MemberID}, Fence: f}
+		if a.NodeAbsent {
+			// The proof: consensus removes the member only if the node
+			// does not exist, checked in its fenced transaction.
+			req.AbsentNodeId = a.NodeID
+		}
+		_, err := r.members().RemoveMember(ctx, req)
 		return err
 	case plan.Promote:
 		_, err := r.members().PromoteMember(ctx, &consensusv1.PromoteMemberRequest{MemberId: a.MemberID, Fence: f})
@@ -144,12 +152,12 @@ func (r *Reconciler) refused(a plan.Action) {
 }
 
 // noteDrift measures convergence time: from the first pass that found
-// something to do to the first that found nothing.
+// something to do to the first that found roles and membership agreeing.
 func (r *Reconciler) noteDrift(a plan.Action) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
-	case a.Kind == plan.None && !r.driftSince.IsZero():
+	case a.Converged() && !r.driftSince.IsZero():
 		r.metrics.convergence.Observe(time.Since(r.driftSince).Seconds())
 		r.driftSince = time.Time{}
 	case a.Kind != plan.None && r.driftSince.IsZero():

@@ -82,9 +82,9 @@ func (k *leaseKeeper) run(ctx context.Context) error {
 		k.mu.Unlock()
 		cctx, cancel := context.WithTimeout(ctx, every)
 		if held == nil {
-			resp, err := k.r.leases().Acquire(cctx, &curatorv1.AcquireRequest{Name: leaseName, Holder: k.r.cfg.Name, TtlSeconds: int64(ttl / time.Second)})
+			resp, err := k.r.leases().Acquire(cctx, &curatorv1.AcquireRequest{Name: leaseName, Holder: k.r.holder, TtlSeconds: int64(ttl / time.Second)})
 			if err == nil {
-				k.set(resp.GetLease(), k.r.cfg.Name)
+				k.set(resp.GetLease(), k.r.holder)
 			} else if ctx.Err() == nil {
 				k.r.setRole(reconcilerv1.Role_ROLE_STANDBY, status.Convert(err).Message(), nil)
 			}
@@ -92,7 +92,7 @@ func (k *leaseKeeper) run(ctx context.Context) error {
 			resp, err := k.r.leases().KeepAlive(cctx, &curatorv1.KeepAliveRequest{Lease: held})
 			switch {
 			case err == nil:
-				k.set(resp.GetLease(), k.r.cfg.Name)
+				k.set(resp.GetLease(), k.r.holder)
 			case status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded:
 				// The curator may be failing over; current() stops us
 				// acting once the lease is past its expiry.

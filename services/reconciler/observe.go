@@ -18,9 +18,11 @@ type snapshot struct {
 	peerURLs map[uint64]string
 }
 
-// observe reads, in this order, the membership epoch and the member list
-// (one ListMembers call reads the epoch first), then the nodes: members
-// before nodes, so a node created in between cannot look missing.
+// observe reads, in this order, the member list (with its epoch, the
+// change in flight and the etcd revision it was read at), then the nodes,
+// from a snapshot at least as new as the member list: members before
+// nodes, and never an older node view, so that a node that existed when the
+// members were listed cannot look missing.
 func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 	var members *consensusv1.ListMembersResponse
 	var err error
@@ -33,13 +35,16 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list etcd members: %w", err)
 	}
-	nodes, err := r.readNodes(ctx)
+	nodes, err := r.readNodes(ctx, members.GetRevision())
 	if err != nil {
 		return nil, fmt.Errorf("read nodes: %w", err)
 	}
 	now := time.Now()
 	s := &snapshot{peerURLs: map[uint64]string{}}
 	o := plan.Observed{Epoch: members.GetMembershipEpoch(), AnsweredBy: members.GetAnsweredByMemberId(), Now: now}
+	if p := members.GetPending(); p != nil {
+		o.Pending = fmt.Sprintf("%s of node %s (member %x) by %s, change %s", p.GetOperation(), p.GetNodeId(), p.GetMemberId(), p.GetActor(), p.GetId())
+	}
 	for _, m := range members.GetMembers() {
 		o.Members = append(o.Members, plan.Member{ID: m.GetId(), NodeID: m.GetNodeId(), Learner: m.GetLearner(), Started: m.GetStarted(), CaughtUp: m.GetCaughtUp()})
 		if len(m.GetPeerUrls()) > 0 {
@@ -51,6 +56,7 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 			ID: n.GetId(), Revision: n.GetRevision(),
 			ConsensusMember:      n.GetRoles().GetConsensusMember() != nil,
 			KubernetesController: n.GetRoles().GetKubernetesController() != nil,
+			Unreadable:           n.GetUnreadable() != "",
 		})
 	}
 	o.LearnerSince, o.ReadySince = r.learnerClocks(o.Members, now)
@@ -58,11 +64,13 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 	return s, nil
 }
 
-// readNodes takes a snapshot of every node from the curator's watch.
-func (r *Reconciler) readNodes(ctx context.Context) ([]*curatorv1.Node, error) {
+// readNodes takes a snapshot of every node from the curator's watch, at
+// least at revision minRev: a replica whose view is older waits or refuses,
+// it never answers from the past.
+func (r *Reconciler) readNodes(ctx context.Context, minRev int64) ([]*curatorv1.Node, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := curatorv1.NewCuratorClient(r.curator).Watch(ctx, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}})
+	stream, err := curatorv1.NewCuratorClient(r.curator).Watch(ctx, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}, MinRevision: minRev})
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +87,11 @@ func (r *Reconciler) readNodes(ctx context.Context) ([]*curatorv1.Node, error) {
 			return nil, errors.New("the node watch did not start with a snapshot")
 		}
 		nodes = append(nodes, resp.GetNodes()...)
-		if resp.GetRevision() != 0 {
+		if rev := resp.GetRevision(); rev != 0 {
+			if rev < minRev {
+				// The curator promises this; a check that costs nothing.
+				return nil, fmt.Errorf("the node snapshot is at revision %d, older than the member list's %d", rev, minRev)
+			}
 			return nodes, nil
 		}
 	}

@@ -22,6 +22,8 @@ package reconciler
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -47,7 +49,8 @@ import (
 type Config struct {
 	// Cluster is the cluster name, the trust domain of every identity.
 	Cluster string
-	// Name is this replica's name, the lease holder it asks as.
+	// Name is this replica's name; it asks for the lease as the name and a
+	// random per-process incarnation.
 	Name string
 	// TLS is a reconciler certificate.
 	TLS rpc.TLSFiles
@@ -86,7 +89,7 @@ func DefaultConfig() Config {
 // AddFlags registers the reconciler's flags.
 func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Cluster, "cluster", c.Cluster, "cluster name (trust domain of every identity)")
-	fs.StringVar(&c.Name, "name", c.Name, "this replica's name (the lease holder)")
+	fs.StringVar(&c.Name, "name", c.Name, "this replica's name; it holds the lease as <name>/<random incarnation>")
 	c.TLS.AddFlags(fs, "")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "gRPC API address (host:port)")
 	run.ListFlag(fs, "curator", "curator address host:port", &c.Curator)
@@ -133,7 +136,12 @@ func (c Config) planConfig() plan.Config {
 
 // Reconciler is one replica.
 type Reconciler struct {
-	cfg     Config
+	cfg Config
+	// holder is who this process acquires the lease as: its name and a
+	// random incarnation, so that a restarted process, or a second one
+	// started under the same name, never shares a live lease (and fence)
+	// with an earlier one that may only be paused.
+	holder  string
 	log     *slog.Logger
 	rpc     *rpc.Server
 	curator *grpc.ClientConn
@@ -170,7 +178,8 @@ func New(cfg Config, log *slog.Logger) (*Reconciler, error) {
 	if creds.Principal.Kind != pki.KindReconciler {
 		return nil, fmt.Errorf("certificate %s is for %s, not the reconciler", cfg.TLS.Cert, creds.Principal)
 	}
-	log = log.With("component", "reconciler", "replica", cfg.Name)
+	holder := cfg.Name + "/" + incarnation()
+	log = log.With("component", "reconciler", "replica", cfg.Name, "holder", holder)
 	cur, err := rpc.DialAny(cfg.Curator, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindCurator}})
 	if err != nil {
 		return nil, err
@@ -185,7 +194,7 @@ func New(cfg Config, log *slog.Logger) (*Reconciler, error) {
 		cons = append(cons, cc)
 	}
 	r := &Reconciler{
-		cfg: cfg, log: log, curator: cur, consensus: cons,
+		cfg: cfg, holder: holder, log: log, curator: cur, consensus: cons,
 		trigger:      make(chan struct{}, 1),
 		status:       &reconcilerv1.GetStatusResponse{Name: cfg.Name, Role: reconcilerv1.Role_ROLE_STANDBY},
 		learnerSince: map[uint64]time.Time{},
@@ -200,6 +209,14 @@ func New(cfg Config, log *slog.Logger) (*Reconciler, error) {
 	r.metrics = newMetrics(srv.Registry())
 	r.lease = newLeaseKeeper(r)
 	return r, nil
+}
+
+// incarnation names this process among every process ever started under
+// the same name.
+func incarnation() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 func (r *Reconciler) leases() curatorv1.LeasesClient { return curatorv1.NewLeasesClient(r.curator) }

@@ -5,8 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,10 +27,17 @@ import (
 type replica struct {
 	name, addr string
 	*proctest.Proc
-	failpoints string
 }
 
 func startReconciler(t *testing.T, c *cut.Cluster, name string) *replica {
+	t.Helper()
+	r := newReconciler(t, c, name)
+	r.Start()
+	return r
+}
+
+// newReconciler prepares a replica; Start runs it.
+func newReconciler(t *testing.T, c *cut.Cluster, name string) *replica {
 	t.Helper()
 	files := c.PKI.Files(t, pki.Principal{Kind: pki.KindReconciler})
 	var curators, consensus []string
@@ -41,7 +47,7 @@ func startReconciler(t *testing.T, c *cut.Cluster, name string) *replica {
 	for _, v := range c.Voters {
 		consensus = append(consensus, v.API)
 	}
-	r := &replica{name: name, addr: proctest.FreeAddr(t), failpoints: t.TempDir()}
+	r := &replica{name: name, addr: proctest.FreeAddr(t)}
 	r.Proc = proctest.New(t, name, proctest.Build(t, "curia.dev/services/reconciler/cmd/reconciler", "failpoints"),
 		"--cluster", c.PKI.Cluster, "--name", name,
 		"--ca", files.CA, "--cert", files.Cert, "--key", files.Key,
@@ -52,8 +58,6 @@ func startReconciler(t *testing.T, c *cut.Cluster, name string) *replica {
 		"--stabilization", "1s", "--learner-start-timeout", "30s",
 		"--log-level", "debug",
 	)
-	r.Env = append(r.Env, "CURIA_FAILPOINT_DIR="+r.failpoints)
-	r.Start()
 	return r
 }
 
@@ -80,6 +84,12 @@ type consensusState struct{ node, cm, kc, member bool }
 
 func state(t *testing.T, c *cut.Cluster) (map[string]consensusState, error) {
 	t.Helper()
+	return stateOf(t, c, c.Voters[0].Members())
+}
+
+// stateOf is state with the given member list.
+func stateOf(t *testing.T, c *cut.Cluster, members *consensusv1.ListMembersResponse) (map[string]consensusState, error) {
+	t.Helper()
 	out := map[string]consensusState{}
 	stream, err := c.Management().GetNodes(context.Background(), &curatorv1.GetNodesRequest{})
 	if err != nil {
@@ -97,7 +107,7 @@ func state(t *testing.T, c *cut.Cluster) (map[string]consensusState, error) {
 			out[n.Id] = consensusState{node: true, cm: n.Roles.GetConsensusMember() != nil, kc: n.Roles.GetKubernetesController() != nil}
 		}
 	}
-	for _, m := range c.Voters[0].Members().Members {
+	for _, m := range members.Members {
 		s := out[m.NodeId]
 		s.member = true
 		out[m.NodeId] = s
@@ -190,8 +200,8 @@ func TestBackgroundSyncEtcd(t *testing.T) {
 	// The member went before the roles: the audit log says so.
 	var order []string
 	for _, ev := range audit(t, c) {
-		if strings.HasPrefix(ev.Actor, "reconciler") {
-			order = append(order, ev.Action)
+		if strings.HasPrefix(ev.Actor, "reconciler") && ev.Outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
+			order = append(order, ev.Action) // intents and role writes
 		}
 	}
 	want := []string{"roles.reconcile add_consensus_member", "member.remove", "roles.reconcile remove_consensus_member"}
@@ -328,46 +338,210 @@ func TestCrashAfterMembershipChange(t *testing.T) {
 	})
 }
 
-// TestStaleSnapshotRefused: a management change lands between a pass's read
-// and its write; the write is refused and the next pass plans anew.
-func TestStaleSnapshotRefused(t *testing.T) {
-	c := cut.New(t, 1)
-	boot := c.Voters[0].ID
-	r := startReconciler(t, c, "reconciler-0")
-	eventuallyState(t, c, map[string]consensusState{boot: {node: true, cm: true, kc: true, member: true}})
-
-	// Hold the next action at the failpoint.
-	point := filepath.Join(r.failpoints, "before-act")
-	if err := os.Mkdir(point, 0o700); err != nil {
-		t.Fatal(err)
+// acceptedBy counts the changes the audit log records as accepted from a
+// reconciler fenced on the lease of create revision leaseRev: role writes,
+// and membership changes that etcd applied.
+func acceptedBy(t *testing.T, c *cut.Cluster, leaseRev int64) (roleWrites, memberChanges int) {
+	t.Helper()
+	fence := fmt.Sprintf("%s@%d", keys.Lease("reconciler"), leaseRev)
+	for _, ev := range audit(t, c) {
+		if !slices.Contains(ev.Fence, fence) {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(ev.Action, "roles.reconcile"):
+			roleWrites++
+		case ev.Outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_APPLIED:
+			memberChanges++
+		}
 	}
-	n := node(t, c, boot)
-	n.Roles.ConsensusMember, n.Roles.KubernetesController = nil, nil
-	putRecord(t, c, n) // drift: the reconciler plans to add the role
-	proctest.Eventually(t, time.Minute, func() error {
-		_, err := os.Stat(filepath.Join(point, "reached"))
-		return err
-	})
-	// Meanwhile the record changes (its ModRevision moves).
-	n.Labels = map[string]string{"changed": "meanwhile"}
-	putRecord(t, c, n)
-	os.RemoveAll(point)
+	return roleWrites, memberChanges
+}
 
+// leaseRevision waits until a replica holds the lease and returns the
+// lease's create revision.
+func leaseRevision(t *testing.T, c *cut.Cluster, r *replica) int64 {
+	t.Helper()
+	var rev int64
 	proctest.Eventually(t, time.Minute, func() error {
 		st, err := r.status(t, c)
 		if err != nil {
 			return err
 		}
-		if !strings.Contains(st.LastResult, "Aborted") && !strings.Contains(st.LastResult, "changed") && st.Actions == 0 {
-			return fmt.Errorf("last result %q", st.LastResult)
+		for _, cond := range st.Fence.GetConditions() {
+			if cond.Key == keys.Lease("reconciler") && st.Role == reconcilerv1.Role_ROLE_ACTIVE {
+				rev = cond.CreateRevision
+				return nil
+			}
 		}
-		return nil
+		return fmt.Errorf("%s holds no lease: %v", r.name, st)
 	})
+	return rev
+}
+
+// TestStaleSnapshotRefused: a management change lands between a pass's
+// read and its role write; the write is refused at the curator (zero stale
+// writes accepted), and the next pass plans anew without losing the
+// management change.
+func TestStaleSnapshotRefused(t *testing.T) {
+	c := cut.New(t, 1)
+	boot := c.Voters[0].ID
+	r := startReconciler(t, c, "reconciler-0")
+	eventuallyState(t, c, map[string]consensusState{boot: {node: true, cm: true, kc: true, member: true}})
+	lease := leaseRevision(t, c, r)
+
+	// Hold the next action right before its call, after every check of
+	// the reconciler's own.
+	release := r.Hold("before-call")
+	n := node(t, c, boot)
+	n.Roles.ConsensusMember, n.Roles.KubernetesController = nil, nil
+	putRecord(t, c, n) // drift: the reconciler plans to add the role
+	r.Reached("before-call")
+	// Meanwhile the record changes (its ModRevision moves).
+	n.Labels = map[string]string{"changed": "meanwhile"}
+	putRecord(t, c, n)
+	before, _ := acceptedBy(t, c, lease)
+	release()
+
 	// The next pass is right: the role comes back, the label stays.
 	eventuallyState(t, c, map[string]consensusState{boot: {node: true, cm: true, member: true}})
 	if got := node(t, c, boot).Labels["changed"]; got != "meanwhile" {
 		t.Fatalf("the management change was lost: labels %v", node(t, c, boot).Labels)
 	}
+	// Exactly one role write was accepted: the fresh pass's. Had the held
+	// (stale) one been accepted too, there would be two.
+	if after, _ := acceptedBy(t, c, lease); after-before != 1 {
+		t.Fatalf("%d role writes accepted after the record changed, want exactly 1 (the fresh pass's)", after-before)
+	}
+	if !r.LogContains("changed since revision") {
+		t.Fatal("the held write was never refused: did it run?")
+	}
+}
+
+// TestMemberOfLiveNodeKept: the reconciler plans to remove an etcd member
+// whose node does not exist; before its call lands, the node appears (it
+// enrolled; a stale view of the registry would still miss it). The removal
+// carries the proof of absence, which fails at the resource: the member
+// stays, and zero removals are applied.
+func TestMemberOfLiveNodeKept(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := ctxT(t)
+	boot := c.Voters[0].ID
+	r := startReconciler(t, c, "reconciler-0")
+	eventuallyState(t, c, map[string]consensusState{boot: {node: true, cm: true, kc: true, member: true}})
+	lease := leaseRevision(t, c, r)
+
+	// A learner named after a node that does not exist yet (etcd names an
+	// unstarted learner by its peer URL's host).
+	ghost := c.NewAgent()
+	release := r.Hold("before-call")
+	if _, err := c.Etcd(c.Voters[0].ClientURL).MemberAddAsLearner(ctx, []string{"https://" + ghost.ID + ":2380"}); err != nil {
+		t.Fatal(err)
+	}
+	r.Reached("before-call")
+	ghost.Enrol(ctx)
+	release()
+
+	proctest.Eventually(t, time.Minute, func() error {
+		if st, err := state(t, c); err == nil && !st[ghost.ID].member {
+			t.Fatalf("the member of node %s, which exists, was removed", ghost.ID)
+		}
+		if !r.LogContains("node " + ghost.ID + " exists") {
+			return errors.New("the held removal was not refused yet")
+		}
+		return nil
+	})
+	if _, removed := acceptedBy(t, c, lease); removed != 0 {
+		t.Fatalf("%d membership changes applied; the member of a live node was removed", removed)
+	}
+	if st, err := state(t, c); err != nil || !st[ghost.ID].member {
+		t.Fatalf("the member of node %s, which exists, is gone (%v)", ghost.ID, err)
+	}
+}
+
+// TestIncarnations: a second process under the same name (a restarted twin
+// while the first is only paused, a duplicated deployment) is another
+// holder: it stands by while the first holds the lease.
+func TestIncarnations(t *testing.T) {
+	c := cut.New(t, 1)
+	first := startReconciler(t, c, "reconciler-0")
+	proctest.Eventually(t, time.Minute, func() error {
+		st, err := first.status(t, c)
+		if err != nil || st.Role != reconcilerv1.Role_ROLE_ACTIVE {
+			return fmt.Errorf("first not active: %v %v", st, err)
+		}
+		return nil
+	})
+	twin := startReconciler(t, c, "reconciler-0")
+	proctest.Eventually(t, time.Minute, func() error {
+		st, err := twin.status(t, c)
+		if err != nil {
+			return err
+		}
+		if st.LeaseHolder == "" {
+			return errors.New("the twin has not asked for the lease yet")
+		}
+		if st.Role != reconcilerv1.Role_ROLE_STANDBY || !strings.Contains(st.LeaseHolder, "reconciler-0/") {
+			return fmt.Errorf("twin is %v, says the holder is %q; want standby behind reconciler-0/<first's incarnation>", st.Role, st.LeaseHolder)
+		}
+		return nil
+	})
+	if st, err := first.status(t, c); err != nil || st.Role != reconcilerv1.Role_ROLE_ACTIVE {
+		t.Fatalf("first is %v (%v), want still active", st.GetRole(), err)
+	}
+}
+
+// TestPausedReconcilerChangesNothing: the active replica is held right
+// before a role write and frozen (SIGSTOP) past its lease; a standby (told
+// to not act) takes the lease over. Nothing else changes: the node's
+// revision and the membership epoch are as the frozen replica read them, so
+// only the fence can stop its write. Woken up, its call goes out with the
+// old lease's fence and is refused at the resource: zero of its writes are
+// accepted after the takeover.
+func TestPausedReconcilerChangesNothing(t *testing.T) {
+	c := cut.New(t, 1)
+	boot := c.Voters[0].ID
+	old := startReconciler(t, c, "reconciler-0")
+	eventuallyState(t, c, map[string]consensusState{boot: {node: true, cm: true, kc: true, member: true}})
+	oldLease := leaseRevision(t, c, old)
+
+	release := old.Hold("before-call")
+	n := node(t, c, boot)
+	n.Roles.ConsensusMember, n.Roles.KubernetesController = nil, nil
+	putRecord(t, c, n)
+	old.Reached("before-call")
+	old.Pause()
+	accepted, _ := acceptedBy(t, c, oldLease)
+
+	// The standby takes the lease but does not act (held before acting).
+	standby := newReconciler(t, c, "reconciler-1")
+	releaseStandby := standby.Hold("before-act")
+	standby.Start()
+	proctest.Eventually(t, time.Minute, func() error {
+		st, err := standby.status(t, c)
+		if err != nil || st.Role != reconcilerv1.Role_ROLE_ACTIVE {
+			return fmt.Errorf("the standby does not hold the lease yet: %v %v", st.GetRole(), err)
+		}
+		return nil
+	})
+
+	old.Resume()
+	release()
+	proctest.Eventually(t, time.Minute, func() error {
+		if !old.LogContains("action failed") {
+			return errors.New("the woken replica has not made its call yet")
+		}
+		return nil
+	})
+	if got, _ := acceptedBy(t, c, oldLease); got != accepted {
+		t.Fatalf("%d writes with the old lease's fence accepted after the takeover", got-accepted)
+	}
+	if node(t, c, boot).Roles.GetConsensusMember() != nil {
+		t.Fatal("the woken replica's stale write landed")
+	}
+	// The new holder completes the role.
+	releaseStandby()
+	eventuallyState(t, c, map[string]consensusState{boot: {node: true, cm: true, member: true}})
 }
 
 // TestStandbyTakesOver: one replica acts, the other stands by; kill -9 the

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
@@ -103,9 +104,10 @@ func NewNodeKey(t testing.TB) (ed25519.PrivateKey, string) {
 	return key, pki.NodeID(pub)
 }
 
-// Binary builds the consensus command once per test process.
+// Binary builds the consensus command once per test process, with
+// failpoints (they do nothing unless a test sets CURIA_FAILPOINT_DIR).
 func Binary(t testing.TB) string {
-	return proctest.Build(t, "curia.dev/services/consensus/cmd/consensus")
+	return proctest.Build(t, "curia.dev/services/consensus/cmd/consensus", "failpoints")
 }
 
 // Cluster is a set of test nodes sharing one PKI.
@@ -159,7 +161,11 @@ func (c *Cluster) NewNode() *Node {
 		"--listen-client", strings.TrimPrefix(n.ClientURL, "https://"),
 		"--etcd-tick", "50ms", "--etcd-election-timeout", "500ms",
 		"--health-timeout", "1s",
+		"--member-call-timeout", "3s",
 		"--unsafe-no-fsync",
+		// curia's own guards are under test, without etcd's behind them
+		// (and without its 5s pause after every change).
+		"--unsafe-no-strict-reconfig",
 		"--log-level", "debug",
 	)
 	c.Nodes = append(c.Nodes, n)
@@ -313,8 +319,8 @@ func (c *Cluster) Join(via, n *Node, f fence.Fence) uint64 {
 	var added *consensusv1.AddNodeResponse
 	Eventually(t, time.Minute, func() error {
 		var err error
-		added, err = via.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: n.ID, PeerUrl: n.PeerURL, Fence: f.Proto()})
-		if status.Code(err) == codes.Unavailable {
+		added, err = via.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: n.ID, PeerUrl: n.PeerURL, Fence: via.Fenced(f)})
+		if retryable(err) {
 			return err
 		}
 		if err != nil {
@@ -336,8 +342,8 @@ func (c *Cluster) Promote(via *Node, id uint64, f fence.Fence) {
 	Eventually(t, time.Minute, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, err := via.Curator().PromoteMember(ctx, &consensusv1.PromoteMemberRequest{MemberId: id, Fence: f.Proto()})
-		if status.Code(err) == codes.FailedPrecondition || status.Code(err) == codes.Unavailable {
+		_, err := via.Curator().PromoteMember(ctx, &consensusv1.PromoteMemberRequest{MemberId: id, Fence: via.Fenced(f)})
+		if status.Code(err) == codes.FailedPrecondition || retryable(err) {
 			return err
 		}
 		if err != nil {
@@ -381,21 +387,63 @@ func (n *Node) Members() *consensusv1.ListMembersResponse {
 	return resp
 }
 
+// GrantLease grants the named lease as the curator leader l would: a lease
+// record naming l's key and term, bound to an etcd lease of ttl seconds.
+// It returns the holder's fence, [l's key @ term, the lease @ its revision].
+func (l *Leader) GrantLease(t testing.TB, name string, ttl int64) fence.Fence {
+	t.Helper()
+	cli := l.Session.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	g, err := cli.Grant(ctx, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := l.Fence.Conditions[0]
+	b, err := json.Marshal(fence.LeaseRecord{Holder: "test/" + name, Term: leader.CreateRevision, LeaderKey: leader.Key, TTLSeconds: ttl, Granted: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A new grant is a new record (a new create revision), as the curator
+	// replaces a lease: never the old record rewritten.
+	if _, err := cli.Delete(ctx, keys.Lease(name)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Put(ctx, keys.Lease(name), string(b), clientv3.WithLease(g.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fence.Fence{Conditions: []fence.Condition{leader, {Key: keys.Lease(name), CreateRevision: resp.Header.Revision}}}
+}
+
+// Fenced is f with the membership epoch of a fresh member list read
+// through n: a change planned from that list.
+func (n *Node) Fenced(f fence.Fence) *consensusv1.Fence {
+	return f.WithEpoch(n.Members().MembershipEpoch).Proto()
+}
+
+// retryable: etcd's reconfiguration window (Unavailable), or another
+// change in flight (Aborted).
+func retryable(err error) bool {
+	return status.Code(err) == codes.Unavailable || status.Code(err) == codes.Aborted
+}
+
 // Eventually polls f until it returns nil or the deadline passes.
 func Eventually(t testing.TB, timeout time.Duration, f func() error) {
 	t.Helper()
 	proctest.Eventually(t, timeout, f)
 }
 
-// RetryUnavailable calls f until it returns anything but Unavailable: etcd
-// refuses membership changes for a few seconds after the previous one, until
-// its voters have been in contact long enough.
+// RetryUnavailable calls f until it returns anything but Unavailable or
+// Aborted: etcd refuses membership changes for a few seconds after the
+// previous one, until its voters have been in contact long enough, and
+// curia refuses while another change is in flight.
 func RetryUnavailable(t testing.TB, f func() error) error {
 	t.Helper()
 	var err error
 	Eventually(t, time.Minute, func() error {
 		err = f()
-		if status.Code(err) == codes.Unavailable {
+		if retryable(err) {
 			return err
 		}
 		return nil

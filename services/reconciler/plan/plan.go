@@ -1,17 +1,51 @@
 // Package plan decides the reconciler's next step: a pure function from what
 // it observed (etcd membership, the node registry, when learners were first
-// seen) to at most one action. etcd membership is the source of truth; the
-// rules are Metropolis' background etcd sync (DESIGN §6), in its order, plus
-// learner promotion, stale learner removal and a voter floor.
+// seen, whether a membership change is in flight) to at most one action.
+// etcd membership is the source of truth; the rules are Metropolis'
+// background etcd sync (DESIGN §6), in its order, plus learner promotion,
+// stale learner removal and a voter floor. The first rule that applies
+// decides the pass:
 //
 //	observe: epoch → members → nodes     plan(observed) → action     act: one fenced call, then observe again
+//
+//	a membership change is in flight                     → None   "waiting for the membership change in flight: …"
+//	guard: the answering member is not a member and a
+//	       node, or most members match no node           → Refuse
+//	1. a member whose node does not exist                 → RemoveMember, NodeAbsent (Refuse if a voter below the floor)
+//	2. a member's node lacks ConsensusMember              → AddRole
+//	3. a node that is not a member has ConsensusMember
+//	   or KubernetesController                            → RemoveRole (both go)
+//	4. a learner unstarted past LearnerStartTimeout       → RemoveMember
+//	   a learner caught up for Stabilization              → Promote
+//	   otherwise a learner to wait for                    → None   "waiting for learner …"
+//	5. some node records do not decode                    → None   "unreadable node records: …"
+//	   nothing to do                                      → None   "converged: …"
+//
+// A node whose record does not decode (Node.Unreadable) exists: its member
+// is never removed by rule 1 and it counts as a node for the guards. Its
+// roles are unknown, so rules 2 and 3 leave it alone, and the planner never
+// reports convergence while one is left.
 package plan
 
 import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
+)
+
+// The prefixes of a None action's Reason: what kind of "nothing to do" it is.
+const (
+	// reasonConverged: roles and membership agree, nothing is pending.
+	reasonConverged = "converged"
+	// reasonWaiting: a membership change in flight, or a learner that
+	// has yet to start or to stay caught up; time will end it.
+	reasonWaiting = "waiting for"
+	// reasonUnreadable: nothing can be done, but some node records do not
+	// decode, so agreement cannot be checked for them; an operator has to
+	// look.
+	reasonUnreadable = "unreadable node records"
 )
 
 // Member is an etcd member as the consensus service lists it.
@@ -32,7 +66,13 @@ type Node struct {
 	ID string
 	// Revision is the record's etcd ModRevision, sent back with a role
 	// write so that it applies only to the record the plan was made from.
-	Revision             int64
+	Revision int64
+	// Unreadable is true when the stored record does not decode. The node
+	// exists — its member is never removed as node-less, and it counts as
+	// a node for the guards — but its roles are unknown: ConsensusMember
+	// and KubernetesController are ignored, no role write targets it, and
+	// the plan is never "converged" while it stays unreadable.
+	Unreadable           bool
 	ConsensusMember      bool
 	KubernetesController bool
 }
@@ -42,6 +82,11 @@ type Node struct {
 // between cannot look missing).
 type Observed struct {
 	Epoch int64
+	// Pending describes the membership change in flight cluster-wide
+	// (DESIGN §4, membership/pending), "" when there is none. While one is
+	// pending every other change is refused and the snapshot may be taken
+	// mid-change, so the plan is to wait: nothing else is looked at.
+	Pending string
 	// AnsweredBy is the member that answered the member list.
 	AnsweredBy uint64
 	Members    []Member
@@ -72,7 +117,12 @@ type Kind int
 
 // The actions, one per pass.
 const (
-	// None: converged, or waiting (Reason says for what).
+	// None: nothing to do now. The Reason says which kind of nothing by
+	// its prefix: "converged" (roles and membership agree), "waiting for"
+	// (a membership change in flight, or a learner to start or to stay
+	// caught up: time ends it), or "unreadable node records" (nothing the
+	// planner can do, but some node records do not decode, so agreement
+	// is unknown for them: not converged).
 	None Kind = iota
 	// Refuse: the snapshot looks wrong; do nothing and say why.
 	Refuse
@@ -97,6 +147,12 @@ type Action struct {
 	MemberID     uint64
 	NodeID       string
 	NodeRevision int64
+	// NodeAbsent is true exactly for a RemoveMember whose reason is that
+	// the member's node does not exist (rule 1). The act step sends the
+	// node id as the proof of absence, which the resource checks in its
+	// fenced txn (CreateRevision(nodes/<id>) == 0). It is false for every
+	// other action, a learner removed for not starting included.
+	NodeAbsent bool
 	// Epoch is the snapshot's membership epoch: every action is fenced on
 	// it, so a plan made from a stale snapshot changes nothing.
 	Epoch  int64
@@ -107,7 +163,17 @@ func (a Action) String() string {
 	if a.Kind == None || a.Kind == Refuse {
 		return fmt.Sprintf("%s: %s", a.Kind, a.Reason)
 	}
-	return fmt.Sprintf("%s member=%x node=%s: %s", a.Kind, a.MemberID, a.NodeID, a.Reason)
+	absent := ""
+	if a.NodeAbsent {
+		absent = " (node absent)"
+	}
+	return fmt.Sprintf("%s member=%x node=%s%s: %s", a.Kind, a.MemberID, a.NodeID, absent, a.Reason)
+}
+
+// Converged reports whether the action says roles and membership agree
+// (not merely "nothing to do now").
+func (a Action) Converged() bool {
+	return a.Kind == None && strings.HasPrefix(a.Reason, reasonConverged)
 }
 
 // Plan returns the one action to take next.
@@ -115,6 +181,12 @@ func Plan(o Observed, c Config) Action {
 	floor := max(c.VoterFloor, 1)
 	act := func(k Kind, m uint64, node string, rev int64, why string, args ...any) Action {
 		return Action{Kind: k, MemberID: m, NodeID: node, NodeRevision: rev, Epoch: o.Epoch, Reason: fmt.Sprintf(why, args...)}
+	}
+
+	// A change in flight: every other change is refused until it ends,
+	// and the snapshot may show it half done.
+	if o.Pending != "" {
+		return act(None, 0, "", 0, "%s the membership change in flight: %s", reasonWaiting, o.Pending)
 	}
 
 	members := slices.Clone(o.Members)
@@ -139,7 +211,7 @@ func Plan(o Observed, c Config) Action {
 	// Guards (Metropolis' "local node" check, widened): if the member that
 	// answered is not both a member and a node, or most members match no
 	// node, the mapping between the two is broken, and acting on it could
-	// remove both memberships and roles.
+	// remove both memberships and roles. An unreadable node is a node.
 	answered, ok := findMember(members, o.AnsweredBy)
 	if !ok {
 		return act(Refuse, 0, "", 0, "the member that answered the member list (%x) is not in it", o.AnsweredBy)
@@ -152,6 +224,7 @@ func Plan(o Observed, c Config) Action {
 	}
 
 	// 1. An etcd member whose node does not exist loses its membership.
+	// The resource checks the absence again, in its fenced txn.
 	for _, m := range members {
 		if _, ok := nodes[m.NodeID]; ok {
 			continue
@@ -159,27 +232,47 @@ func Plan(o Observed, c Config) Action {
 		if !m.Learner && voters-1 < floor {
 			return act(Refuse, m.ID, m.NodeID, 0, "member %x has no node, but removing it would leave %d voters, below the floor of %d", m.ID, voters-1, floor)
 		}
-		return act(RemoveMember, m.ID, m.NodeID, 0, "etcd member %x belongs to node %q, which does not exist", m.ID, m.NodeID)
+		a := act(RemoveMember, m.ID, m.NodeID, 0, "etcd member %x belongs to node %q, which does not exist", m.ID, m.NodeID)
+		a.NodeAbsent = true
+		return a
 	}
 
 	ids := make([]string, 0, len(nodes))
-	for id := range nodes {
+	var unreadable []string
+	for id, n := range nodes {
 		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	// 2. A node that is an etcd member gets ConsensusMember.
-	for _, id := range ids {
-		n := nodes[id]
-		if m, ok := memberOf[id]; ok && !n.ConsensusMember {
-			return act(AddRole, m.ID, id, n.Revision, "node %s is etcd member %x but lacks ConsensusMember", id, m.ID)
+		if n.Unreadable {
+			unreadable = append(unreadable, id)
 		}
 	}
-	// 3. A node with ConsensusMember that is not an etcd member loses it,
-	// and KubernetesController with it (it requires ConsensusMember).
+	slices.Sort(ids)
+	slices.Sort(unreadable)
+	// 2. A node that is an etcd member gets ConsensusMember (which also
+	// makes a KubernetesController it has valid again).
 	for _, id := range ids {
 		n := nodes[id]
-		if _, ok := memberOf[id]; !ok && n.ConsensusMember {
+		if m, ok := memberOf[id]; ok && !n.Unreadable && !n.ConsensusMember {
+			kc := ""
+			if n.KubernetesController {
+				kc = " (it has KubernetesController, which requires it)"
+			}
+			return act(AddRole, m.ID, id, n.Revision, "node %s is etcd member %x but lacks ConsensusMember%s", id, m.ID, kc)
+		}
+	}
+	// 3. A node that is not an etcd member loses ConsensusMember and
+	// KubernetesController (which requires ConsensusMember): one write
+	// clears both, so a KubernetesController left without
+	// ConsensusMember is repaired too.
+	for _, id := range ids {
+		n := nodes[id]
+		if _, ok := memberOf[id]; ok || n.Unreadable {
+			continue
+		}
+		switch {
+		case n.ConsensusMember:
 			return act(RemoveRole, 0, id, n.Revision, "node %s has ConsensusMember but is not an etcd member", id)
+		case n.KubernetesController:
+			return act(RemoveRole, 0, id, n.Revision, "node %s has KubernetesController without ConsensusMember and is not an etcd member", id)
 		}
 	}
 
@@ -204,10 +297,19 @@ func Plan(o Observed, c Config) Action {
 		}
 		waiting = append(waiting, fmt.Sprintf("learner %x (node %s) to catch up and stay caught up for %v", m.ID, m.NodeID, c.Stabilization))
 	}
-	if len(waiting) > 0 {
-		return act(None, 0, "", 0, "waiting for %s", waiting[0])
+	also := ""
+	if len(unreadable) > 0 {
+		also = fmt.Sprintf("; %s: %s", reasonUnreadable, strings.Join(unreadable, ", "))
 	}
-	return act(None, 0, "", 0, "converged: %d members (%d voters), every member's node has ConsensusMember and every ConsensusMember node is a member", len(members), voters)
+	if len(waiting) > 0 {
+		return act(None, 0, "", 0, "%s %s%s", reasonWaiting, waiting[0], also)
+	}
+	// 5. Nothing to do. Unreadable records hide roles: say so instead of
+	// claiming convergence.
+	if len(unreadable) > 0 {
+		return act(None, 0, "", 0, "%s: %s: their roles are unknown, so agreement with membership cannot be checked for them; everything else agrees (%d members, %d voters)", reasonUnreadable, strings.Join(unreadable, ", "), len(members), voters)
+	}
+	return act(None, 0, "", 0, "%s: %d members (%d voters), every member's node has ConsensusMember and every node with ConsensusMember or KubernetesController is a member", reasonConverged, len(members), voters)
 }
 
 func findMember(ms []Member, id uint64) (Member, bool) {

@@ -22,9 +22,65 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ChangeOutcome is how a membership change ended.
+type ChangeOutcome int32
+
+const (
+	// Not an outcome: the intent, or a role write.
+	ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED ChangeOutcome = 0
+	// etcd membership changed as intended.
+	ChangeOutcome_CHANGE_OUTCOME_APPLIED ChangeOutcome = 1
+	// etcd membership did not change (the member call failed or never ran).
+	ChangeOutcome_CHANGE_OUTCOME_NOT_APPLIED ChangeOutcome = 2
+)
+
+// Enum value maps for ChangeOutcome.
+var (
+	ChangeOutcome_name = map[int32]string{
+		0: "CHANGE_OUTCOME_UNSPECIFIED",
+		1: "CHANGE_OUTCOME_APPLIED",
+		2: "CHANGE_OUTCOME_NOT_APPLIED",
+	}
+	ChangeOutcome_value = map[string]int32{
+		"CHANGE_OUTCOME_UNSPECIFIED": 0,
+		"CHANGE_OUTCOME_APPLIED":     1,
+		"CHANGE_OUTCOME_NOT_APPLIED": 2,
+	}
+)
+
+func (x ChangeOutcome) Enum() *ChangeOutcome {
+	p := new(ChangeOutcome)
+	*p = x
+	return p
+}
+
+func (x ChangeOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ChangeOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_curia_audit_v1_audit_proto_enumTypes[0].Descriptor()
+}
+
+func (ChangeOutcome) Type() protoreflect.EnumType {
+	return &file_curia_audit_v1_audit_proto_enumTypes[0]
+}
+
+func (x ChangeOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ChangeOutcome.Descriptor instead.
+func (ChangeOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_curia_audit_v1_audit_proto_rawDescGZIP(), []int{0}
+}
+
 // Event is one entry of the cluster's audit log: a membership or role change,
 // who made it, under which fence and why. Events are written in the same etcd
 // transaction as the fence check that allows the change, before the change.
+// A membership change has two events: its intent (outcome unspecified),
+// written with the pending change record, and its outcome, written when the
+// record is deleted; both carry the record's id in change_id.
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// When the event was recorded.
@@ -43,7 +99,12 @@ type Event struct {
 	// The fence conditions, rendered as "key@revision".
 	Fence []string `protobuf:"bytes,7,rep,name=fence,proto3" json:"fence,omitempty"`
 	// Why, in words.
-	Reason        string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	// For membership changes: the id of the pending change record, which the
+	// intent and the outcome share (empty for role writes).
+	ChangeId string `protobuf:"bytes,9,opt,name=change_id,json=changeId,proto3" json:"change_id,omitempty"`
+	// For a membership change's second event: what happened.
+	Outcome       ChangeOutcome `protobuf:"varint,10,opt,name=outcome,proto3,enum=curia.audit.v1.ChangeOutcome" json:"outcome,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -134,11 +195,25 @@ func (x *Event) GetReason() string {
 	return ""
 }
 
+func (x *Event) GetChangeId() string {
+	if x != nil {
+		return x.ChangeId
+	}
+	return ""
+}
+
+func (x *Event) GetOutcome() ChangeOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED
+}
+
 var File_curia_audit_v1_audit_proto protoreflect.FileDescriptor
 
 const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"\n" +
-	"\x1acuria/audit/v1/audit.proto\x12\x0ecuria.audit.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xea\x01\n" +
+	"\x1acuria/audit/v1/audit.proto\x12\x0ecuria.audit.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc0\x02\n" +
 	"\x05Event\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
 	"\x05actor\x18\x02 \x01(\tR\x05actor\x12\x1f\n" +
@@ -148,7 +223,14 @@ const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"\anode_id\x18\x05 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\tmember_id\x18\x06 \x01(\x04R\bmemberId\x12\x14\n" +
 	"\x05fence\x18\a \x03(\tR\x05fence\x12\x16\n" +
-	"\x06reason\x18\b \x01(\tR\x06reasonB\xa0\x01\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\x12\x1b\n" +
+	"\tchange_id\x18\t \x01(\tR\bchangeId\x127\n" +
+	"\aoutcome\x18\n" +
+	" \x01(\x0e2\x1d.curia.audit.v1.ChangeOutcomeR\aoutcome*k\n" +
+	"\rChangeOutcome\x12\x1e\n" +
+	"\x1aCHANGE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16CHANGE_OUTCOME_APPLIED\x10\x01\x12\x1e\n" +
+	"\x1aCHANGE_OUTCOME_NOT_APPLIED\x10\x02B\xa0\x01\n" +
 	"\x12com.curia.audit.v1B\n" +
 	"AuditProtoP\x01Z$curia.dev/gen/curia/audit/v1;auditv1\xa2\x02\x03CAX\xaa\x02\x0eCuria.Audit.V1\xca\x02\x0eCuria\\Audit\\V1\xe2\x02\x1aCuria\\Audit\\V1\\GPBMetadata\xea\x02\x10Curia::Audit::V1b\x06proto3"
 
@@ -164,18 +246,21 @@ func file_curia_audit_v1_audit_proto_rawDescGZIP() []byte {
 	return file_curia_audit_v1_audit_proto_rawDescData
 }
 
+var file_curia_audit_v1_audit_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_curia_audit_v1_audit_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
 var file_curia_audit_v1_audit_proto_goTypes = []any{
-	(*Event)(nil),                 // 0: curia.audit.v1.Event
-	(*timestamppb.Timestamp)(nil), // 1: google.protobuf.Timestamp
+	(ChangeOutcome)(0),            // 0: curia.audit.v1.ChangeOutcome
+	(*Event)(nil),                 // 1: curia.audit.v1.Event
+	(*timestamppb.Timestamp)(nil), // 2: google.protobuf.Timestamp
 }
 var file_curia_audit_v1_audit_proto_depIdxs = []int32{
-	1, // 0: curia.audit.v1.Event.time:type_name -> google.protobuf.Timestamp
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	2, // 0: curia.audit.v1.Event.time:type_name -> google.protobuf.Timestamp
+	0, // 1: curia.audit.v1.Event.outcome:type_name -> curia.audit.v1.ChangeOutcome
+	2, // [2:2] is the sub-list for method output_type
+	2, // [2:2] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_curia_audit_v1_audit_proto_init() }
@@ -188,13 +273,14 @@ func file_curia_audit_v1_audit_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_audit_v1_audit_proto_rawDesc), len(file_curia_audit_v1_audit_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   1,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_curia_audit_v1_audit_proto_goTypes,
 		DependencyIndexes: file_curia_audit_v1_audit_proto_depIdxs,
+		EnumInfos:         file_curia_audit_v1_audit_proto_enumTypes,
 		MessageInfos:      file_curia_audit_v1_audit_proto_msgTypes,
 	}.Build()
 	File_curia_audit_v1_audit_proto = out.File

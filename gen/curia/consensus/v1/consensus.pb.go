@@ -9,6 +9,8 @@ package consensusv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -87,16 +89,76 @@ func (LifecycleState) EnumDescriptor() ([]byte, []int) {
 	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{0}
 }
 
+// MembershipOperation is the kind of a membership change.
+type MembershipOperation int32
+
+const (
+	// Unknown.
+	MembershipOperation_MEMBERSHIP_OPERATION_UNSPECIFIED MembershipOperation = 0
+	// A node is added as a learner.
+	MembershipOperation_MEMBERSHIP_OPERATION_ADD MembershipOperation = 1
+	// A learner is promoted to voter.
+	MembershipOperation_MEMBERSHIP_OPERATION_PROMOTE MembershipOperation = 2
+	// A member is removed.
+	MembershipOperation_MEMBERSHIP_OPERATION_REMOVE MembershipOperation = 3
+)
+
+// Enum value maps for MembershipOperation.
+var (
+	MembershipOperation_name = map[int32]string{
+		0: "MEMBERSHIP_OPERATION_UNSPECIFIED",
+		1: "MEMBERSHIP_OPERATION_ADD",
+		2: "MEMBERSHIP_OPERATION_PROMOTE",
+		3: "MEMBERSHIP_OPERATION_REMOVE",
+	}
+	MembershipOperation_value = map[string]int32{
+		"MEMBERSHIP_OPERATION_UNSPECIFIED": 0,
+		"MEMBERSHIP_OPERATION_ADD":         1,
+		"MEMBERSHIP_OPERATION_PROMOTE":     2,
+		"MEMBERSHIP_OPERATION_REMOVE":      3,
+	}
+)
+
+func (x MembershipOperation) Enum() *MembershipOperation {
+	p := new(MembershipOperation)
+	*p = x
+	return p
+}
+
+func (x MembershipOperation) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MembershipOperation) Descriptor() protoreflect.EnumDescriptor {
+	return file_curia_consensus_v1_consensus_proto_enumTypes[1].Descriptor()
+}
+
+func (MembershipOperation) Type() protoreflect.EnumType {
+	return &file_curia_consensus_v1_consensus_proto_enumTypes[1]
+}
+
+func (x MembershipOperation) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MembershipOperation.Descriptor instead.
+func (MembershipOperation) EnumDescriptor() ([]byte, []int) {
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{1}
+}
+
 // Fence guards a membership change (DESIGN §4). All conditions must hold in
 // the one etcd transaction that precedes the change.
 type Fence struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Conditions that must all hold: each key exists with this create revision.
 	// At least one is required: the curator leader key for the curator, the
-	// leader key and the reconciler lease key for the reconciler.
+	// leader key and the reconciler lease key for the reconciler. The leader
+	// key must be the current leader's (the lowest create revision under the
+	// election prefix), and a reconciler lease must have been granted by it.
 	Conditions []*FenceCondition `protobuf:"bytes,1,rep,name=conditions,proto3" json:"conditions,omitempty"`
-	// When non-zero, the membership epoch the caller read before planning this
-	// change; the change is refused if membership moved on since.
+	// The membership epoch the caller read (ListMembersResponse) before
+	// planning this change; the change is refused if membership moved on
+	// since. Required (non-zero) for membership changes and role writes.
 	MembershipEpoch int64 `protobuf:"varint,2,opt,name=membership_epoch,json=membershipEpoch,proto3" json:"membership_epoch,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
@@ -632,11 +694,18 @@ type ListMembersResponse struct {
 	AnsweredByMemberId uint64 `protobuf:"varint,2,opt,name=answered_by_member_id,json=answeredByMemberId,proto3" json:"answered_by_member_id,omitempty"`
 	// The node id of the member that answered.
 	AnsweredByNodeId string `protobuf:"bytes,3,opt,name=answered_by_node_id,json=answeredByNodeId,proto3" json:"answered_by_node_id,omitempty"`
-	// The membership epoch read before the member list: send it back in a
-	// Fence to act on this snapshot.
+	// The membership epoch, the same before and after the member list was
+	// read: send it back in a Fence to act on this snapshot.
 	MembershipEpoch int64 `protobuf:"varint,4,opt,name=membership_epoch,json=membershipEpoch,proto3" json:"membership_epoch,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The etcd revision the snapshot was read at (after the member list). A
+	// node snapshot to plan with must be at least this new (curator Watch
+	// min_revision), so that no node that existed then looks deleted.
+	Revision int64 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The membership change in flight, if any. While one is pending, plans
+	// from this snapshot must do nothing: every change is refused anyway.
+	Pending       *PendingChange `protobuf:"bytes,6,opt,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListMembersResponse) Reset() {
@@ -697,6 +766,152 @@ func (x *ListMembersResponse) GetMembershipEpoch() int64 {
 	return 0
 }
 
+func (x *ListMembersResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *ListMembersResponse) GetPending() *PendingChange {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
+}
+
+// PendingChange is the cluster-wide record of the one membership change in
+// flight (etcd key membership/pending), created by the fenced transaction
+// that allows the change and deleted by the one that finishes it.
+type PendingChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A random id naming the change; the audit log's intent and outcome events
+	// carry it (change_id).
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// What is being done.
+	Operation MembershipOperation `protobuf:"varint,2,opt,name=operation,proto3,enum=curia.consensus.v1.MembershipOperation" json:"operation,omitempty"`
+	// The member concerned (0 for an add until etcd names it).
+	MemberId uint64 `protobuf:"varint,3,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	// The node concerned.
+	NodeId string `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The member's peer URL (for an add, the new member's).
+	PeerUrl string `protobuf:"bytes,5,opt,name=peer_url,json=peerUrl,proto3" json:"peer_url,omitempty"`
+	// Who asked, e.g. "curator", "reconciler".
+	Actor string `protobuf:"bytes,6,opt,name=actor,proto3" json:"actor,omitempty"`
+	// The caller's fence, rendered as "key@revision".
+	Fence []string `protobuf:"bytes,7,rep,name=fence,proto3" json:"fence,omitempty"`
+	// The consensus process carrying the change out.
+	RecordedBy string `protobuf:"bytes,8,opt,name=recorded_by,json=recordedBy,proto3" json:"recorded_by,omitempty"`
+	// When the record was created (the recorder's clock; for humans).
+	Started *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=started,proto3" json:"started,omitempty"`
+	// How long the recorder may still make the etcd member call. Another
+	// process resolves the record only after it has watched it for twice as
+	// long (by its own clock), from the live member list.
+	Deadline      *durationpb.Duration `protobuf:"bytes,10,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PendingChange) Reset() {
+	*x = PendingChange{}
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PendingChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PendingChange) ProtoMessage() {}
+
+func (x *PendingChange) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PendingChange.ProtoReflect.Descriptor instead.
+func (*PendingChange) Descriptor() ([]byte, []int) {
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PendingChange) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PendingChange) GetOperation() MembershipOperation {
+	if x != nil {
+		return x.Operation
+	}
+	return MembershipOperation_MEMBERSHIP_OPERATION_UNSPECIFIED
+}
+
+func (x *PendingChange) GetMemberId() uint64 {
+	if x != nil {
+		return x.MemberId
+	}
+	return 0
+}
+
+func (x *PendingChange) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *PendingChange) GetPeerUrl() string {
+	if x != nil {
+		return x.PeerUrl
+	}
+	return ""
+}
+
+func (x *PendingChange) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *PendingChange) GetFence() []string {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+func (x *PendingChange) GetRecordedBy() string {
+	if x != nil {
+		return x.RecordedBy
+	}
+	return ""
+}
+
+func (x *PendingChange) GetStarted() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Started
+	}
+	return nil
+}
+
+func (x *PendingChange) GetDeadline() *durationpb.Duration {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
 // AddNodeRequest adds a node as a learner.
 type AddNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -712,7 +927,7 @@ type AddNodeRequest struct {
 
 func (x *AddNodeRequest) Reset() {
 	*x = AddNodeRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +939,7 @@ func (x *AddNodeRequest) String() string {
 func (*AddNodeRequest) ProtoMessage() {}
 
 func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +952,7 @@ func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeRequest.ProtoReflect.Descriptor instead.
 func (*AddNodeRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{9}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AddNodeRequest) GetNodeId() string {
@@ -776,7 +991,7 @@ type Peer struct {
 
 func (x *Peer) Reset() {
 	*x = Peer{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -788,7 +1003,7 @@ func (x *Peer) String() string {
 func (*Peer) ProtoMessage() {}
 
 func (x *Peer) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -801,7 +1016,7 @@ func (x *Peer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Peer.ProtoReflect.Descriptor instead.
 func (*Peer) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{10}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Peer) GetName() string {
@@ -844,7 +1059,7 @@ type JoinParameters struct {
 
 func (x *JoinParameters) Reset() {
 	*x = JoinParameters{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +1071,7 @@ func (x *JoinParameters) String() string {
 func (*JoinParameters) ProtoMessage() {}
 
 func (x *JoinParameters) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +1084,7 @@ func (x *JoinParameters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinParameters.ProtoReflect.Descriptor instead.
 func (*JoinParameters) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{11}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *JoinParameters) GetCaCertificate() []byte {
@@ -922,7 +1137,7 @@ type AddNodeResponse struct {
 
 func (x *AddNodeResponse) Reset() {
 	*x = AddNodeResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +1149,7 @@ func (x *AddNodeResponse) String() string {
 func (*AddNodeResponse) ProtoMessage() {}
 
 func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +1162,7 @@ func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeResponse.ProtoReflect.Descriptor instead.
 func (*AddNodeResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{12}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AddNodeResponse) GetJoin() *JoinParameters {
@@ -984,7 +1199,7 @@ type PromoteMemberRequest struct {
 
 func (x *PromoteMemberRequest) Reset() {
 	*x = PromoteMemberRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -996,7 +1211,7 @@ func (x *PromoteMemberRequest) String() string {
 func (*PromoteMemberRequest) ProtoMessage() {}
 
 func (x *PromoteMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1009,7 +1224,7 @@ func (x *PromoteMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteMemberRequest.ProtoReflect.Descriptor instead.
 func (*PromoteMemberRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{13}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PromoteMemberRequest) GetMemberId() uint64 {
@@ -1039,7 +1254,7 @@ type PromoteMemberResponse struct {
 
 func (x *PromoteMemberResponse) Reset() {
 	*x = PromoteMemberResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1051,7 +1266,7 @@ func (x *PromoteMemberResponse) String() string {
 func (*PromoteMemberResponse) ProtoMessage() {}
 
 func (x *PromoteMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1064,7 +1279,7 @@ func (x *PromoteMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteMemberResponse.ProtoReflect.Descriptor instead.
 func (*PromoteMemberResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{14}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PromoteMemberResponse) GetAlreadyVoter() bool {
@@ -1092,14 +1307,19 @@ type RemoveMemberRequest struct {
 	//	*RemoveMemberRequest_NodeId
 	Target isRemoveMemberRequest_Target `protobuf_oneof:"target"`
 	// The fence guarding the change.
-	Fence         *Fence `protobuf:"bytes,3,opt,name=fence,proto3" json:"fence,omitempty"`
+	Fence *Fence `protobuf:"bytes,3,opt,name=fence,proto3" json:"fence,omitempty"`
+	// Set when the removal is justified by the member's node not existing
+	// (the reconciler's rule "member without a node"): the member must be
+	// this node's, and the fenced transaction proves that nodes/<id> does
+	// not exist, so a stale view of the registry never removes a live member.
+	AbsentNodeId  string `protobuf:"bytes,4,opt,name=absent_node_id,json=absentNodeId,proto3" json:"absent_node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1331,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1344,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{15}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RemoveMemberRequest) GetTarget() isRemoveMemberRequest_Target {
@@ -1157,6 +1377,13 @@ func (x *RemoveMemberRequest) GetFence() *Fence {
 		return x.Fence
 	}
 	return nil
+}
+
+func (x *RemoveMemberRequest) GetAbsentNodeId() string {
+	if x != nil {
+		return x.AbsentNodeId
+	}
+	return ""
 }
 
 type isRemoveMemberRequest_Target interface {
@@ -1194,7 +1421,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1206,7 +1433,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1219,7 +1446,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{16}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RemoveMemberResponse) GetMemberId() uint64 {
@@ -1266,7 +1493,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1505,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1518,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{17}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StartRequest) GetMode() isStartRequest_Mode {
@@ -1346,7 +1573,7 @@ type Bootstrap struct {
 
 func (x *Bootstrap) Reset() {
 	*x = Bootstrap{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1358,7 +1585,7 @@ func (x *Bootstrap) String() string {
 func (*Bootstrap) ProtoMessage() {}
 
 func (x *Bootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1371,7 +1598,7 @@ func (x *Bootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bootstrap.ProtoReflect.Descriptor instead.
 func (*Bootstrap) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{18}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{19}
 }
 
 // StartResponse reports the result.
@@ -1387,7 +1614,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1626,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1639,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{19}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StartResponse) GetStatus() *StatusResponse {
@@ -1438,7 +1665,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1677,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1690,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{20}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{21}
 }
 
 // LeaveResponse reports the result.
@@ -1477,7 +1704,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1489,7 +1716,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1502,7 +1729,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{21}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LeaveResponse) GetAlreadyIdle() bool {
@@ -1516,7 +1743,7 @@ var File_curia_consensus_v1_consensus_proto protoreflect.FileDescriptor
 
 const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\n" +
-	"\"curia/consensus/v1/consensus.proto\x12\x12curia.consensus.v1\"v\n" +
+	"\"curia/consensus/v1/consensus.proto\x12\x12curia.consensus.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"v\n" +
 	"\x05Fence\x12B\n" +
 	"\n" +
 	"conditions\x18\x01 \x03(\v2\".curia.consensus.v1.FenceConditionR\n" +
@@ -1557,12 +1784,27 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"clientUrls\x12\x18\n" +
 	"\alearner\x18\x05 \x01(\bR\alearner\x12\x18\n" +
 	"\astarted\x18\x06 \x01(\bR\astarted\x12\x1b\n" +
-	"\tcaught_up\x18\a \x01(\bR\bcaughtUp\"\xd8\x01\n" +
+	"\tcaught_up\x18\a \x01(\bR\bcaughtUp\"\xb1\x02\n" +
 	"\x13ListMembersResponse\x124\n" +
 	"\amembers\x18\x01 \x03(\v2\x1a.curia.consensus.v1.MemberR\amembers\x121\n" +
 	"\x15answered_by_member_id\x18\x02 \x01(\x04R\x12answeredByMemberId\x12-\n" +
 	"\x13answered_by_node_id\x18\x03 \x01(\tR\x10answeredByNodeId\x12)\n" +
-	"\x10membership_epoch\x18\x04 \x01(\x03R\x0fmembershipEpoch\"u\n" +
+	"\x10membership_epoch\x18\x04 \x01(\x03R\x0fmembershipEpoch\x12\x1a\n" +
+	"\brevision\x18\x05 \x01(\x03R\brevision\x12;\n" +
+	"\apending\x18\x06 \x01(\v2!.curia.consensus.v1.PendingChangeR\apending\"\xf1\x02\n" +
+	"\rPendingChange\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12E\n" +
+	"\toperation\x18\x02 \x01(\x0e2'.curia.consensus.v1.MembershipOperationR\toperation\x12\x1b\n" +
+	"\tmember_id\x18\x03 \x01(\x04R\bmemberId\x12\x17\n" +
+	"\anode_id\x18\x04 \x01(\tR\x06nodeId\x12\x19\n" +
+	"\bpeer_url\x18\x05 \x01(\tR\apeerUrl\x12\x14\n" +
+	"\x05actor\x18\x06 \x01(\tR\x05actor\x12\x14\n" +
+	"\x05fence\x18\a \x03(\tR\x05fence\x12\x1f\n" +
+	"\vrecorded_by\x18\b \x01(\tR\n" +
+	"recordedBy\x124\n" +
+	"\astarted\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\astarted\x125\n" +
+	"\bdeadline\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\bdeadline\"u\n" +
 	"\x0eAddNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x19\n" +
 	"\bpeer_url\x18\x02 \x01(\tR\apeerUrl\x12/\n" +
@@ -1587,11 +1829,12 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\x05fence\x18\x02 \x01(\v2\x19.curia.consensus.v1.FenceR\x05fence\"g\n" +
 	"\x15PromoteMemberResponse\x12#\n" +
 	"\ralready_voter\x18\x01 \x01(\bR\falreadyVoter\x12)\n" +
-	"\x10membership_epoch\x18\x02 \x01(\x03R\x0fmembershipEpoch\"\x8a\x01\n" +
+	"\x10membership_epoch\x18\x02 \x01(\x03R\x0fmembershipEpoch\"\xb0\x01\n" +
 	"\x13RemoveMemberRequest\x12\x1d\n" +
 	"\tmember_id\x18\x01 \x01(\x04H\x00R\bmemberId\x12\x19\n" +
 	"\anode_id\x18\x02 \x01(\tH\x00R\x06nodeId\x12/\n" +
-	"\x05fence\x18\x03 \x01(\v2\x19.curia.consensus.v1.FenceR\x05fenceB\b\n" +
+	"\x05fence\x18\x03 \x01(\v2\x19.curia.consensus.v1.FenceR\x05fence\x12$\n" +
+	"\x0eabsent_node_id\x18\x04 \x01(\tR\fabsentNodeIdB\b\n" +
 	"\x06target\"\xb0\x01\n" +
 	"\x14RemoveMemberResponse\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\x04R\bmemberId\x12%\n" +
@@ -1615,7 +1858,12 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\x18LIFECYCLE_STATE_STARTING\x10\x02\x12\x1b\n" +
 	"\x17LIFECYCLE_STATE_RUNNING\x10\x03\x12\x1b\n" +
 	"\x17LIFECYCLE_STATE_STOPPED\x10\x04\x12\x1a\n" +
-	"\x16LIFECYCLE_STATE_FAILED\x10\x052\xe3\x05\n" +
+	"\x16LIFECYCLE_STATE_FAILED\x10\x05*\x9c\x01\n" +
+	"\x13MembershipOperation\x12$\n" +
+	" MEMBERSHIP_OPERATION_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18MEMBERSHIP_OPERATION_ADD\x10\x01\x12 \n" +
+	"\x1cMEMBERSHIP_OPERATION_PROMOTE\x10\x02\x12\x1f\n" +
+	"\x1bMEMBERSHIP_OPERATION_REMOVE\x10\x032\xe3\x05\n" +
 	"\tConsensus\x12O\n" +
 	"\x06Status\x12!.curia.consensus.v1.StatusRequest\x1a\".curia.consensus.v1.StatusResponse\x12^\n" +
 	"\vListMembers\x12&.curia.consensus.v1.ListMembersRequest\x1a'.curia.consensus.v1.ListMembersResponse\x12l\n" +
@@ -1639,66 +1887,74 @@ func file_curia_consensus_v1_consensus_proto_rawDescGZIP() []byte {
 	return file_curia_consensus_v1_consensus_proto_rawDescData
 }
 
-var file_curia_consensus_v1_consensus_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_curia_consensus_v1_consensus_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_curia_consensus_v1_consensus_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_curia_consensus_v1_consensus_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_curia_consensus_v1_consensus_proto_goTypes = []any{
 	(LifecycleState)(0),             // 0: curia.consensus.v1.LifecycleState
-	(*Fence)(nil),                   // 1: curia.consensus.v1.Fence
-	(*FenceCondition)(nil),          // 2: curia.consensus.v1.FenceCondition
-	(*StatusRequest)(nil),           // 3: curia.consensus.v1.StatusRequest
-	(*StatusResponse)(nil),          // 4: curia.consensus.v1.StatusResponse
-	(*ListMembersRequest)(nil),      // 5: curia.consensus.v1.ListMembersRequest
-	(*WatchMembershipRequest)(nil),  // 6: curia.consensus.v1.WatchMembershipRequest
-	(*WatchMembershipResponse)(nil), // 7: curia.consensus.v1.WatchMembershipResponse
-	(*Member)(nil),                  // 8: curia.consensus.v1.Member
-	(*ListMembersResponse)(nil),     // 9: curia.consensus.v1.ListMembersResponse
-	(*AddNodeRequest)(nil),          // 10: curia.consensus.v1.AddNodeRequest
-	(*Peer)(nil),                    // 11: curia.consensus.v1.Peer
-	(*JoinParameters)(nil),          // 12: curia.consensus.v1.JoinParameters
-	(*AddNodeResponse)(nil),         // 13: curia.consensus.v1.AddNodeResponse
-	(*PromoteMemberRequest)(nil),    // 14: curia.consensus.v1.PromoteMemberRequest
-	(*PromoteMemberResponse)(nil),   // 15: curia.consensus.v1.PromoteMemberResponse
-	(*RemoveMemberRequest)(nil),     // 16: curia.consensus.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),    // 17: curia.consensus.v1.RemoveMemberResponse
-	(*StartRequest)(nil),            // 18: curia.consensus.v1.StartRequest
-	(*Bootstrap)(nil),               // 19: curia.consensus.v1.Bootstrap
-	(*StartResponse)(nil),           // 20: curia.consensus.v1.StartResponse
-	(*LeaveRequest)(nil),            // 21: curia.consensus.v1.LeaveRequest
-	(*LeaveResponse)(nil),           // 22: curia.consensus.v1.LeaveResponse
+	(MembershipOperation)(0),        // 1: curia.consensus.v1.MembershipOperation
+	(*Fence)(nil),                   // 2: curia.consensus.v1.Fence
+	(*FenceCondition)(nil),          // 3: curia.consensus.v1.FenceCondition
+	(*StatusRequest)(nil),           // 4: curia.consensus.v1.StatusRequest
+	(*StatusResponse)(nil),          // 5: curia.consensus.v1.StatusResponse
+	(*ListMembersRequest)(nil),      // 6: curia.consensus.v1.ListMembersRequest
+	(*WatchMembershipRequest)(nil),  // 7: curia.consensus.v1.WatchMembershipRequest
+	(*WatchMembershipResponse)(nil), // 8: curia.consensus.v1.WatchMembershipResponse
+	(*Member)(nil),                  // 9: curia.consensus.v1.Member
+	(*ListMembersResponse)(nil),     // 10: curia.consensus.v1.ListMembersResponse
+	(*PendingChange)(nil),           // 11: curia.consensus.v1.PendingChange
+	(*AddNodeRequest)(nil),          // 12: curia.consensus.v1.AddNodeRequest
+	(*Peer)(nil),                    // 13: curia.consensus.v1.Peer
+	(*JoinParameters)(nil),          // 14: curia.consensus.v1.JoinParameters
+	(*AddNodeResponse)(nil),         // 15: curia.consensus.v1.AddNodeResponse
+	(*PromoteMemberRequest)(nil),    // 16: curia.consensus.v1.PromoteMemberRequest
+	(*PromoteMemberResponse)(nil),   // 17: curia.consensus.v1.PromoteMemberResponse
+	(*RemoveMemberRequest)(nil),     // 18: curia.consensus.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),    // 19: curia.consensus.v1.RemoveMemberResponse
+	(*StartRequest)(nil),            // 20: curia.consensus.v1.StartRequest
+	(*Bootstrap)(nil),               // 21: curia.consensus.v1.Bootstrap
+	(*StartResponse)(nil),           // 22: curia.consensus.v1.StartResponse
+	(*LeaveRequest)(nil),            // 23: curia.consensus.v1.LeaveRequest
+	(*LeaveResponse)(nil),           // 24: curia.consensus.v1.LeaveResponse
+	(*timestamppb.Timestamp)(nil),   // 25: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 26: google.protobuf.Duration
 }
 var file_curia_consensus_v1_consensus_proto_depIdxs = []int32{
-	2,  // 0: curia.consensus.v1.Fence.conditions:type_name -> curia.consensus.v1.FenceCondition
+	3,  // 0: curia.consensus.v1.Fence.conditions:type_name -> curia.consensus.v1.FenceCondition
 	0,  // 1: curia.consensus.v1.StatusResponse.state:type_name -> curia.consensus.v1.LifecycleState
-	8,  // 2: curia.consensus.v1.ListMembersResponse.members:type_name -> curia.consensus.v1.Member
-	1,  // 3: curia.consensus.v1.AddNodeRequest.fence:type_name -> curia.consensus.v1.Fence
-	11, // 4: curia.consensus.v1.JoinParameters.voters:type_name -> curia.consensus.v1.Peer
-	12, // 5: curia.consensus.v1.AddNodeResponse.join:type_name -> curia.consensus.v1.JoinParameters
-	1,  // 6: curia.consensus.v1.PromoteMemberRequest.fence:type_name -> curia.consensus.v1.Fence
-	1,  // 7: curia.consensus.v1.RemoveMemberRequest.fence:type_name -> curia.consensus.v1.Fence
-	19, // 8: curia.consensus.v1.StartRequest.bootstrap:type_name -> curia.consensus.v1.Bootstrap
-	12, // 9: curia.consensus.v1.StartRequest.join:type_name -> curia.consensus.v1.JoinParameters
-	4,  // 10: curia.consensus.v1.StartResponse.status:type_name -> curia.consensus.v1.StatusResponse
-	3,  // 11: curia.consensus.v1.Consensus.Status:input_type -> curia.consensus.v1.StatusRequest
-	5,  // 12: curia.consensus.v1.Consensus.ListMembers:input_type -> curia.consensus.v1.ListMembersRequest
-	6,  // 13: curia.consensus.v1.Consensus.WatchMembership:input_type -> curia.consensus.v1.WatchMembershipRequest
-	10, // 14: curia.consensus.v1.Consensus.AddNode:input_type -> curia.consensus.v1.AddNodeRequest
-	14, // 15: curia.consensus.v1.Consensus.PromoteMember:input_type -> curia.consensus.v1.PromoteMemberRequest
-	16, // 16: curia.consensus.v1.Consensus.RemoveMember:input_type -> curia.consensus.v1.RemoveMemberRequest
-	18, // 17: curia.consensus.v1.Consensus.Start:input_type -> curia.consensus.v1.StartRequest
-	21, // 18: curia.consensus.v1.Consensus.Leave:input_type -> curia.consensus.v1.LeaveRequest
-	4,  // 19: curia.consensus.v1.Consensus.Status:output_type -> curia.consensus.v1.StatusResponse
-	9,  // 20: curia.consensus.v1.Consensus.ListMembers:output_type -> curia.consensus.v1.ListMembersResponse
-	7,  // 21: curia.consensus.v1.Consensus.WatchMembership:output_type -> curia.consensus.v1.WatchMembershipResponse
-	13, // 22: curia.consensus.v1.Consensus.AddNode:output_type -> curia.consensus.v1.AddNodeResponse
-	15, // 23: curia.consensus.v1.Consensus.PromoteMember:output_type -> curia.consensus.v1.PromoteMemberResponse
-	17, // 24: curia.consensus.v1.Consensus.RemoveMember:output_type -> curia.consensus.v1.RemoveMemberResponse
-	20, // 25: curia.consensus.v1.Consensus.Start:output_type -> curia.consensus.v1.StartResponse
-	22, // 26: curia.consensus.v1.Consensus.Leave:output_type -> curia.consensus.v1.LeaveResponse
-	19, // [19:27] is the sub-list for method output_type
-	11, // [11:19] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	9,  // 2: curia.consensus.v1.ListMembersResponse.members:type_name -> curia.consensus.v1.Member
+	11, // 3: curia.consensus.v1.ListMembersResponse.pending:type_name -> curia.consensus.v1.PendingChange
+	1,  // 4: curia.consensus.v1.PendingChange.operation:type_name -> curia.consensus.v1.MembershipOperation
+	25, // 5: curia.consensus.v1.PendingChange.started:type_name -> google.protobuf.Timestamp
+	26, // 6: curia.consensus.v1.PendingChange.deadline:type_name -> google.protobuf.Duration
+	2,  // 7: curia.consensus.v1.AddNodeRequest.fence:type_name -> curia.consensus.v1.Fence
+	13, // 8: curia.consensus.v1.JoinParameters.voters:type_name -> curia.consensus.v1.Peer
+	14, // 9: curia.consensus.v1.AddNodeResponse.join:type_name -> curia.consensus.v1.JoinParameters
+	2,  // 10: curia.consensus.v1.PromoteMemberRequest.fence:type_name -> curia.consensus.v1.Fence
+	2,  // 11: curia.consensus.v1.RemoveMemberRequest.fence:type_name -> curia.consensus.v1.Fence
+	21, // 12: curia.consensus.v1.StartRequest.bootstrap:type_name -> curia.consensus.v1.Bootstrap
+	14, // 13: curia.consensus.v1.StartRequest.join:type_name -> curia.consensus.v1.JoinParameters
+	5,  // 14: curia.consensus.v1.StartResponse.status:type_name -> curia.consensus.v1.StatusResponse
+	4,  // 15: curia.consensus.v1.Consensus.Status:input_type -> curia.consensus.v1.StatusRequest
+	6,  // 16: curia.consensus.v1.Consensus.ListMembers:input_type -> curia.consensus.v1.ListMembersRequest
+	7,  // 17: curia.consensus.v1.Consensus.WatchMembership:input_type -> curia.consensus.v1.WatchMembershipRequest
+	12, // 18: curia.consensus.v1.Consensus.AddNode:input_type -> curia.consensus.v1.AddNodeRequest
+	16, // 19: curia.consensus.v1.Consensus.PromoteMember:input_type -> curia.consensus.v1.PromoteMemberRequest
+	18, // 20: curia.consensus.v1.Consensus.RemoveMember:input_type -> curia.consensus.v1.RemoveMemberRequest
+	20, // 21: curia.consensus.v1.Consensus.Start:input_type -> curia.consensus.v1.StartRequest
+	23, // 22: curia.consensus.v1.Consensus.Leave:input_type -> curia.consensus.v1.LeaveRequest
+	5,  // 23: curia.consensus.v1.Consensus.Status:output_type -> curia.consensus.v1.StatusResponse
+	10, // 24: curia.consensus.v1.Consensus.ListMembers:output_type -> curia.consensus.v1.ListMembersResponse
+	8,  // 25: curia.consensus.v1.Consensus.WatchMembership:output_type -> curia.consensus.v1.WatchMembershipResponse
+	15, // 26: curia.consensus.v1.Consensus.AddNode:output_type -> curia.consensus.v1.AddNodeResponse
+	17, // 27: curia.consensus.v1.Consensus.PromoteMember:output_type -> curia.consensus.v1.PromoteMemberResponse
+	19, // 28: curia.consensus.v1.Consensus.RemoveMember:output_type -> curia.consensus.v1.RemoveMemberResponse
+	22, // 29: curia.consensus.v1.Consensus.Start:output_type -> curia.consensus.v1.StartResponse
+	24, // 30: curia.consensus.v1.Consensus.Leave:output_type -> curia.consensus.v1.LeaveResponse
+	23, // [23:31] is the sub-list for method output_type
+	15, // [15:23] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_curia_consensus_v1_consensus_proto_init() }
@@ -1706,11 +1962,11 @@ func file_curia_consensus_v1_consensus_proto_init() {
 	if File_curia_consensus_v1_consensus_proto != nil {
 		return
 	}
-	file_curia_consensus_v1_consensus_proto_msgTypes[15].OneofWrappers = []any{
+	file_curia_consensus_v1_consensus_proto_msgTypes[16].OneofWrappers = []any{
 		(*RemoveMemberRequest_MemberId)(nil),
 		(*RemoveMemberRequest_NodeId)(nil),
 	}
-	file_curia_consensus_v1_consensus_proto_msgTypes[17].OneofWrappers = []any{
+	file_curia_consensus_v1_consensus_proto_msgTypes[18].OneofWrappers = []any{
 		(*StartRequest_Bootstrap)(nil),
 		(*StartRequest_Join)(nil),
 	}
@@ -1719,8 +1975,8 @@ func file_curia_consensus_v1_consensus_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_consensus_v1_consensus_proto_rawDesc), len(file_curia_consensus_v1_consensus_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   22,
+			NumEnums:      2,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -38,15 +38,22 @@ const (
 // the only place where etcd membership changes.
 //
 // Every membership-changing call carries a Fence. The call does anything only
-// after one etcd transaction has checked every fence condition (and the
-// membership epoch, when given) and, for a real change, bumped the membership
-// epoch and recorded the change in the audit log. A stale fence changes nothing.
+// after one etcd transaction has checked every fence condition and the
+// membership epoch and, for a real change, created the cluster-wide pending
+// change record, bumped the membership epoch and recorded the intent in the
+// audit log. A stale fence changes nothing. One change is in flight at a
+// time, cluster-wide: while a pending change exists, every other change,
+// through any consensus service, is ABORTED (retry); the change is finished
+// by a second transaction that deletes the record, bumps the epoch again and
+// records the outcome. A record left by a dead process is resolved from the
+// live member list once its deadline has passed.
 type ConsensusClient interface {
 	// Status reports this node's member: lifecycle, learner or voter, leader,
 	// raft index, database size and etcd version.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 	// ListMembers lists the etcd members as the cluster sees them, with the
-	// membership epoch read before the list, and says which member answered.
+	// membership epoch, the pending change (if any) and the etcd revision of
+	// the snapshot, and says which member answered.
 	ListMembers(ctx context.Context, in *ListMembersRequest, opts ...grpc.CallOption) (*ListMembersResponse, error)
 	// WatchMembership streams the membership epoch: now, then every time a
 	// membership change through curia bumps it (the reconciler plans anew).
@@ -178,15 +185,22 @@ func (c *consensusClient) Leave(ctx context.Context, in *LeaveRequest, opts ...g
 // the only place where etcd membership changes.
 //
 // Every membership-changing call carries a Fence. The call does anything only
-// after one etcd transaction has checked every fence condition (and the
-// membership epoch, when given) and, for a real change, bumped the membership
-// epoch and recorded the change in the audit log. A stale fence changes nothing.
+// after one etcd transaction has checked every fence condition and the
+// membership epoch and, for a real change, created the cluster-wide pending
+// change record, bumped the membership epoch and recorded the intent in the
+// audit log. A stale fence changes nothing. One change is in flight at a
+// time, cluster-wide: while a pending change exists, every other change,
+// through any consensus service, is ABORTED (retry); the change is finished
+// by a second transaction that deletes the record, bumps the epoch again and
+// records the outcome. A record left by a dead process is resolved from the
+// live member list once its deadline has passed.
 type ConsensusServer interface {
 	// Status reports this node's member: lifecycle, learner or voter, leader,
 	// raft index, database size and etcd version.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	// ListMembers lists the etcd members as the cluster sees them, with the
-	// membership epoch read before the list, and says which member answered.
+	// membership epoch, the pending change (if any) and the etcd revision of
+	// the snapshot, and says which member answered.
 	ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error)
 	// WatchMembership streams the membership epoch: now, then every time a
 	// membership change through curia bumps it (the reconciler plans anew).

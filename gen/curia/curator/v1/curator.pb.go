@@ -357,6 +357,11 @@ type WatchRequest struct {
 	// Resume after this revision (the revision of the last response seen): no
 	// snapshot, only what changed since. 0 starts with a snapshot.
 	StartRevision int64 `protobuf:"varint,3,opt,name=start_revision,json=startRevision,proto3" json:"start_revision,omitempty"`
+	// With start_revision 0: the snapshot must be at least this etcd revision
+	// (e.g. ListMembersResponse.revision, so that a plan never sees a node
+	// that existed then as deleted). A replica whose view is behind waits a
+	// few seconds for it, then answers UNAVAILABLE (retry, any replica).
+	MinRevision   int64 `protobuf:"varint,4,opt,name=min_revision,json=minRevision,proto3" json:"min_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -419,6 +424,13 @@ func (x *WatchRequest) GetAllNodes() bool {
 func (x *WatchRequest) GetStartRevision() int64 {
 	if x != nil {
 		return x.StartRevision
+	}
+	return 0
+}
+
+func (x *WatchRequest) GetMinRevision() int64 {
+	if x != nil {
+		return x.MinRevision
 	}
 	return 0
 }
@@ -846,11 +858,12 @@ const file_curia_curator_v1_curator_proto_rawDesc = "" +
 	"\x12CommitNodeResponse\x12*\n" +
 	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\x12 \n" +
 	"\vcertificate\x18\x02 \x01(\fR\vcertificate\x12%\n" +
-	"\x0eca_certificate\x18\x03 \x01(\fR\rcaCertificate\"w\n" +
+	"\x0eca_certificate\x18\x03 \x01(\fR\rcaCertificate\"\x9a\x01\n" +
 	"\fWatchRequest\x12\x19\n" +
 	"\anode_id\x18\x01 \x01(\tH\x00R\x06nodeId\x12\x1d\n" +
 	"\tall_nodes\x18\x02 \x01(\bH\x00R\ballNodes\x12%\n" +
-	"\x0estart_revision\x18\x03 \x01(\x03R\rstartRevisionB\x06\n" +
+	"\x0estart_revision\x18\x03 \x01(\x03R\rstartRevision\x12!\n" +
+	"\fmin_revision\x18\x04 \x01(\x03R\vminRevisionB\x06\n" +
 	"\x04kind\"\x8f\x01\n" +
 	"\rWatchResponse\x12,\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x16.curia.curator.v1.NodeR\x05nodes\x12\x18\n" +

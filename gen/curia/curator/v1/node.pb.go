@@ -441,7 +441,11 @@ type Node struct {
 	CertificateSerial string `protobuf:"bytes,9,opt,name=certificate_serial,json=certificateSerial,proto3" json:"certificate_serial,omitempty"`
 	// The etcd ModRevision of the node's record: send it back with a fenced
 	// role write to act on this version only.
-	Revision      int64 `protobuf:"varint,10,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision int64 `protobuf:"varint,10,opt,name=revision,proto3" json:"revision,omitempty"`
+	// Set (to the reason) when the stored record does not decode: the node
+	// exists, but nothing else about it is known. Watch reports such a node
+	// instead of leaving it out, so that it never looks deleted.
+	Unreadable    string `protobuf:"bytes,11,opt,name=unreadable,proto3" json:"unreadable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -546,6 +550,13 @@ func (x *Node) GetRevision() int64 {
 	return 0
 }
 
+func (x *Node) GetUnreadable() string {
+	if x != nil {
+		return x.Unreadable
+	}
+	return ""
+}
+
 var File_curia_curator_v1_node_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_node_proto_rawDesc = "" +
@@ -566,7 +577,7 @@ const file_curia_curator_v1_node_proto_rawDesc = "" +
 	"\x10running_services\x18\x03 \x03(\tR\x0frunningServices\x12#\n" +
 	"\rconsensus_api\x18\x04 \x01(\tR\fconsensusApi\x12,\n" +
 	"\x12consensus_peer_url\x18\x05 \x01(\tR\x10consensusPeerUrl\x120\n" +
-	"\x14consensus_client_url\x18\x06 \x01(\tR\x12consensusClientUrl\"\x88\x04\n" +
+	"\x14consensus_client_url\x18\x06 \x01(\tR\x12consensusClientUrl\"\xa8\x04\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -579,7 +590,10 @@ const file_curia_curator_v1_node_proto_rawDesc = "" +
 	"\x0elast_heartbeat\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x12-\n" +
 	"\x12certificate_serial\x18\t \x01(\tR\x11certificateSerial\x12\x1a\n" +
 	"\brevision\x18\n" +
-	" \x01(\x03R\brevision\x1a9\n" +
+	" \x01(\x03R\brevision\x12\x1e\n" +
+	"\n" +
+	"unreadable\x18\v \x01(\tR\n" +
+	"unreadable\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x85\x01\n" +

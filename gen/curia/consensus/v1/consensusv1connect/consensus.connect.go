@@ -58,7 +58,8 @@ type ConsensusClient interface {
 	// raft index, database size and etcd version.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// ListMembers lists the etcd members as the cluster sees them, with the
-	// membership epoch read before the list, and says which member answered.
+	// membership epoch, the pending change (if any) and the etcd revision of
+	// the snapshot, and says which member answered.
 	ListMembers(context.Context, *connect.Request[v1.ListMembersRequest]) (*connect.Response[v1.ListMembersResponse], error)
 	// WatchMembership streams the membership epoch: now, then every time a
 	// membership change through curia bumps it (the reconciler plans anew).
@@ -204,7 +205,8 @@ type ConsensusHandler interface {
 	// raft index, database size and etcd version.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// ListMembers lists the etcd members as the cluster sees them, with the
-	// membership epoch read before the list, and says which member answered.
+	// membership epoch, the pending change (if any) and the etcd revision of
+	// the snapshot, and says which member answered.
 	ListMembers(context.Context, *connect.Request[v1.ListMembersRequest]) (*connect.Response[v1.ListMembersResponse], error)
 	// WatchMembership streams the membership epoch: now, then every time a
 	// membership change through curia bumps it (the reconciler plans anew).

@@ -1,0 +1,12 @@
+//go:build !failpoints
+
+package failpoint
+
+// Enabled says whether this build has failpoints.
+const Enabled = false
+
+// Hold does nothing outside builds with the failpoints tag.
+func Hold(string) {}
+
+// Crash does nothing outside builds with the failpoints tag.
+func Crash(string) {}

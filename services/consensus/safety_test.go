@@ -1,0 +1,340 @@
+package consensus_test
+
+// Deterministic tests of the membership protocol's safety: each stops a
+// consensus process at a failpoint to land another actor's call in the
+// window the mechanism closes, and fails if the mechanism is switched off.
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	auditv1 "curia.dev/gen/curia/audit/v1"
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/fence"
+	"curia.dev/platform/keys"
+	"curia.dev/platform/pki"
+	ct "curia.dev/services/consensus/consensustest"
+)
+
+// auditLog reads every audit event straight from etcd.
+func auditLog(t *testing.T, cli *clientv3.Client) []*auditv1.Event {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), keys.AuditPrefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*auditv1.Event
+	for _, kv := range resp.Kvs {
+		ev := &auditv1.Event{}
+		if err := proto.Unmarshal(kv.Value, ev); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// outcomes counts the finished membership changes per action and outcome.
+func outcomes(events []*auditv1.Event) map[string]int {
+	out := map[string]int{}
+	for _, ev := range events {
+		if ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
+			out[ev.Action+" "+ev.Outcome.String()]++
+		}
+	}
+	return out
+}
+
+func memberIDs(resp *consensusv1.ListMembersResponse) map[string]bool {
+	out := map[string]bool{}
+	for _, m := range resp.Members {
+		out[m.NodeId] = true
+	}
+	return out
+}
+
+// removeAsync removes node's member through via in the background; the
+// result arrives on the channel.
+func removeAsync(via *ct.Node, node string, f *consensusv1.Fence) chan error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := via.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: node}, Fence: f})
+		done <- err
+	}()
+	return done
+}
+
+func result(t *testing.T, done chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatal("the call did not return within a minute")
+		return nil
+	}
+}
+
+// TestOneChangeAtATime: voters P, X, Y, D with D down. P removes X and is
+// held after its fenced start, before the etcd call. A second actor reads
+// the member list in that window (the new epoch, X still listed) and asks
+// another consensus process to remove Y: its quorum guard passes (3 voters
+// left, 2 healthy, quorum 2), so only the cluster-wide pending change stops
+// it; together the two removals would leave {P, D} without quorum.
+func TestOneChangeAtATime(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	nodes, leader := c.Voters(4)
+	p, x, y, d := nodes[0], nodes[1], nodes[2], nodes[3]
+	d.Kill()
+
+	release := p.Hold("after-commit")
+	first := removeAsync(p, x.ID, p.Fenced(leader.Fence))
+	p.Reached("after-commit")
+
+	window := y.Members()
+	if window.Pending == nil || window.Pending.Operation != consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_REMOVE || window.Pending.NodeId != x.ID {
+		t.Fatalf("ListMembers in the window reports pending %v, want the removal of %s", window.Pending, x.ID)
+	}
+	if !memberIDs(window)[x.ID] {
+		t.Fatalf("the window's member list already lacks %s: %v", x.ID, window.Members)
+	}
+	_, err := x.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{
+		Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: y.ID},
+		Fence:  leader.Fence.WithEpoch(window.MembershipEpoch).Proto(),
+	})
+	wantCode(t, err, codes.Aborted, "in flight")
+
+	release()
+	if err := result(t, first); err != nil {
+		t.Fatalf("the held removal: %v", err)
+	}
+	after := p.Members()
+	if got := memberIDs(after); len(got) != 3 || got[x.ID] || !got[y.ID] {
+		t.Fatalf("members after the removal of %s: %v", x.ID, after.Members)
+	}
+	if after.MembershipEpoch <= window.MembershipEpoch || after.Pending != nil {
+		t.Fatalf("after the change: epoch %d (window %d), pending %v: want a new epoch and nothing pending", after.MembershipEpoch, window.MembershipEpoch, after.Pending)
+	}
+	// Quorum holds: a linearizable write goes through.
+	if _, err := c.Etcd(p.ClientURL).Put(ctx, "/test/quorum", "ok"); err != nil {
+		t.Fatalf("quorum lost: %v", err)
+	}
+	got := outcomes(auditLog(t, c.Etcd(p.ClientURL)))
+	if got["member.remove CHANGE_OUTCOME_APPLIED"] != 1 || got["member.remove CHANGE_OUTCOME_NOT_APPLIED"] != 0 {
+		t.Fatalf("audited removals %v, want exactly one applied", got)
+	}
+}
+
+// TestPausedChangeResolvedNeverApplied: a consensus process stops for good
+// after the fenced start of a removal (as a SIGSTOP there would). Another
+// process resolves the pending change from the member list once it has
+// watched it for twice the call's deadline; when the first one wakes up,
+// its deadline has passed and it makes no etcd call: the member stays.
+func TestPausedChangeResolvedNeverApplied(t *testing.T) {
+	c := ct.NewCluster(t)
+	nodes, leader := c.Voters(3)
+	a, b, victim := nodes[0], nodes[1], nodes[2]
+	cli := c.Etcd(b.ClientURL)
+
+	release := a.Hold("after-commit")
+	held := removeAsync(a, victim.ID, a.Fenced(leader.Fence))
+	a.Reached("after-commit")
+	started := time.Now()
+
+	// B resolves it on its own, from the member list: not applied.
+	ct.Eventually(t, time.Minute, func() error {
+		if p := b.Members().Pending; p != nil {
+			return fmt.Errorf("still pending: %v", p)
+		}
+		return nil
+	})
+	t.Logf("resolved %v after the fenced start", time.Since(started).Round(100*time.Millisecond))
+	var resolved *auditv1.Event
+	for _, ev := range auditLog(t, cli) {
+		if ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
+			resolved = ev
+		}
+	}
+	if resolved == nil || resolved.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_NOT_APPLIED || !strings.Contains(resolved.Reason, "resolved by") {
+		t.Fatalf("outcome %v, want NOT_APPLIED resolved from the member list", resolved)
+	}
+
+	// A wakes up past its deadline: no etcd call, an error to its caller.
+	release()
+	if err := result(t, held); err == nil {
+		t.Fatal("the paused removal reported success")
+	}
+	if got := memberIDs(b.Members()); !got[victim.ID] || len(got) != 3 {
+		t.Fatalf("members after the paused removal woke up: %v", got)
+	}
+	if got := outcomes(auditLog(t, cli)); got["member.remove CHANGE_OUTCOME_APPLIED"] != 0 {
+		t.Fatalf("audited outcomes %v: the woken removal was applied", got)
+	}
+}
+
+// TestProofOfAbsence: a removal justified by the node not existing carries
+// the node id, and consensus proves the absence in its fenced transaction:
+// a member whose node exists (a stale view of the registry said otherwise)
+// stays.
+func TestProofOfAbsence(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	n1 := c.NewNode()
+	c.Bootstrap(n1)
+	cli := c.Etcd(n1.ClientURL)
+	leader := c.Campaign(cli)
+	lease := leader.GrantLease(t, "reconciler", 60)
+	reconciler := n1.Consensus(pki.Principal{Kind: pki.KindReconciler})
+
+	node := ct.NewNodeID(t)
+	added, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: node, PeerUrl: "https://127.0.0.1:1", Fence: n1.Fenced(leader.Fence)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	remove := func(absent string) error {
+		_, err := reconciler.RemoveMember(ctx, &consensusv1.RemoveMemberRequest{
+			Target:       &consensusv1.RemoveMemberRequest_MemberId{MemberId: added.Join.MemberId},
+			Fence:        n1.Fenced(lease),
+			AbsentNodeId: absent,
+		})
+		return err
+	}
+
+	// The node exists (any record under its key).
+	if _, err := cli.Put(ctx, keys.Node(node), "a node"); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, remove(node), codes.FailedPrecondition, "node "+node+" exists")
+	wantCode(t, remove(ct.NewNodeID(t)), codes.InvalidArgument, "not that node's")
+	if !memberIDs(n1.Members())[node] {
+		t.Fatal("the member of an existing node was removed")
+	}
+
+	// Gone for real: the proof holds.
+	if _, err := cli.Delete(ctx, keys.Node(node)); err != nil {
+		t.Fatal(err)
+	}
+	if err := remove(node); err != nil {
+		t.Fatal(err)
+	}
+	if memberIDs(n1.Members())[node] {
+		t.Fatal("the member of a deleted node stayed")
+	}
+}
+
+// TestFencePairing: each condition of a fence holding is not enough; the
+// leader key must be the current leader's, and a lease must have been
+// granted by that leader key in its term. Automated callers must send the
+// epoch of the member list they planned from.
+func TestFencePairing(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	n1 := c.NewNode()
+	c.Bootstrap(n1)
+	cli := c.Etcd(n1.ClientURL)
+	old := c.Campaign(cli)
+	oldLease := old.GrantLease(t, "reconciler", 60)
+	reconciler := n1.Consensus(pki.Principal{Kind: pki.KindReconciler})
+	add := func(cl consensusv1.ConsensusClient, f *consensusv1.Fence) error {
+		_, err := cl.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: f})
+		return err
+	}
+
+	// A follower's campaign key exists, under the election prefix.
+	candidate := keys.LeaderElection + "candidate"
+	put, err := cli.Put(ctx, candidate, "follower")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, add(n1.Curator(), n1.Fenced(fence.Fence{Conditions: []fence.Condition{{Key: candidate, CreateRevision: put.Header.Revision}}})), codes.FailedPrecondition, "not the current leader's key")
+	if _, err := cli.Delete(ctx, candidate); err != nil {
+		t.Fatal(err)
+	}
+
+	wantCode(t, add(reconciler, oldLease.Proto()), codes.InvalidArgument, "membership_epoch is required")
+
+	// A new term; the old term's lease record lives on until it expires.
+	old.Resign()
+	cur := c.Campaign(cli)
+	forged := fence.Fence{Conditions: []fence.Condition{cur.Fence.Conditions[0], oldLease.Conditions[1]}}
+	wantCode(t, add(reconciler, n1.Fenced(forged)), codes.FailedPrecondition, "was granted by leader key "+old.Fence.Conditions[0].Key)
+
+	if got := len(n1.Members().Members); got != 1 {
+		t.Fatalf("refused calls changed membership: %d members", got)
+	}
+	if err := add(reconciler, n1.Fenced(cur.GrantLease(t, "reconciler", 60))); err != nil {
+		t.Fatalf("a lease of the current term: %v", err)
+	}
+}
+
+// TestLeadershipMovesAfterCommit: removing the etcd leader moves leadership
+// away only once the change's fenced start succeeded; a removal refused
+// there leaves the leader alone.
+func TestLeadershipMovesAfterCommit(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	nodes, leader := c.Voters(3)
+	var lead *ct.Node
+	var others []*ct.Node
+	ct.Eventually(t, 10*time.Second, func() error {
+		lead, others = nil, nil
+		for _, n := range nodes {
+			if n.Status().Leader {
+				lead = n
+			} else {
+				others = append(others, n)
+			}
+		}
+		if lead == nil {
+			return fmt.Errorf("no etcd leader")
+		}
+		return nil
+	})
+	via, bystander := others[0], others[1]
+
+	release := via.Hold("before-commit")
+	held := removeAsync(via, lead.ID, via.Fenced(leader.Fence))
+	via.Reached("before-commit")
+	// Membership moves on meanwhile: the held removal's epoch is stale.
+	if _, err := bystander.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: bystander.Fenced(leader.Fence)}); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	err := result(t, held)
+	wantCode(t, err, codes.FailedPrecondition, "membership epoch")
+	if !lead.Status().Leader {
+		t.Fatalf("leadership moved away from %s for a removal that was refused", lead.ID)
+	}
+}
+
+// TestEpochEnsured: a cluster whose epoch key was lost gets it back from
+// its consensus processes (every automated change needs an epoch).
+func TestEpochEnsured(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	n1 := c.NewNode()
+	c.Bootstrap(n1)
+	cli := c.Etcd(n1.ClientURL)
+	if _, err := cli.Delete(ctx, keys.MembershipEpoch); err != nil {
+		t.Fatal(err)
+	}
+	// The epoch is ensured when a member starts: restart the process.
+	n1.Kill()
+	n1.Start()
+	ct.Eventually(t, 30*time.Second, func() error {
+		if e := n1.Members().MembershipEpoch; e == 0 {
+			return fmt.Errorf("epoch still 0")
+		}
+		return nil
+	})
+}

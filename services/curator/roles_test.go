@@ -1,0 +1,130 @@
+package curator_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/keys"
+	cut "curia.dev/services/curator/curatortest"
+)
+
+// storedNode reads a node's record straight from etcd.
+func storedNode(t *testing.T, c *cut.Cluster, id string) *curatorv1.Node {
+	t.Helper()
+	resp, err := c.Etcd(c.Voters[0].ClientURL).Get(context.Background(), keys.Node(id))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("node %s: %v %v", id, resp, err)
+	}
+	n := &curatorv1.Node{}
+	if err := proto.Unmarshal(resp.Kvs[0].Value, n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// storeRoles rewrites a node's roles straight in etcd, as another writer
+// (the reconciler, a half-done change) would leave them.
+func storeRoles(t *testing.T, c *cut.Cluster, id string, roles *curatorv1.Roles) {
+	t.Helper()
+	n := storedNode(t, c, id)
+	n.Roles = roles
+	b, err := proto.Marshal(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Etcd(c.Voters[0].ClientURL).Put(context.Background(), keys.Node(id), string(b)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// etcdMember returns the member id of node's etcd member, 0 when none.
+func etcdMember(c *cut.Cluster, node string) uint64 {
+	for _, m := range c.Voters[0].Members().Members {
+		if m.NodeId == node {
+			return m.Id
+		}
+	}
+	return 0
+}
+
+// TestUpdateNodeRolesFollowsMembership: UpdateNodeRoles decides the etcd
+// step from etcd membership (the truth), not from the role, and decides its
+// role write again from the record it re-read, never from a stale first
+// read.
+func TestUpdateNodeRolesFollowsMembership(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := ctxT(t)
+	m := c.Management()
+	a, n := c.NewConsensusAgent()
+	a.Enrol(ctx)
+	if _, err := a.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: cut.VoterStatus(n)}); err != nil {
+		t.Fatal(err)
+	}
+	mgmtRetryUnavailable(t, func() error {
+		_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(true)})
+		return err
+	})
+	first := etcdMember(c, a.ID)
+	if first == 0 {
+		t.Fatal("no etcd member after consensus_member=true")
+	}
+
+	t.Run("ConsensusMember lost while the role write waits", func(t *testing.T) {
+		// The role write is held; meanwhile the node loses ConsensusMember
+		// (as the reconciler takes it from a node whose member is gone).
+		// Deciding on the first read would write KubernetesController
+		// without ConsensusMember.
+		release := c.Curators[0].Hold("before-role-write")
+		done := make(chan error, 1)
+		go func() {
+			_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesController: new(true)})
+			done <- err
+		}()
+		c.Curators[0].Reached("before-role-write")
+		storeRoles(t, c, a.ID, &curatorv1.Roles{})
+		release()
+		select {
+		case err := <-done:
+			wantCode(t, err, codes.Aborted, "changed while this call ran")
+		case <-time.After(time.Minute):
+			t.Fatal("UpdateNodeRoles did not return")
+		}
+		if r := storedNode(t, c, a.ID).Roles; r.GetKubernetesController() != nil || r.GetConsensusMember() != nil {
+			t.Fatalf("roles after the refused write: %v", r)
+		}
+	})
+
+	t.Run("false on a member without the role removes the member", func(t *testing.T) {
+		if etcdMember(c, a.ID) == 0 {
+			t.Fatal("the node is no etcd member to begin with")
+		}
+		mgmtRetryUnavailable(t, func() error {
+			_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(false)})
+			return err
+		})
+		if id := etcdMember(c, a.ID); id != 0 {
+			t.Fatalf("member %x of a node given consensus_member=false stays", id)
+		}
+	})
+
+	t.Run("true on a role without a member adds the member", func(t *testing.T) {
+		storeRoles(t, c, a.ID, &curatorv1.Roles{ConsensusMember: &curatorv1.ConsensusMember{}})
+		var resp *curatorv1.UpdateNodeRolesResponse
+		mgmtRetryUnavailable(t, func() (err error) {
+			resp, err = m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(true)})
+			return err
+		})
+		id := etcdMember(c, a.ID)
+		if id == 0 || id == first {
+			t.Fatalf("etcd member %x after consensus_member=true on a role without a member (the removed one was %x)", id, first)
+		}
+		if got := resp.Node.Roles.GetConsensusMember().GetJoin().GetMemberId(); got != id {
+			t.Fatalf("the role names member %x, etcd has %x", got, id)
+		}
+	})
+}
