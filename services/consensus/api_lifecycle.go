@@ -194,7 +194,12 @@ func (x *server) confirmNotMember(ctx context.Context) error {
 		return fmt.Errorf("%w: the voters answering belong to cluster %s, not this member's %s; its data stays", errCannotConfirm, types.ID(list.Header.ClusterId), types.ID(kept.ClusterID))
 	}
 	for _, mem := range list.Members {
-		if mem.ID == id || mem.Name == x.s.cfg.nodeID || slices.Contains(mem.PeerURLs, x.s.cfg.AdvertisePeerURL) {
+		// The data on disk is member id's: only that member keeps it
+		// alive. Another member of this node (removed and added again:
+		// same name, same peer URL, a new id) cannot use it — etcd never
+		// lets a removed id back —, so it does not hold the data here.
+		// Only when the id is unknown do name and peer URL count.
+		if mem.ID == id || (id == 0 && (mem.Name == x.s.cfg.nodeID || slices.Contains(mem.PeerURLs, x.s.cfg.AdvertisePeerURL))) {
 			return fmt.Errorf("%w: member %s; remove it first (curator: UpdateNodeRoles consensus_member=false)", errStillMember, types.ID(mem.ID))
 		}
 	}

@@ -31,7 +31,10 @@ const (
 
 // enrolSteps is the work of each state of the machine; enroller does it
 // against the curator and the local consensus. Every step is idempotent,
-// so a step cut short by a crash simply runs again after the restart.
+// so a step cut short by a crash simply runs again after the restart —
+// except that the local consensus is bootstrapped at most once in the
+// node's life (bootstrapLocal), so a bootstrap step run again after the
+// consensus data was lost fails the machine.
 type enrolSteps interface {
 	// choose decides NEW's successor and returns the work of getting there.
 	choose() (State, func(context.Context) error, error)
@@ -204,33 +207,18 @@ func (e *enroller) prepareBootstrap(context.Context) error {
 	return nil
 }
 
-// bootstrap starts the local consensus as a new cluster (idempotent: a
-// member that runs is left alone) and records the node with the curator
+// bootstrap starts the local consensus as a new cluster, once in the
+// node's life (bootstrapLocal), and records the node with the curator
 // (idempotent: already_bootstrapped).
 func (e *enroller) bootstrap(ctx context.Context) error {
 	s := e.s
-	st, err := s.localConsensusStatus(ctx)
+	cons, err := s.localConsensus()
 	if err != nil {
 		return err
 	}
-	switch st.GetState() {
-	case consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING, consensusv1.LifecycleState_LIFECYCLE_STATE_STARTING:
-	default:
-		_, cons, err := s.conns()
-		if err != nil {
-			return err
-		}
-		sctx, cancel := context.WithTimeout(ctx, startTimeout)
-		resp, err := consensusv1.NewConsensusClient(cons).Start(sctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Bootstrap{Bootstrap: &consensusv1.Bootstrap{}}})
-		cancel()
-		if err != nil {
-			return fmt.Errorf("start the local consensus as a new cluster: %w", err)
-		}
-		s.log.Info("local consensus bootstrapped a new cluster", "member", fmt.Sprintf("%x", resp.GetStatus().GetMemberId()), "already_started", resp.GetAlreadyStarted())
-		st = resp.GetStatus()
-	}
-	if st.GetState() != consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING {
-		return fmt.Errorf("local consensus is %s (%s): waiting for it to run", st.GetState(), st.GetStateReason())
+	st, err := bootstrapLocal(ctx, s.machine, cons, s.id, s.cfg.Consensus, s.log.With("part", "enrolment"))
+	if err != nil {
+		return err
 	}
 	cur, err := s.curatorClient()
 	if err != nil {
@@ -254,6 +242,129 @@ func (e *enroller) bootstrap(ctx context.Context) error {
 	}
 	s.log.Info("cluster bootstrapped", "already_bootstrapped", resp.GetAlreadyBootstrapped(), "roles", roleNames(resp.GetNode().GetRoles()))
 	return nil
+}
+
+// bootstrapLocal has the local consensus (cons, at addr) run the cluster's
+// first member, and makes sure it is bootstrapped at most once in the
+// node's life, whatever crashes and data losses come between. Its record
+// (machine.setBootstrap) is written in two steps around Start(bootstrap):
+//
+//  1. Begun, before the first Start(bootstrap). Were it written after
+//     the call, a crash between the call and the write followed by the
+//     loss of the consensus data would leave no trace of the member, and
+//     the restarted agent would bootstrap again. Written before, an
+//     empty (IDLE) local consensus with this record is never
+//     bootstrapped again. The price: a crash between the write and the
+//     call, or a call that never reached the consensus before it
+//     restarted empty, ends in FAILED too — for a cluster that never
+//     existed, where starting over with new data dirs costs little,
+//     unlike a second cluster. A start that failed (FAILED, STOPPED) is
+//     retried: consensus refuses Start while it holds data.
+//  2. The member and cluster ids, once the member runs, before the
+//     curator hears of the cluster (BootstrapCluster) and so before any
+//     other node can join it: the reason an operator reads then names
+//     the member that was lost, and a restored member is checked to be
+//     that one.
+//
+// The plan is planBootstrap's; it returns the running member's status.
+func bootstrapLocal(ctx context.Context, m *machine, cons localConsensus, nodeID, addr string, log *slog.Logger) (*consensusv1.StatusResponse, error) {
+	st, err := consensusStatus(ctx, cons, nodeID, addr)
+	if err != nil {
+		return nil, err
+	}
+	rec := m.bootstrap()
+	step, err := planBootstrap(rec, st)
+	if err != nil {
+		return nil, err
+	}
+	switch step {
+	case bootstrapWait:
+		if rec.confirmed() {
+			return nil, fmt.Errorf("the member this node bootstrapped (%s) is %s (%s): waiting for the local consensus to restart it from its data; it is never bootstrapped again", rec.MemberID, st.GetState(), st.GetStateReason())
+		}
+		return nil, fmt.Errorf("local consensus is %s (%s): waiting for it to run", st.GetState(), st.GetStateReason())
+	case bootstrapStart:
+		if rec == nil {
+			rec = &bootstrapRecord{Begun: time.Now().UTC()}
+			if err := m.setBootstrap(*rec); err != nil {
+				return nil, fmt.Errorf("record the bootstrap before starting it: %w", err)
+			}
+		}
+		sctx, cancel := context.WithTimeout(ctx, startTimeout)
+		resp, err := cons.Start(sctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Bootstrap{Bootstrap: &consensusv1.Bootstrap{}}})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("start the local consensus as a new cluster: %w", err)
+		}
+		st = resp.GetStatus()
+		log.Info("local consensus bootstrapped a new cluster", "member", fmt.Sprintf("%x", st.GetMemberId()), "already_started", resp.GetAlreadyStarted())
+		if st.GetState() != consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING {
+			return nil, fmt.Errorf("local consensus is %s (%s): waiting for it to run", st.GetState(), st.GetStateReason())
+		}
+	}
+	if !rec.confirmed() {
+		now := time.Now().UTC()
+		b := bootstrapRecord{Begun: now, MemberID: fmt.Sprintf("%x", st.GetMemberId()), ClusterID: fmt.Sprintf("%x", st.GetClusterId()), Confirmed: now}
+		if rec != nil {
+			b.Begun = rec.Begun
+		}
+		if err := m.setBootstrap(b); err != nil {
+			return nil, fmt.Errorf("record the bootstrapped member: %w", err)
+		}
+		log.Info("bootstrap member recorded: the local consensus is never bootstrapped again", "member", b.MemberID, "cluster", b.ClusterID)
+	}
+	return st, nil
+}
+
+// bootstrapStep is what the bootstrap step does next.
+type bootstrapStep int
+
+const (
+	// bootstrapStart: record the start (unless recorded), Start(bootstrap).
+	bootstrapStart bootstrapStep = iota
+	// bootstrapWait: the member is starting, or stopped or failed: wait
+	// for it to run.
+	bootstrapWait
+	// bootstrapRunning: the member runs: record it (unless recorded), go
+	// on to the curator.
+	bootstrapRunning
+)
+
+// planBootstrap decides the bootstrap step from the record (nil: never
+// begun) and the local consensus's status. Its errors are permanent: the
+// node's first member is lost or replaced, and only an operator can
+// decide what to do.
+func planBootstrap(rec *bootstrapRecord, st *consensusv1.StatusResponse) (bootstrapStep, error) {
+	switch st.GetState() {
+	case consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING:
+		if id, cluster := fmt.Sprintf("%x", st.GetMemberId()), fmt.Sprintf("%x", st.GetClusterId()); rec.confirmed() && (id != rec.MemberID || cluster != rec.ClusterID) {
+			return 0, permanent(fmt.Errorf("the local consensus runs etcd member %s of cluster %s, but this node bootstrapped the cluster as member %s of cluster %s: its data was replaced. "+
+				"Restore the consensus data dir of member %s and restart this agent with a new data dir, the same node key and --bootstrap; or start a new node with new data dirs", id, cluster, rec.MemberID, rec.ClusterID, rec.MemberID))
+		}
+		return bootstrapRunning, nil
+	case consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE:
+		switch {
+		case rec.confirmed():
+			return 0, permanent(fmt.Errorf("refusing to bootstrap a second cluster: this node bootstrapped the cluster as etcd member %s of cluster %s (%s), but its local consensus is empty now: the member's data was lost or wiped. "+
+				"Restore the consensus data dir from a backup and restart this agent with a new data dir, the same node key and --bootstrap; or start a new node with new data dirs (and remove this node from the cluster if other members survive)",
+				rec.MemberID, rec.ClusterID, rec.Confirmed.Format(time.RFC3339)))
+		case rec != nil:
+			return 0, permanent(fmt.Errorf("refusing to bootstrap a second cluster: this node began bootstrapping the cluster at %s and never saw its member run, and its local consensus is empty now: whether a member was created and its data lost cannot be told. "+
+				"If it held a member, restore the consensus data dir and restart this agent with a new data dir, the same node key and --bootstrap; if not, start over the same way with the empty consensus",
+				rec.Begun.Format(time.RFC3339)))
+		}
+		return bootstrapStart, nil
+	case consensusv1.LifecycleState_LIFECYCLE_STATE_STOPPED, consensusv1.LifecycleState_LIFECYCLE_STATE_FAILED:
+		if rec.confirmed() {
+			// Its data restarts it (the consensus service does that);
+			// starting anything here could only create a new cluster.
+			return bootstrapWait, nil
+		}
+		// A start that failed: consensus refuses Start while it holds
+		// data, so this only retries a bootstrap that never ran.
+		return bootstrapStart, nil
+	}
+	return bootstrapWait, nil
 }
 
 // ticket is the register ticket: from --register-ticket, or read from

@@ -19,7 +19,8 @@ import (
 //
 //	identity.key    the node's ed25519 key, PKCS#8 (0600); the node id
 //	                follows from it and never changes
-//	enrolment.json  the enrolment state machine (state.go)
+//	enrolment.json  the enrolment state machine (state.go), with the
+//	                record of the member this node bootstrapped
 //	node.crt        the node/<id> certificate: the bootstrap certificate,
 //	node.key        or the one CommitNode issued for identity.key (0600)
 //	node.pb         the last record of this node seen from the curator

@@ -2,9 +2,12 @@ package roleserve
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -14,17 +17,27 @@ import (
 
 // The control loop reduces the inputs (bootstrap data, roles, local
 // configuration) into a decision whenever one of them changes, and hands a
-// flip of "this node runs consensus" to the launcher:
+// flip of "this node runs consensus" — or a role naming another member — to
+// the launcher:
 //
-//	roles update ─▶ kick ─▶ reduce.Reduce ─▶ reduce.Next(in force, new) ─┬─ no flip: keep going
-//	                                                                      └─ flip: cancel the running
-//	                                                                         action, start the new one
+//	roles update ─▶ kick ─▶ reduce.Reduce ─▶ reduce.Next(in force, new) ─┬─ no flip, same member: keep going
+//	                                                                      └─ flip or another member: cancel
+//	                                                                         the running action, start the
+//	                                                                         new one
 //
 // Launcher actions on the local consensus:
 //
-//	run, join       Start(join parameters in force) until it succeeds;
-//	                Unavailable is retried with backoff, other refusals
-//	                slowly (they wait for an operator or a new role)
+//	run, join       Status first: a local consensus that holds the data of
+//	                another member than the one the role names (the node
+//	                was removed and added again while the agent did not
+//	                see the role absent) is told to Leave, which consensus
+//	                refuses while that member is still in etcd
+//	                (FailedPrecondition: retried, never wiped on a guess);
+//	                then Start(join parameters in force) until it succeeds.
+//	                A member that runs with the role's member id is left
+//	                alone. Unavailable and the refused Leave are retried
+//	                with backoff, other refusals slowly (they wait for an
+//	                operator or a new role)
 //	run, bootstrap  the member this node bootstrapped (enrolment started it)
 //	                is checked to run; an empty local consensus is never
 //	                bootstrapped again
@@ -99,7 +112,7 @@ func (s *Service) control(ctx context.Context) error {
 		}
 		s.mu.Unlock()
 		if act {
-			log.Info("control plane decision", "run_consensus", next.Run, "mode", next.Mode.String(), "reason", next.Reason, "was", inForce.Run)
+			log.Info("control plane decision", "run_consensus", next.Run, "mode", next.Mode.String(), "member", memberHex(next), "reason", next.Reason, "was", inForce.Run, "was_member", memberHex(inForce))
 			running.stop()
 			running = s.startAction(ctx, next)
 		} else if next.Decided && next.Reason != inForce.Reason {
@@ -196,7 +209,10 @@ func (s *Service) launch(ctx context.Context, d reduce.Decision) {
 				log.Info("local consensus refused or did not answer; retrying", "phase", phase, "code", code.String(), "err", err)
 				lastCode = code
 			}
-			if !transient(err) && !(phase == phaseLeaving && code == codes.FailedPrecondition) {
+			// A refused Leave is the normal answer until the curator
+			// removed the member: retried with backoff like Unavailable.
+			leaveRefused := code == codes.FailedPrecondition && (phase == phaseLeaving || errors.Is(err, errLeaveFirst))
+			if !transient(err) && !leaveRefused {
 				wait = bo.slowest()
 			}
 			s.setLauncher(phase, attempt, err)
@@ -207,9 +223,17 @@ func (s *Service) launch(ctx context.Context, d reduce.Decision) {
 	}
 }
 
-// localConsensusStatus asks the local consensus for its status and checks
-// that it is this node's.
-func (s *Service) localConsensusStatus(ctx context.Context) (*consensusv1.StatusResponse, error) {
+// localConsensus is the part of the local consensus service's API the
+// agent uses (consensusv1.ConsensusClient; tests fake it).
+type localConsensus interface {
+	Status(context.Context, *consensusv1.StatusRequest, ...grpc.CallOption) (*consensusv1.StatusResponse, error)
+	Start(context.Context, *consensusv1.StartRequest, ...grpc.CallOption) (*consensusv1.StartResponse, error)
+	Leave(context.Context, *consensusv1.LeaveRequest, ...grpc.CallOption) (*consensusv1.LeaveResponse, error)
+}
+
+// localConsensus is the local consensus service's API with the node
+// certificate.
+func (s *Service) localConsensus() (localConsensus, error) {
 	_, cons, err := s.conns()
 	if err != nil {
 		return nil, err
@@ -217,14 +241,30 @@ func (s *Service) localConsensusStatus(ctx context.Context) (*consensusv1.Status
 	if cons == nil {
 		return nil, fmt.Errorf("no local consensus is configured (--consensus)")
 	}
+	return consensusv1.NewConsensusClient(cons), nil
+}
+
+// localConsensusStatus asks the local consensus for its status and checks
+// that it is this node's.
+func (s *Service) localConsensusStatus(ctx context.Context) (*consensusv1.StatusResponse, error) {
+	cons, err := s.localConsensus()
+	if err != nil {
+		return nil, err
+	}
+	return consensusStatus(ctx, cons, s.id, s.cfg.Consensus)
+}
+
+// consensusStatus asks cons (the consensus service at addr) for its status
+// and checks that it is node nodeID's.
+func consensusStatus(ctx context.Context, cons localConsensus, nodeID, addr string) (*consensusv1.StatusResponse, error) {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	st, err := consensusv1.NewConsensusClient(cons).Status(cctx, &consensusv1.StatusRequest{})
+	st, err := cons.Status(cctx, &consensusv1.StatusRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("local consensus status: %w", err)
 	}
-	if st.GetNodeId() != s.id {
-		return nil, status.Errorf(codes.FailedPrecondition, "the consensus service at %s is node %s's, not this node's (%s): fix --consensus", s.cfg.Consensus, st.GetNodeId(), s.id)
+	if st.GetNodeId() != nodeID {
+		return nil, status.Errorf(codes.FailedPrecondition, "the consensus service at %s is node %s's, not this node's (%s): fix --consensus", addr, st.GetNodeId(), nodeID)
 	}
 	return st, nil
 }
@@ -233,25 +273,90 @@ func (s *Service) localConsensusStatus(ctx context.Context) (*consensusv1.Status
 // (read at every attempt: a role re-sent with new parameters while a start
 // retries is used without a flip). A member that runs is left alone.
 func (s *Service) startJoin(ctx context.Context) (bool, error) {
-	if _, err := s.localConsensusStatus(ctx); err != nil {
+	st, err := s.localConsensusStatus(ctx)
+	if err != nil {
 		return true, err
 	}
 	d := s.decisionInForce()
 	if !d.Run || d.Join == nil {
 		return true, status.Error(codes.FailedPrecondition, "no join parameters in force")
 	}
-	_, cons, err := s.conns()
+	cons, err := s.localConsensus()
 	if err != nil {
 		return true, err
 	}
+	if err := joinAs(ctx, cons, st, d.Join, s.log.With("part", "launcher")); err != nil {
+		return true, err
+	}
+	return false, nil
+}
+
+// errLeaveFirst marks a Leave that a join needs first and that consensus
+// refused or could not do yet.
+var errLeaveFirst = errors.New("leave before joining")
+
+// joinAs has the local consensus (whose status is st) run the member that
+// join names. A local consensus that still holds the data of another
+// member — removed from etcd while the agent did not see the role absent,
+// then the node was added again — cannot start: it must Leave first, and
+// consensus refuses that while the old member is still in etcd (the error
+// wraps errLeaveFirst and the refusal). Nothing is wiped here on a guess:
+// only consensus decides, from the live member list.
+func joinAs(ctx context.Context, cons localConsensus, st *consensusv1.StatusResponse, join *consensusv1.JoinParameters, log *slog.Logger) error {
+	want := join.GetMemberId()
+	old := st.GetMemberId()
+	switch st.GetState() {
+	case consensusv1.LifecycleState_LIFECYCLE_STATE_STARTING:
+		if old != 0 && old != want {
+			// Restarting the old member from its data; it stops once it
+			// learns it was removed, and is left then.
+			return status.Errorf(codes.Unavailable, "the local consensus is starting member %x, the role names member %x: waiting for it to run or stop", old, want)
+		}
+	case consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING,
+		consensusv1.LifecycleState_LIFECYCLE_STATE_STOPPED,
+		consensusv1.LifecycleState_LIFECYCLE_STATE_FAILED:
+		if old != 0 && old != want {
+			if err := leaveOther(ctx, cons, st, want, log); err != nil {
+				return err
+			}
+		}
+	}
 	sctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
-	resp, err := consensusv1.NewConsensusClient(cons).Start(sctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: d.Join}})
+	resp, err := cons.Start(sctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: join}})
 	if err != nil {
-		return true, fmt.Errorf("start the local consensus (join as member %x): %w", d.Join.GetMemberId(), err)
+		return fmt.Errorf("start the local consensus (join as member %x): %w", want, err)
 	}
-	s.log.Info("local consensus started", "member", fmt.Sprintf("%x", d.Join.GetMemberId()), "already_started", resp.GetAlreadyStarted(), "state", resp.GetStatus().GetState().String())
-	return false, nil
+	if got := resp.GetStatus().GetMemberId(); got != 0 && got != want {
+		// Another member started meanwhile (Start leaves a running one
+		// alone): the next attempt has it leave.
+		return status.Errorf(codes.Aborted, "the local consensus runs member %x, the role names member %x", got, want)
+	}
+	log.Info("local consensus started", "member", fmt.Sprintf("%x", want), "already_started", resp.GetAlreadyStarted(), "state", resp.GetStatus().GetState().String())
+	return nil
+}
+
+// leaveOther has the local consensus stop and wipe the member it holds
+// (st) so that member want can start.
+func leaveOther(ctx context.Context, cons localConsensus, st *consensusv1.StatusResponse, want uint64, log *slog.Logger) error {
+	old := fmt.Sprintf("%x", st.GetMemberId())
+	log.Info("local consensus holds the data of another member than the role names: leaving first",
+		"old_member", old, "member", fmt.Sprintf("%x", want), "state", st.GetState().String(), "state_reason", st.GetStateReason())
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if _, err := cons.Leave(cctx, &consensusv1.LeaveRequest{}); err != nil {
+		return fmt.Errorf("%w: the local consensus holds the data of member %s, the role names member %x: %w", errLeaveFirst, old, want, err)
+	}
+	log.Info("local consensus wiped the data of another member; joining as the member the role names", "old_member", old, "member", fmt.Sprintf("%x", want))
+	return nil
+}
+
+// memberHex is the member a join decision names, for logs ("" if none).
+func memberHex(d reduce.Decision) string {
+	if d.Join == nil {
+		return ""
+	}
+	return fmt.Sprintf("%x", d.Join.GetMemberId())
 }
 
 // confirmBootstrapped checks on the member this node bootstrapped the
@@ -281,13 +386,13 @@ func (s *Service) leave(ctx context.Context) (bool, error) {
 	if _, err := s.localConsensusStatus(ctx); err != nil {
 		return true, err
 	}
-	_, cons, err := s.conns()
+	cons, err := s.localConsensus()
 	if err != nil {
 		return true, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	resp, err := consensusv1.NewConsensusClient(cons).Leave(cctx, &consensusv1.LeaveRequest{})
+	resp, err := cons.Leave(cctx, &consensusv1.LeaveRequest{})
 	if err != nil {
 		return true, fmt.Errorf("leave (stop and wipe the local member): %w", err)
 	}

@@ -12,7 +12,7 @@
 //	│    ▼                                                              │
 //	│ roles: last roles seen, persisted ┐                               │
 //	│ bootstrap data, CA, --consensus ──┴▶ reduce ─▶ control ─▶ launcher│
-//	│ heartbeat, status reports           (pure)   (acts on flips)   │  │
+//	│ heartbeat, status reports           (pure)   (flip or member)  │  │
 //	│ api: RoleServer/GetStatus                                      │  │
 //	└────────────────────────────────────────────────────────────────┼──┘
 //	                                          Start / Leave / Status │

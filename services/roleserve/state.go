@@ -64,9 +64,30 @@ type enrolmentRecord struct {
 	Reason string `json:"reason,omitempty"`
 	// Bootstrapped: the node went through BOOTSTRAPPING, i.e. it created
 	// the cluster (the bootstrap data of the control-plane reduce).
-	Bootstrapped bool      `json:"bootstrapped,omitempty"`
-	Changed      time.Time `json:"changed"`
+	Bootstrapped bool `json:"bootstrapped,omitempty"`
+	// Bootstrap is what BOOTSTRAPPING did on the local consensus; once
+	// set, the local consensus is never bootstrapped again (enrolment.go,
+	// bootstrapLocal).
+	Bootstrap *bootstrapRecord `json:"bootstrap,omitempty"`
+	Changed   time.Time        `json:"changed"`
 }
+
+// bootstrapRecord is the history of this node's bootstrap member.
+type bootstrapRecord struct {
+	// Begun is when Start(bootstrap) was about to be called for the first
+	// time: persisted before the call, so from then on the local
+	// consensus may hold the cluster's first member.
+	Begun time.Time `json:"begun"`
+	// MemberID and ClusterID (hex, as etcd writes them) name the member
+	// once it was seen running; persisted before the curator hears of the
+	// cluster.
+	MemberID  string    `json:"member_id,omitempty"`
+	ClusterID string    `json:"cluster_id,omitempty"`
+	Confirmed time.Time `json:"confirmed,omitzero"`
+}
+
+// confirmed reports whether the member was seen running.
+func (b *bootstrapRecord) confirmed() bool { return b != nil && b.MemberID != "" }
 
 // errForbidden is the error of a transition that is not in the table.
 var errForbidden = errors.New("enrolment transition not allowed")
@@ -193,6 +214,34 @@ func (m *machine) advance(ctx context.Context, next State, work func(context.Con
 	}
 	m.rec, m.note = rec, ""
 	m.log.Info("enrolment state changed", "from", from, "to", next)
+	return nil
+}
+
+// bootstrap returns the bootstrap record (nil: none yet).
+func (m *machine) bootstrap() *bootstrapRecord {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rec.Bootstrap == nil {
+		return nil
+	}
+	b := *m.rec.Bootstrap
+	return &b
+}
+
+// setBootstrap persists the bootstrap record b; only BOOTSTRAPPING does
+// bootstrap work. It returns once b is on disk.
+func (m *machine) setBootstrap(b bootstrapRecord) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rec.State != StateBootstrapping {
+		return fmt.Errorf("%w: bootstrap record in state %s", errForbidden, m.rec.State)
+	}
+	rec := m.rec
+	rec.Bootstrap = &b
+	if err := m.persist(rec); err != nil {
+		return err
+	}
+	m.rec = rec
 	return nil
 }
 

@@ -294,3 +294,69 @@ func (c *crashAfter) register(ctx context.Context) error {
 	}
 	return c.steps.register(ctx)
 }
+
+// TestBootstrapRecord: the bootstrap record is written only in
+// BOOTSTRAPPING, is on disk when setBootstrap returns, and stays through
+// RUNNING, FAILED and restarts. A record of an older agent has none.
+func TestBootstrapRecord(t *testing.T) {
+	begun := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	t.Run("persisted and kept", func(t *testing.T) {
+		m, path := machineIn(t, StateBootstrapping)
+		if m.bootstrap() != nil {
+			t.Fatal("a new machine has a bootstrap record")
+		}
+		if err := m.setBootstrap(bootstrapRecord{Begun: begun}); err != nil {
+			t.Fatal(err)
+		}
+		if b := reload(t, path).bootstrap(); b == nil || !b.Begun.Equal(begun) || b.confirmed() {
+			t.Fatalf("persisted %+v", b)
+		}
+		want := bootstrapRecord{Begun: begun, MemberID: "8e9e05c52164694d", ClusterID: "cdf818194e3a8c32", Confirmed: begun.Add(time.Second)}
+		if err := m.setBootstrap(want); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.advance(context.Background(), StateRunning, nil); err != nil {
+			t.Fatal(err)
+		}
+		if b := reload(t, path).bootstrap(); b == nil || *b != want || !b.confirmed() {
+			t.Fatalf("after RUNNING: %+v, want %+v", b, want)
+		}
+		m.fail("broken on purpose")
+		if b := reload(t, path).bootstrap(); b == nil || *b != want {
+			t.Fatalf("after FAILED: %+v, want %+v", b, want)
+		}
+	})
+	for _, st := range states {
+		if st == StateBootstrapping {
+			continue
+		}
+		t.Run("refused in "+string(st), func(t *testing.T) {
+			m, path := machineIn(t, st)
+			if err := m.setBootstrap(bootstrapRecord{Begun: begun}); !errors.Is(err, errForbidden) {
+				t.Fatalf("setBootstrap: %v", err)
+			}
+			if rec, _ := reload(t, path).record(); rec.Bootstrap != nil || rec.State != st {
+				t.Fatalf("persisted %+v", rec)
+			}
+		})
+	}
+	t.Run("record of an older agent", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "enrolment.json")
+		if err := os.WriteFile(path, []byte(`{"node_id":"`+testNode+`","state":"BOOTSTRAPPING","bootstrapped":true}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if b := reload(t, path).bootstrap(); b != nil {
+			t.Fatalf("bootstrap record %+v", b)
+		}
+	})
+	t.Run("not written: nothing changes", func(t *testing.T) {
+		m, path := machineIn(t, StateBootstrapping)
+		m.path = filepath.Join(t.TempDir(), "gone", "enrolment.json")
+		if err := m.setBootstrap(bootstrapRecord{Begun: begun}); err == nil {
+			t.Fatal("setBootstrap without a place to write succeeded")
+		}
+		if m.bootstrap() != nil || reload(t, path).bootstrap() != nil {
+			t.Fatal("a record that was not written is in force")
+		}
+	})
+}

@@ -24,9 +24,13 @@
 //     verify): logged by the caller, decides nothing — no start, no stop.
 //  6. Otherwise: join with the role's parameters.
 //
-// Next acts only when "this node runs consensus" flips (or on the first
-// decision): unrelated role changes, join parameters sent again, or the
-// bootstrap data giving way to the role never restart anything.
+// Next acts when "this node runs consensus" flips (or on the first
+// decision), and when the role names another etcd member than the join
+// decision in force: the node was removed from etcd and added again (a new
+// learner) while the agent did not see the role absent — it was down or
+// cut off from the curator. Unrelated role changes, join parameters sent
+// again for the same member, or the bootstrap data giving way to the role
+// never restart anything.
 package reduce
 
 import (
@@ -125,10 +129,11 @@ func Reduce(in Input) Decision {
 }
 
 // Next folds a new decision d into the decision in force. It returns the
-// decision now in force and whether the launcher must act: only when "runs
-// consensus" flips, or when the first decision is made. A decision that
-// decides nothing keeps the one in force; one that does not flip replaces
-// it (mode, join parameters, reason) without any action.
+// decision now in force and whether the launcher must act: when "runs
+// consensus" flips, when the first decision is made, or when both are
+// joins of different members (MemberChanged). A decision that decides
+// nothing keeps the one in force; any other replaces it (mode, join
+// parameters, reason) without any action.
 func Next(inForce, d Decision) (Decision, bool) {
 	if !d.Decided {
 		return inForce, false
@@ -136,7 +141,18 @@ func Next(inForce, d Decision) (Decision, bool) {
 	if !inForce.Decided {
 		return d, true
 	}
-	return d, inForce.Run != d.Run
+	return d, inForce.Run != d.Run || MemberChanged(inForce, d)
+}
+
+// MemberChanged reports whether two join decisions name different etcd
+// members. Only joins are compared: a bootstrap decision names no member
+// (the member is the one this node bootstrapped), so the bootstrap data
+// giving way to the role is no change.
+func MemberChanged(a, b Decision) bool {
+	if a.Mode != ModeJoin || b.Mode != ModeJoin {
+		return false
+	}
+	return a.Join.GetMemberId() != b.Join.GetMemberId()
 }
 
 // ValidateJoin checks a ConsensusMember role's join parameters against the

@@ -180,7 +180,8 @@ func TestReduce(t *testing.T) {
 }
 
 // TestNext folds sequences of inputs the way the agent does and checks when
-// the launcher acts: only when "runs consensus" flips.
+// the launcher acts: when "runs consensus" flips, or when the role names
+// another member than the one in force.
 func TestNext(t *testing.T) {
 	f := newFixture(t)
 	ca := f.ca.Cert
@@ -193,7 +194,15 @@ func TestNext(t *testing.T) {
 	cmWorker := roles(&curatorv1.Roles{ConsensusMember: &curatorv1.ConsensusMember{Join: f.join}, KubernetesWorker: &curatorv1.KubernetesWorker{}})
 	cmController := roles(&curatorv1.Roles{ConsensusMember: &curatorv1.ConsensusMember{Join: f.join}, KubernetesController: &curatorv1.KubernetesController{}})
 	cmResent := roles(member(f.joinWith(nil)))
-	cmOtherParams := roles(member(f.joinWith(func(j *consensusv1.JoinParameters) { j.MemberId = 0x99 })))
+	// The same member with other parameters: the voters to join through
+	// changed, a new CRL.
+	cmOtherParams := roles(member(f.joinWith(func(j *consensusv1.JoinParameters) {
+		j.Voters = append(j.Voters, &consensusv1.Peer{Name: "node-c", PeerUrls: []string{"https://10.0.0.3:2380"}, ClientUrls: []string{"https://10.0.0.3:2379"}})
+		j.Crl = f.crl(t, f.ca)
+	})))
+	// Another member for this node: it was removed from etcd and added
+	// again (a new learner) while the agent did not see the role absent.
+	cmOtherMember := roles(member(f.joinWith(func(j *consensusv1.JoinParameters) { j.MemberId = 0x99 })))
 	cmBad := roles(member(f.joinWith(func(j *consensusv1.JoinParameters) { j.CaCertificate = f.other.CertPEM })))
 	unknown := Input{ClusterCA: ca, LocalConsensus: true}
 	boot := Input{Bootstrapped: true, ClusterCA: ca, LocalConsensus: true}
@@ -229,6 +238,19 @@ func TestNext(t *testing.T) {
 		},
 		"unparsable role while not running: no start": {
 			steps: []Input{none, cmBad}, acts: []bool{true, false}, run: false, mode: ModeNone,
+		},
+		"another member id acts (removed and added again while the agent missed the role absent)": {
+			steps: []Input{cm, cmOtherMember}, acts: []bool{true, true}, run: true, mode: ModeJoin,
+		},
+		"another member id acts, also with unrelated changes in between": {
+			steps: []Input{cm, cmWorker, cmOtherMember, cmOtherMember, cm},
+			acts:  []bool{true, false, true, false, true}, run: true, mode: ModeJoin,
+		},
+		"another member id after an unparsable role acts": {
+			steps: []Input{cm, cmBad, cmOtherMember}, acts: []bool{true, false, true}, run: true, mode: ModeJoin,
+		},
+		"another member id seen first while not running: one action": {
+			steps: []Input{none, cmOtherMember, cmOtherMember}, acts: []bool{true, true, false}, run: true, mode: ModeJoin,
 		},
 		"unparsable role first: nothing decided": {
 			steps: []Input{cmBad, cm}, acts: []bool{false, true}, run: true, mode: ModeJoin,
@@ -270,7 +292,12 @@ func TestNext(t *testing.T) {
 	// so that a start still retrying uses the newest ones.
 	inForce, _ := Next(Decision{}, Reduce(cm))
 	inForce, act := Next(inForce, Reduce(cmOtherParams))
-	if act || inForce.Join.GetMemberId() != 0x99 {
+	if act || !proto.Equal(inForce.Join, cmOtherParams.Roles.GetConsensusMember().GetJoin()) {
+		t.Fatalf("act=%v, join in force %v", act, inForce.Join)
+	}
+	// Another member: the launcher acts with it.
+	inForce, act = Next(inForce, Reduce(cmOtherMember))
+	if !act || inForce.Join.GetMemberId() != 0x99 {
 		t.Fatalf("act=%v, join in force %v", act, inForce.Join)
 	}
 }
