@@ -7,7 +7,10 @@
 //
 //	Hold(name)   while $CURIA_FAILPOINT_DIR/<name> exists: write <name>/reached, wait;
 //	             when $CURIA_FAILPOINT_DIR/<name>.delay holds a duration: sleep that long
-//	Crash(name)  when $CURIA_FAILPOINTS (comma-separated) names it: exit with code 86
+//	Crash(name)  when $CURIA_FAILPOINTS (comma-separated) names it, or once when a test
+//	             creates $CURIA_FAILPOINT_DIR/<name>.crash: exit with code 86
+//	Mutated(m)   when $CURIA_MUTATIONS (comma-separated) names it: a safety mechanism is
+//	             switched off, so that a test can show the fault suite catches its absence
 package failpoint
 
 import (
@@ -49,11 +52,25 @@ func Hold(name string) {
 	}
 }
 
-// Crash exits the process at the named point when $CURIA_FAILPOINTS names
-// it, as a machine failure there would.
+// Crash exits the process at the named point, as a machine failure there
+// would: every time when $CURIA_FAILPOINTS names it, or once when the file
+// $CURIA_FAILPOINT_DIR/<name>.crash exists (the process that removes it
+// crashes; a test arms it again by creating it again).
 func Crash(name string) {
-	if slices.Contains(strings.Split(os.Getenv("CURIA_FAILPOINTS"), ","), name) {
+	crash := slices.Contains(strings.Split(os.Getenv("CURIA_FAILPOINTS"), ","), name)
+	if dir := os.Getenv("CURIA_FAILPOINT_DIR"); dir != "" && os.Remove(filepath.Join(dir, name+".crash")) == nil {
+		crash = true
+	}
+	if crash {
 		os.Stderr.WriteString("failpoint " + name + ": exiting\n")
 		os.Exit(86)
 	}
 }
+
+// Mutated reports whether the named safety mechanism is switched off
+// ($CURIA_MUTATIONS). Only tests that prove a checker catches the
+// mechanism's absence set it.
+func Mutated(mechanism string) bool {
+	return slices.Contains(strings.Split(os.Getenv("CURIA_MUTATIONS"), ","), mechanism)
+}
+

@@ -78,7 +78,7 @@ func (c *change) read(ctx context.Context) error {
 		return err
 	}
 	c.x.s.member.rememberEndpoints(snap.members)
-	if snap.pending != nil {
+	if snap.pending != nil && !failpoint.Mutated(failpoint.NoPending) {
 		return fmt.Errorf("%s: %w", c.action, c.x.s.blockedBy(ctx, c.cli, snap.pending))
 	}
 	if snap.epoch != c.fence.Epoch {
@@ -150,7 +150,9 @@ func (c *change) commit(ctx context.Context, nodeID string, memberID uint64, pee
 		Reason:     reason,
 		ChangeId:   p.Id,
 	}))
-	extra = append(extra, clientv3.Compare(clientv3.CreateRevision(keys.MembershipPending), "=", 0))
+	if !failpoint.Mutated(failpoint.NoPending) {
+		extra = append(extra, clientv3.Compare(clientv3.CreateRevision(keys.MembershipPending), "=", 0))
+	}
 	resp, err := fence.Apply(ctx, c.cli, c.fence, extra, ops...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", c.action, c.whyNotCommitted(ctx, err))
@@ -277,6 +279,9 @@ func (x *server) addNode(ctx context.Context, req *consensusv1.AddNodeRequest) (
 	var added *clientv3.MemberAddResponse
 	epoch, err := c.carryOut(p, func(ctx context.Context) (err error) {
 		added, err = c.cli.MemberAddAsLearner(ctx, []string{req.GetPeerUrl()})
+		if err == nil {
+			p.MemberId = added.Member.ID // the outcome names the new member
+		}
 		return err
 	})
 	if errors.Is(err, rpctypes.ErrMemberNotFound) {
@@ -551,6 +556,25 @@ func untilFinished(ctx context.Context, f func() error) error {
 	}
 }
 
+// auditRefusal records a refused proof of absence ("member.remove.refused").
+// It is not a change; the event's revision and the fence's epoch tell a
+// reader whether the node existed when the caller planned.
+func (c *change) auditRefusal(ctx context.Context, nodeID, reason string) {
+	recorder := c.x.s.recorder()
+	op := audit.Put(&auditv1.Event{
+		Actor:      c.actor.String(),
+		RecordedBy: recorder,
+		Action:     "member.remove.refused",
+		NodeId:     nodeID,
+		Fence:      c.fence.Strings(),
+		Reason:     "proof of absence failed: " + reason,
+	})
+	if _, err := c.cli.Do(ctx, op); err != nil {
+		c.x.s.log.Warn("record a refused proof of absence", "node", nodeID, "err", err)
+	}
+	c.x.s.log.Warn("refused a removal for want of a node: the node exists", "node", nodeID, "actor", c.actor.String(), "fence", c.fence.String())
+}
+
 // finishClient is the etcd client that finishes p: the cluster client,
 // except when p removes this process's own member, whose etcd stops (and
 // closes that client) as soon as it learns it was removed; then a client of
@@ -576,7 +600,10 @@ func (c *change) finishClient(p *pendingChange) (*clientv3.Client, func(), error
 	return cli, func() { cli.Close() }, nil
 }
 
-// whyNotAbsent names a failed proof of absence: the node exists.
+// whyNotAbsent names a failed proof of absence: the node exists. It also
+// records the refusal in the audit log: a caller that planned the removal
+// from a view in which a node that existed looked deleted is a defect an
+// operator (and the fault suite) must see, even though nothing changed.
 func (c *change) whyNotAbsent(ctx context.Context, nodeID string, err error) error {
 	var se *fence.StaleError
 	if !errors.As(err, &se) || !strings.Contains(se.Reason, "a condition of the write") {
@@ -586,7 +613,10 @@ func (c *change) whyNotAbsent(ctx context.Context, nodeID string, err error) err
 	if rerr != nil || len(resp.Kvs) == 0 {
 		return err
 	}
-	return fmt.Errorf("member.remove: %w", &fence.StaleError{Reason: fmt.Sprintf("node %s exists (created at revision %d): the member of a live node is not removed for want of a node; read nodes again", nodeID, resp.Kvs[0].CreateRevision)})
+	created := resp.Kvs[0].CreateRevision
+	reason := fmt.Sprintf("node %s exists (created at revision %d): the member of a live node is not removed for want of a node; read nodes again", nodeID, created)
+	c.auditRefusal(ctx, nodeID, reason)
+	return fmt.Errorf("member.remove: %w", &fence.StaleError{Reason: reason})
 }
 
 // quorumGuard refuses to remove the last voter, or a voter whose removal

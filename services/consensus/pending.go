@@ -105,7 +105,8 @@ func (p *pendingChange) String() string {
 // deadline is how long the recorder may make the member call.
 func (p *pendingChange) deadline() time.Duration { return p.GetDeadline().AsDuration() }
 
-// applied says whether etcd membership shows the change done.
+// applied says whether etcd membership shows the change done. An add
+// found done learns its member id (the outcome names it).
 func (p *pendingChange) applied(members []*etcdMember) bool {
 	var m *etcdMember
 	for _, mem := range members {
@@ -115,6 +116,9 @@ func (p *pendingChange) applied(members []*etcdMember) bool {
 	}
 	switch p.GetOperation() {
 	case consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_ADD:
+		if m != nil {
+			p.MemberId = m.ID
+		}
 		return m != nil
 	case consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_PROMOTE:
 		return m != nil && !m.IsLearner

@@ -8,6 +8,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/failpoint"
 	"curia.dev/services/reconciler/plan"
 )
 
@@ -35,7 +36,11 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list etcd members: %w", err)
 	}
-	nodes, err := r.readNodes(ctx, members.GetRevision())
+	minRev := members.GetRevision()
+	if failpoint.Mutated(failpoint.NoSnapshotFreshness) {
+		minRev = 0
+	}
+	nodes, err := r.readNodes(ctx, minRev)
 	if err != nil {
 		return nil, fmt.Errorf("read nodes: %w", err)
 	}
@@ -52,6 +57,9 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 		}
 	}
 	for _, n := range nodes {
+		if n.GetUnreadable() != "" && failpoint.Mutated(failpoint.NoSnapshotFreshness) {
+			continue // the mutation: an unreadable record looks deleted
+		}
 		o.Nodes = append(o.Nodes, plan.Node{
 			ID: n.GetId(), Revision: n.GetRevision(),
 			ConsensusMember:      n.GetRoles().GetConsensusMember() != nil,

@@ -39,6 +39,7 @@ import (
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
+	"curia.dev/platform/failpoint"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
@@ -179,6 +180,9 @@ func New(cfg Config, log *slog.Logger) (*Reconciler, error) {
 		return nil, fmt.Errorf("certificate %s is for %s, not the reconciler", cfg.TLS.Cert, creds.Principal)
 	}
 	holder := cfg.Name + "/" + incarnation()
+	if failpoint.Mutated(failpoint.NoIncarnation) {
+		holder = cfg.Name
+	}
 	log = log.With("component", "reconciler", "replica", cfg.Name, "holder", holder)
 	cur, err := rpc.DialAny(cfg.Curator, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindCurator}})
 	if err != nil {

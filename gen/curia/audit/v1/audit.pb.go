@@ -94,7 +94,8 @@ type Event struct {
 	Action string `protobuf:"bytes,4,opt,name=action,proto3" json:"action,omitempty"`
 	// The node concerned.
 	NodeId string `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	// The etcd member concerned, 0 when not known yet.
+	// The etcd member concerned, 0 when not known yet (an add's intent; its
+	// outcome names the new member).
 	MemberId uint64 `protobuf:"varint,6,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
 	// The fence conditions, rendered as "key@revision".
 	Fence []string `protobuf:"bytes,7,rep,name=fence,proto3" json:"fence,omitempty"`

@@ -1,0 +1,15 @@
+package failpoint
+
+// The mechanisms Mutated can switch off.
+const (
+	// NoPending: membership changes skip the cluster-wide pending record.
+	NoPending = "no-pending"
+	// NoSnapshotFreshness: the reconciler plans from any node snapshot
+	// (no min_revision), and the watch hub leaves unreadable records out.
+	NoSnapshotFreshness = "no-snapshot-freshness"
+	// NoAbsenceProof: the reconciler removes members "for want of a node"
+	// without the proof of absence.
+	NoAbsenceProof = "no-absence-proof"
+	// NoIncarnation: a reconciler asks for the lease under its bare name.
+	NoIncarnation = "no-incarnation"
+)
