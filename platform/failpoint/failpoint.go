@@ -73,4 +73,3 @@ func Crash(name string) {
 func Mutated(mechanism string) bool {
 	return slices.Contains(strings.Split(os.Getenv("CURIA_MUTATIONS"), ","), mechanism)
 }
-
