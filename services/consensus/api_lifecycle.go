@@ -64,6 +64,17 @@ func (x *server) start(ctx context.Context, req *consensusv1.StartRequest) (*con
 	if err := m.writeCRL(j.GetCrl()); err != nil {
 		return nil, err
 	}
+	// Remembered before etcd writes anything: if the member is removed
+	// while it starts, etcd stops with data on disk and no member id of its
+	// own to report, and Leave must still be able to ask the voters whether
+	// this member is gone.
+	var voters []string
+	for _, v := range j.GetVoters() {
+		voters = append(voters, v.GetClientUrls()...)
+	}
+	if err := m.rememberJoin(j.GetMemberId(), voters); err != nil {
+		return nil, err
+	}
 	if err := m.start(sctx, modeJoin, initial); err != nil {
 		return nil, err
 	}

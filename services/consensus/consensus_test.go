@@ -489,3 +489,57 @@ func TestWatchMembership(t *testing.T) {
 		t.Fatalf("after AddNode the stream says %d then %d, AddNode %d (before: %d)", started.MembershipEpoch, finished.MembershipEpoch, added.MembershipEpoch, first.MembershipEpoch)
 	}
 }
+
+// TestLeaveAfterRemovedWhileJoining: a learner removed while its etcd
+// starts stops with data on disk before it ever reported its member id.
+// Leave must still confirm, through the voters the join named, that the
+// member is gone and wipe it, so that the node can join again. (The fault
+// suite found a node stuck here for good: "knows no other voter to confirm
+// that member 0 is gone".)
+func TestLeaveAfterRemovedWhileJoining(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	nodes, leader := c.Voters(1)
+	n2 := c.NewNode()
+
+	var added *consensusv1.AddNodeResponse
+	if err := ct.RetryUnavailable(t, func() (err error) {
+		added, err = nodes[0].Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: n2.ID, PeerUrl: n2.PeerURL, Fence: nodes[0].Fenced(leader.Fence)})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	release := n2.Proc.Hold("before-ready")
+	started := make(chan error, 1)
+	go func() {
+		_, err := n2.Self().Start(ctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: added.Join}})
+		started <- err
+	}()
+	n2.Proc.Reached("before-ready")
+	if err := ct.RetryUnavailable(t, func() error {
+		_, err := nodes[0].Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: added.Join.MemberId}, Fence: nodes[0].Fenced(leader.Fence)})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// etcd learns that its member is gone and stops.
+	ct.Eventually(t, 30*time.Second, func() error {
+		switch st := n2.Status(); st.State {
+		case consensusv1.LifecycleState_LIFECYCLE_STATE_STARTING, consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING:
+			return fmt.Errorf("state %v (%s)", st.State, st.StateReason)
+		}
+		return nil
+	})
+	release()
+	if err := <-started; err == nil {
+		t.Fatal("the start of a removed member succeeded")
+	}
+	if _, err := n2.Self().Leave(ctx, &consensusv1.LeaveRequest{}); err != nil {
+		t.Fatalf("Leave after the member was removed while joining: %v", err)
+	}
+	id := c.Join(nodes[0], n2, leader.Fence)
+	c.Promote(nodes[0], id, leader.Fence)
+	if got := len(nodes[0].Members().Members); got != 2 {
+		t.Fatalf("rejoin: %d members", got)
+	}
+}

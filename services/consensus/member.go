@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/failpoint"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
@@ -170,6 +171,7 @@ func (m *member) start(ctx context.Context, mode startMode, initialCluster strin
 // finishStart waits until etcd serves, then opens the cluster client and
 // marks the member running.
 func (m *member) finishStart(e *embed.Etcd, done chan struct{}, mode startMode, begun time.Time) error {
+	failpoint.Hold("before-ready")
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-done:
@@ -472,6 +474,15 @@ func (m *member) dial(endpoints []string) (*clientv3.Client, error) {
 		return nil, fmt.Errorf("etcd client for %v: %w", endpoints, err)
 	}
 	return cli, nil
+}
+
+// rememberJoin keeps the member id a join starts as, and the voters it
+// joins through, for Leave.
+func (m *member) rememberJoin(id uint64, voters []string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.kept = persisted{MemberID: id, Endpoints: slices.Sorted(slices.Values(voters))}
+	return m.save()
 }
 
 // rememberEndpoints keeps the voters' client URLs for Leave.
