@@ -2,7 +2,9 @@ package consensus_test
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
+	"math/big"
 	"strings"
 	"sync"
 	"testing"
@@ -542,4 +544,32 @@ func TestLeaveAfterRemovedWhileJoining(t *testing.T) {
 	if got := len(nodes[0].Members().Members); got != 2 {
 		t.Fatalf("rejoin: %d members", got)
 	}
+}
+
+// TestJoinWithCRL: a learner whose join parameters carry a CRL that
+// revokes somebody else's certificate catches up and is promoted: etcd's
+// ports read the CRL file as DER, and refused every peer with "malformed
+// crl" while curia wrote it as PEM (found by the fault suite, whose
+// deleted nodes fill the CRL).
+func TestJoinWithCRL(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	nodes, leader := c.Voters(1)
+	crl, err := c.PKI.CA.CRL([]x509.RevocationListEntry{{SerialNumber: big.NewInt(4242), RevocationTime: time.Now()}}, big.NewInt(1), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n2 := c.NewNode()
+	var added *consensusv1.AddNodeResponse
+	if err := ct.RetryUnavailable(t, func() (err error) {
+		added, err = nodes[0].Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: n2.ID, PeerUrl: n2.PeerURL, Fence: nodes[0].Fenced(leader.Fence)})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	added.Join.Crl = crl
+	if _, err := n2.Self().Start(ctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: added.Join}}); err != nil {
+		t.Fatalf("start with a CRL: %v", err)
+	}
+	c.Promote(nodes[0], added.Join.MemberId, leader.Fence)
 }

@@ -39,7 +39,7 @@ import (
 //
 //	<data-dir>/etcd/         etcd's own data (wal, snap); exists iff this node has a member
 //	<data-dir>/state.json    what we know about that member (id, voters' client URLs)
-//	<data-dir>/crl.pem       the CRL from the join parameters, enforced on etcd's ports
+//	<data-dir>/crl.der       the CRL from the join parameters (DER, as etcd reads it), enforced on etcd's ports
 type member struct {
 	cfg   Config
 	creds *rpc.Credentials
@@ -98,7 +98,7 @@ func newMember(cfg Config, creds *rpc.Credentials, log *slog.Logger) (*member, e
 
 func (m *member) etcdDir() string   { return filepath.Join(m.cfg.DataDir, "etcd") }
 func (m *member) statePath() string { return filepath.Join(m.cfg.DataDir, "state.json") }
-func (m *member) crlPath() string   { return filepath.Join(m.cfg.DataDir, "crl.pem") }
+func (m *member) crlPath() string   { return filepath.Join(m.cfg.DataDir, "crl.der") }
 
 // hasData reports whether this node holds an etcd member on disk.
 func (m *member) hasData() bool {
@@ -505,12 +505,18 @@ func (m *member) rememberEndpoints(members []*etcdMember) {
 	}
 }
 
-// writeCRL stores the CRL from join parameters for etcd's ports.
-func (m *member) writeCRL(crl []byte) error {
-	if len(bytes.TrimSpace(crl)) == 0 {
+// writeCRL stores the CRL from join parameters (PEM) for etcd's ports, as
+// DER: etcd reads the file with x509.ParseRevocationList, and rejects every
+// peer and client connection with "malformed crl" when it is PEM.
+func (m *member) writeCRL(crlPEM []byte) error {
+	if len(bytes.TrimSpace(crlPEM)) == 0 {
 		return nil
 	}
-	return os.WriteFile(m.crlPath(), crl, 0o600)
+	crl, err := pki.ParseCRL(crlPEM)
+	if err != nil {
+		return fmt.Errorf("%w: the join parameters' CRL: %v", errBadRequest, err)
+	}
+	return pki.WriteFileAtomic(m.crlPath(), crl.Raw, 0o600)
 }
 
 // ensureEpoch creates the membership epoch key if it is missing (a new
