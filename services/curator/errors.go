@@ -21,6 +21,10 @@ var (
 	errDenied      = errors.New("permission denied")
 	errUnavailable = errors.New("unavailable")
 	errStale       = errors.New("stale")
+	// errCorrupt: a stored record does not decode. Not Internal: nothing in
+	// the server failed; the data did (DataLoss), and the message names the
+	// key.
+	errCorrupt = errors.New("corrupt record")
 )
 
 func toStatus(err error) error {
@@ -46,6 +50,8 @@ func toStatus(err error) error {
 		return status.Error(codes.FailedPrecondition, msg)
 	case errors.Is(err, errDenied):
 		return status.Error(codes.PermissionDenied, msg)
+	case errors.Is(err, errCorrupt):
+		return status.Error(codes.DataLoss, msg)
 	case errors.Is(err, errStale), errors.Is(err, fence.ErrStale), errors.Is(err, errConflict):
 		return status.Error(codes.Aborted, msg)
 	}

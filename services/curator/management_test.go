@@ -330,3 +330,19 @@ func TestWatchAuditLog(t *testing.T) {
 	}
 	wantCode(t, err, codes.InvalidArgument, "backlog")
 }
+
+// TestCorruptRecord: a node record that does not decode is DataLoss,
+// naming the node and what to do, for a listing and for a write: never
+// Internal, never left out.
+func TestCorruptRecord(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := ctxT(t)
+	m := c.Management()
+	a := mgmtRegister(t, c, nil)
+	if _, err := c.Etcd(c.Voters[0].ClientURL).Put(ctx, keys.Node(a.ID), "\xff\xfe not a node record"); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, mgmtFilterErr(m, `node.id == "`+a.ID+`"`), codes.DataLoss, "does not decode")
+	_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesWorker: new(true), Reason: "test"})
+	wantCode(t, err, codes.DataLoss, "DeleteNode")
+}

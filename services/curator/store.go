@@ -35,7 +35,7 @@ func (s *Service) getNode(ctx context.Context, id string) (*curatorv1.Node, erro
 func decodeNode(b []byte, rev int64) (*curatorv1.Node, error) {
 	n := &curatorv1.Node{}
 	if err := proto.Unmarshal(b, n); err != nil {
-		return nil, fmt.Errorf("decode node record: %w", err)
+		return nil, fmt.Errorf("%w: the node record does not decode (%v): restore it, or delete it with DeleteNode's safety bypasses", errCorrupt, err)
 	}
 	n.Revision = rev
 	return n, nil
