@@ -2,7 +2,8 @@ package failpoint
 
 // The mechanisms Mutated can switch off.
 const (
-	// NoPending: membership changes skip the cluster-wide pending record.
+	// NoPending: membership changes write no cluster-wide pending record
+	// (so no caller sees one) and commit without checking for one.
 	NoPending = "no-pending"
 	// NoSnapshotFreshness: the reconciler plans from any node snapshot
 	// (no min_revision), and the watch hub leaves unreadable records out.

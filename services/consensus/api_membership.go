@@ -140,7 +140,11 @@ func (c *change) commit(ctx context.Context, nodeID string, memberID uint64, pee
 	if err != nil {
 		return nil, fmt.Errorf("encode pending change: %w", err)
 	}
-	ops = append(ops, clientv3.OpPut(keys.MembershipPending, string(val)), fence.BumpEpoch(recorder), audit.Put(&auditv1.Event{
+	noPending := failpoint.Mutated(failpoint.NoPending)
+	if !noPending {
+		ops = append(ops, clientv3.OpPut(keys.MembershipPending, string(val)))
+	}
+	ops = append(ops, fence.BumpEpoch(recorder), audit.Put(&auditv1.Event{
 		Actor:      c.actor.String(),
 		RecordedBy: recorder,
 		Action:     c.action,
@@ -150,7 +154,7 @@ func (c *change) commit(ctx context.Context, nodeID string, memberID uint64, pee
 		Reason:     reason,
 		ChangeId:   p.Id,
 	}))
-	if !failpoint.Mutated(failpoint.NoPending) {
+	if !noPending {
 		extra = append(extra, clientv3.Compare(clientv3.CreateRevision(keys.MembershipPending), "=", 0))
 	}
 	resp, err := fence.Apply(ctx, c.cli, c.fence, extra, ops...)
@@ -158,6 +162,10 @@ func (c *change) commit(ctx context.Context, nodeID string, memberID uint64, pee
 		return nil, fmt.Errorf("%s: %w", c.action, c.whyNotCommitted(ctx, err))
 	}
 	s.log.Info("membership change started", "change", p.Id, "action", c.action, "node", nodeID, "member", types.ID(memberID).String(), "actor", c.actor.String(), "fence", c.fence.String(), "reason", reason)
+	if noPending {
+		// No record: the finish's guard expects none.
+		return &pendingChange{PendingChange: p}, nil
+	}
 	return &pendingChange{PendingChange: p, createRev: resp.Header.Revision}, nil
 }
 
@@ -471,6 +479,9 @@ func (x *server) remove(ctx context.Context, req *consensusv1.RemoveMemberReques
 	}
 	// Not necessarily a node id: a member added outside curia is named by
 	// its peer URL's host. It must name the member (checked below).
+	if len(req.GetReason()) > 1024 {
+		return nil, fmt.Errorf("%w: reason is %d bytes, at most 1024", errBadRequest, len(req.GetReason()))
+	}
 	absent := req.GetAbsentNodeId()
 	if strings.Contains(absent, "/") {
 		return nil, fmt.Errorf("%w: absent_node_id %q: a node id has no '/'", errBadRequest, absent)
@@ -494,6 +505,9 @@ func (x *server) remove(ctx context.Context, req *consensusv1.RemoveMemberReques
 	node := c.snap.nodeID(m)
 	var extra []clientv3.Cmp
 	reason := "remove member"
+	if why := req.GetReason(); why != "" {
+		reason += ": " + why
+	}
 	if absent != "" {
 		if node != absent {
 			return nil, fmt.Errorf("%w: absent_node_id %s: member %s is node %q's, not that node's", errBadRequest, absent, types.ID(m.ID), node)
@@ -501,7 +515,7 @@ func (x *server) remove(ctx context.Context, req *consensusv1.RemoveMemberReques
 		// The proof of absence, checked in the fenced transaction: a stale
 		// view of the registry never removes a live member.
 		extra = append(extra, clientv3.Compare(clientv3.CreateRevision(keys.Node(absent)), "=", 0))
-		reason = "remove member: its node " + absent + " does not exist"
+		reason += " (proven: node " + absent + " does not exist)"
 	}
 	var transferee *etcdMember
 	isLeader := false

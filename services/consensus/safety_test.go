@@ -7,6 +7,7 @@ package consensus_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -206,6 +207,7 @@ func TestProofOfAbsence(t *testing.T) {
 			Target:       &consensusv1.RemoveMemberRequest_MemberId{MemberId: added.Join.MemberId},
 			Fence:        n1.Fenced(lease),
 			AbsentNodeId: absent,
+			Reason:       "reconciler: its node is gone",
 		})
 		return err
 	}
@@ -229,6 +231,17 @@ func TestProofOfAbsence(t *testing.T) {
 	}
 	if memberIDs(n1.Members())[node] {
 		t.Fatal("the member of a deleted node stayed")
+	}
+	// The audit log says why, in the caller's words and with the proof.
+	want := "remove member: reconciler: its node is gone (proven: node " + node + " does not exist)"
+	var reasons []string
+	for _, ev := range auditLog(t, cli) {
+		if ev.Action == "member.remove" && ev.Outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
+			reasons = append(reasons, ev.Reason)
+		}
+	}
+	if !slices.Contains(reasons, want) {
+		t.Fatalf("removal intents say %q, want %q among them", reasons, want)
 	}
 }
 

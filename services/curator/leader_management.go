@@ -126,7 +126,7 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 		failpoint.Crash("after-add-node")
 	case !wantCM && isMember:
 		err = s.consensus.do(ctx, "remove "+n.Id+" from etcd", func(c consensusv1.ConsensusClient) error {
-			resp, err := c.RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: n.Id}, Fence: fenced})
+			resp, err := c.RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: n.Id}, Fence: fenced, Reason: truncate("UpdateNodeRoles consensus_member=false: "+req.GetReason(), 1024)})
 			epoch = resp.GetMembershipEpoch()
 			return err
 		})
@@ -443,4 +443,12 @@ func (x *curatorServer) GetCurrentLeader(_ *curatorv1.GetCurrentLeaderRequest, s
 		case <-changed:
 		}
 	}
+}
+
+// truncate cuts s to at most n bytes, on a character boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "")
 }

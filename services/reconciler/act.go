@@ -72,7 +72,7 @@ func (r *Reconciler) act(ctx context.Context, s *snapshot, a plan.Action, f *con
 	reason := "reconciler: " + a.Reason
 	switch a.Kind {
 	case plan.RemoveMember:
-		req := &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: a.MemberID}, Fence: f}
+		req := &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: a.MemberID}, Fence: f, Reason: reason}
 		if a.NodeAbsent && !failpoint.Mutated(failpoint.NoAbsenceProof) {
 			// The proof: consensus removes the member only if the node
 			// does not exist, checked in its fenced transaction.

@@ -1312,7 +1312,10 @@ type RemoveMemberRequest struct {
 	// (the reconciler's rule "member without a node"): the member must be
 	// this node's, and the fenced transaction proves that nodes/<id> does
 	// not exist, so a stale view of the registry never removes a live member.
-	AbsentNodeId  string `protobuf:"bytes,4,opt,name=absent_node_id,json=absentNodeId,proto3" json:"absent_node_id,omitempty"`
+	AbsentNodeId string `protobuf:"bytes,4,opt,name=absent_node_id,json=absentNodeId,proto3" json:"absent_node_id,omitempty"`
+	// Why, in words, for the audit log (e.g. the reconciler's plan reason or
+	// the operator's reason for the role change). At most 1024 bytes.
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1382,6 +1385,13 @@ func (x *RemoveMemberRequest) GetFence() *Fence {
 func (x *RemoveMemberRequest) GetAbsentNodeId() string {
 	if x != nil {
 		return x.AbsentNodeId
+	}
+	return ""
+}
+
+func (x *RemoveMemberRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
 	}
 	return ""
 }
@@ -1829,12 +1839,13 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\x05fence\x18\x02 \x01(\v2\x19.curia.consensus.v1.FenceR\x05fence\"g\n" +
 	"\x15PromoteMemberResponse\x12#\n" +
 	"\ralready_voter\x18\x01 \x01(\bR\falreadyVoter\x12)\n" +
-	"\x10membership_epoch\x18\x02 \x01(\x03R\x0fmembershipEpoch\"\xb0\x01\n" +
+	"\x10membership_epoch\x18\x02 \x01(\x03R\x0fmembershipEpoch\"\xc8\x01\n" +
 	"\x13RemoveMemberRequest\x12\x1d\n" +
 	"\tmember_id\x18\x01 \x01(\x04H\x00R\bmemberId\x12\x19\n" +
 	"\anode_id\x18\x02 \x01(\tH\x00R\x06nodeId\x12/\n" +
 	"\x05fence\x18\x03 \x01(\v2\x19.curia.consensus.v1.FenceR\x05fence\x12$\n" +
-	"\x0eabsent_node_id\x18\x04 \x01(\tR\fabsentNodeIdB\b\n" +
+	"\x0eabsent_node_id\x18\x04 \x01(\tR\fabsentNodeId\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reasonB\b\n" +
 	"\x06target\"\xb0\x01\n" +
 	"\x14RemoveMemberResponse\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\x04R\bmemberId\x12%\n" +
