@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -58,6 +59,13 @@ type Config struct {
 	// Out receives the operator-facing messages.
 	Out io.Writer
 	Log *slog.Logger
+	// Wrap, when set, prefixes the command line of each process with what
+	// it returns for the process's host (e.g. "ip netns exec <ns>", to run
+	// every host in its own network namespace).
+	Wrap func(host string) []string
+	// ExtraArgs are further flags for every process of a binary
+	// ("consensus", "curator", "reconciler", "roleserve").
+	ExtraArgs map[string][]string
 }
 
 // Node is one node of the cluster.
@@ -285,8 +293,13 @@ type proc struct {
 	exited  chan struct{}
 }
 
-func (c *Cluster) start(ctx context.Context, name, bin string, args ...string) *proc {
-	p := &proc{name: name, args: append([]string{filepath.Join(c.cfg.Bin, bin)}, args...), log: c.path("logs", name+".log"), pid: c.path("run", name+".pid")}
+func (c *Cluster) start(ctx context.Context, name, host, bin string, args ...string) *proc {
+	argv := append([]string{filepath.Join(c.cfg.Bin, bin)}, args...)
+	argv = append(argv, c.cfg.ExtraArgs[bin]...)
+	if c.cfg.Wrap != nil {
+		argv = append(c.cfg.Wrap(host), argv...)
+	}
+	p := &proc{name: name, args: argv, log: c.path("logs", name+".log"), pid: c.path("run", name+".pid")}
 	c.procs = append(c.procs, p)
 	go p.supervise(ctx, c.cfg.Log)
 	return p
@@ -339,6 +352,47 @@ func (p *proc) supervise(ctx context.Context, log *slog.Logger) {
 		}
 		backoff = min(2*backoff, 30*time.Second)
 	}
+}
+
+// Processes are the names of the supervised processes, in start order.
+func (c *Cluster) Processes() []string {
+	var out []string
+	for _, p := range c.procs {
+		out = append(out, p.name)
+	}
+	return out
+}
+
+// PID is the process id of the named process while it runs, else 0.
+func (c *Cluster) PID(name string) int {
+	for _, p := range c.procs {
+		if p.name != name {
+			continue
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.cmd == nil || p.cmd.Process == nil {
+			return 0
+		}
+		select {
+		case <-p.exited:
+			return 0
+		default:
+			return p.cmd.Process.Pid
+		}
+	}
+	return 0
+}
+
+// Argv is the named process's command line (with the Wrap prefix), nil
+// for an unknown name.
+func (c *Cluster) Argv(name string) []string {
+	for _, p := range c.procs {
+		if p.name == name {
+			return slices.Clone(p.args)
+		}
+	}
+	return nil
 }
 
 // stop sends SIGTERM and waits (SIGKILL after the grace period).

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -75,7 +76,10 @@ func (c *Cluster) startAll(ctx context.Context) {
 	file := func(name string) string { return filepath.Join(pkiDir, name) }
 	// Curators and reconcilers reach etcd and the consensus services of
 	// the control-plane nodes (the curator learns further ones from node
-	// status).
+	// status). Each replica starts its list at another node, so that the
+	// replicas' membership calls reach different consensus processes and
+	// only the cluster-wide pending change serialises them, as on real
+	// machines.
 	var etcd, consensus []string
 	for _, n := range c.Nodes {
 		if !n.Worker {
@@ -86,7 +90,7 @@ func (c *Cluster) startAll(ctx context.Context) {
 	common := func(string) []string { return []string{"--cluster", c.cfg.Cluster, "--log-level", "info"} }
 	for _, n := range c.Nodes {
 		base := pki.FileBase(pki.Principal{Kind: pki.KindConsensus, Name: n.ID})
-		c.start(ctx, n.Name+"-consensus", "consensus", append(common(n.Name),
+		c.start(ctx, n.Name+"-consensus", n.Host, "consensus", append(common(n.Name),
 			"--data-dir", c.path("data", n.Name, "consensus"),
 			"--ca", file(pki.CACertFile), "--cert", file(pki.CertFile(base)), "--key", file(pki.KeyFile(base)),
 			"--listen", n.ConsensusAPI(),
@@ -95,11 +99,11 @@ func (c *Cluster) startAll(ctx context.Context) {
 	}
 	for i, addr := range c.Curators {
 		name := fmt.Sprintf("curator-%d", i+1)
-		c.start(ctx, name, "curator", append(common(name),
+		c.start(ctx, name, hostOf(addr), "curator", append(common(name),
 			"--name", name,
 			"--ca", file(pki.CACertFile), "--cert", file("curator.crt"), "--key", file("curator.key"), "--ca-key", file(pki.CAKeyFile),
 			"--listen", addr, "--listen-http", httpAddr(addr),
-			"--etcd", strings.Join(etcd, ","), "--consensus", strings.Join(consensus, ","))...)
+			"--etcd", strings.Join(etcd, ","), "--consensus", strings.Join(rotate(consensus, i), ","))...)
 	}
 	for i, n := range c.Nodes {
 		args := append(common(n.Name),
@@ -115,16 +119,25 @@ func (c *Cluster) startAll(ctx context.Context) {
 		} else {
 			args = append(args, "--register-ticket-file", c.path("ticket"))
 		}
-		c.start(ctx, n.Name+"-roleserve", "roleserve", args...)
+		c.start(ctx, n.Name+"-roleserve", n.Host, "roleserve", args...)
 	}
 	for i, addr := range c.Reconcilers {
 		name := fmt.Sprintf("reconciler-%d", i+1)
-		c.start(ctx, name, "reconciler", append(common(name),
+		c.start(ctx, name, hostOf(addr), "reconciler", append(common(name),
 			"--name", name,
 			"--ca", file(pki.CACertFile), "--cert", file("reconciler.crt"), "--key", file("reconciler.key"),
 			"--listen", addr,
-			"--curator", strings.Join(c.Curators, ","), "--consensus", strings.Join(consensus, ","))...)
+			"--curator", strings.Join(c.Curators, ","), "--consensus", strings.Join(rotate(consensus, i+1), ","))...)
 	}
+}
+
+// rotate returns addrs starting at the i-th (modulo its length).
+func rotate(addrs []string, i int) []string {
+	if len(addrs) == 0 {
+		return nil
+	}
+	i %= len(addrs)
+	return append(slices.Clone(addrs[i:]), addrs[:i]...)
 }
 
 // AdminConn connects to the curators as the admin.
@@ -286,6 +299,11 @@ func getNodes(ctx context.Context, m curatorv1.ManagementClient) (map[string]*cu
 			out[n.Id] = n
 		}
 	}
+}
+
+func hostOf(addr string) string {
+	host, _, _ := net.SplitHostPort(addr)
+	return host
 }
 
 // httpAddr is where a curator serves the admin API over Connect: its gRPC
