@@ -19,7 +19,7 @@ GRPCURL     := $(TOOLS)/grpcurl
 export PATH := $(TOOLS):$(PATH)
 
 # Go modules of the workspace (go.work); `go ... work` means all of them.
-MODULES := gen platform services/consensus services/curator services/reconciler services/roleserve deploy/local
+MODULES := gen platform services/consensus services/curator services/reconciler services/roleserve deploy/local deploy/faults
 # Binaries that `make build` produces, static, for FROM scratch images.
 CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator services/reconciler/cmd/reconciler services/roleserve/cmd/roleserve platform/cmd/curia-pki platform/cmd/curia-probe deploy/local/cmd/curia-local
 BIN     := $(CURDIR)/bin
@@ -79,6 +79,16 @@ bench: ## Go benchmarks (bootstrap-to-ready, join-to-voter, ...)
 DOCKER := $(shell docker info >/dev/null 2>&1 && echo yes)
 test-e2e: build $(GRPCURL) $(if $(DOCKER),images) ## end-to-end tests: the process cluster (and every grpcurl command in the README), and the compose cluster when Docker runs
 	go test -tags e2e -count=1 -timeout 20m -v ./deploy/local/
+
+.PHONY: test-faults
+# FAULT_SEED (a number or random), FAULT_DURATION (default 3m) and
+# FAULT_NEMESES (comma-separated kinds) for longer runs by hand.
+test-faults: ## the fault suite: a cluster in network namespaces under kill, pause, partitions and membership faults (root)
+	go test -tags faults -count=1 -timeout 90m -v -run 'TestFaults$$' ./deploy/faults/
+
+.PHONY: test-faults-mutations
+test-faults-mutations: ## show the fault suite fails when a safety mechanism is switched off (root)
+	go test -tags faults -count=1 -timeout 60m -v -run 'TestMutationsCaught' ./deploy/faults/
 
 .PHONY: build
 build: ## static binaries into bin/

@@ -1,0 +1,343 @@
+package faults
+
+// The nemeses: faults injected at random times chosen from the seed, each
+// healed before the next one and all of them before the run ends.
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	mrand "math/rand/v2"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"curia.dev/platform/keys"
+)
+
+// The nemesis kinds (FAULT_NEMESES selects among them).
+const (
+	NemKill              = "kill"                // kill -9 a process; its supervisor restarts it
+	NemPause             = "pause"               // SIGSTOP a process past every TTL and lease, then SIGCONT
+	NemIsolateNode       = "isolate-node"        // cut one node off from every other host
+	NemIsolateEtcdLeader = "isolate-etcd-leader" // the same, for the etcd leader's node
+	NemCuratorFromEtcd   = "curator-from-etcd"   // cut the curator leader off from every node
+	NemReconcilerFromCur = "reconciler-from-curators"
+	NemOrphanLearner     = "orphan-learner"     // a learner of no node, added straight in etcd
+	NemNodeGoneAndBack   = "node-gone-and-back" // a member's node record deleted straight in etcd, put back a moment later
+	NemCorruptNode       = "corrupt-node"       // a member's node record overwritten with garbage for a while
+	NemCrashAfterChange  = "crash-after-change" // the curator crashes between a membership call and its role write
+	NemTwin              = "twin"               // the active reconciler paused and a twin started under its name
+)
+
+// AllNemeses lists every kind.
+var AllNemeses = []string{NemKill, NemPause, NemIsolateNode, NemIsolateEtcdLeader, NemCuratorFromEtcd, NemReconcilerFromCur,
+	NemOrphanLearner, NemNodeGoneAndBack, NemCorruptNode, NemCrashAfterChange, NemTwin}
+
+// fault is one injected fault.
+type fault struct {
+	Kind   string    `json:"kind"`
+	Target string    `json:"target"`
+	Began  time.Time `json:"began"`
+	Healed time.Time `json:"healed"`
+	// down are the hosts the fault stops or cuts off from the others,
+	// while it is in force (the quorum check's excuse).
+	down []string
+	heal func() error
+	// takeover says what to time after the fault: a curator failover or a
+	// reconciler takeover ("" if none).
+	takeover string
+}
+
+// nemesis injects faults into the cluster.
+type nemesis struct {
+	c     *cluster
+	rng   *mrand.Rand
+	kinds []string
+	// hold is how long a fault stays; pause outlasts every TTL and lease.
+	hold, pause time.Duration
+
+	mu     sync.Mutex
+	faults []*fault
+	// injected are etcd members added or removed behind curia's back.
+	injected map[uint64]string
+}
+
+func newNemesis(c *cluster, rng *mrand.Rand, kinds []string) *nemesis {
+	return &nemesis{c: c, rng: rng, kinds: kinds, hold: 8 * time.Second, pause: 15 * time.Second, injected: map[uint64]string{}}
+}
+
+// downHosts are the hosts faults in force at t stop or cut off, and
+// whether some fault was healed less than settle ago (elections and
+// restarts still going on).
+func (n *nemesis) downHosts(t time.Time, settle time.Duration) ([]string, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []string
+	recent := false
+	for _, f := range n.faults {
+		if !t.Before(f.Began) && (f.Healed.IsZero() || t.Before(f.Healed)) {
+			out = append(out, f.down...)
+		}
+		if !f.Healed.IsZero() && t.After(f.Healed) && t.Sub(f.Healed) < settle {
+			recent = true
+		}
+	}
+	return out, recent
+}
+
+func (n *nemesis) record(f *fault) {
+	n.mu.Lock()
+	n.faults = append(n.faults, f)
+	n.mu.Unlock()
+}
+
+func (n *nemesis) healed(f *fault) {
+	n.mu.Lock()
+	f.Healed = time.Now()
+	n.mu.Unlock()
+}
+
+// Faults returns the faults injected so far.
+func (n *nemesis) Faults() []fault {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]fault, len(n.faults))
+	for i, f := range n.faults {
+		out[i] = *f
+	}
+	return out
+}
+
+// run injects one fault after another until ctx ends: a quiet spell
+// (1–4 s), a fault (onInject), its hold, its heal, and then onHeal, which
+// returns when the cluster got over it (or gave up waiting).
+func (n *nemesis) run(ctx context.Context, onInject, onHeal func(*fault)) {
+	var deck []string
+	for ctx.Err() == nil {
+		sleep(ctx, time.Second+time.Duration(n.rng.Int64N(int64(3*time.Second))))
+		if ctx.Err() != nil {
+			return
+		}
+		// Every kind once, in an order from the seed, then again: a short
+		// run still sees each kind.
+		if len(deck) == 0 {
+			deck = slices.Clone(n.kinds)
+			n.rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+		}
+		kind := deck[0]
+		deck = deck[1:]
+		f, err := n.inject(ctx, kind)
+		if err != nil {
+			n.c.logf("nemesis %s: not injected: %v", kind, err)
+			continue
+		}
+		n.record(f)
+		n.c.logf("nemesis %s on %s", f.Kind, f.Target)
+		onInject(f)
+		hold := n.hold
+		if kind == NemPause || kind == NemTwin {
+			hold = n.pause
+		}
+		sleep(ctx, hold/2+time.Duration(n.rng.Int64N(int64(hold))))
+		if f.heal != nil {
+			if err := f.heal(); err != nil {
+				n.c.logf("nemesis %s: heal: %v", kind, err)
+			}
+		}
+		n.healed(f)
+		n.c.logf("nemesis %s on %s healed", f.Kind, f.Target)
+		onHeal(f)
+	}
+}
+
+// isHealed says whether f was healed.
+func (n *nemesis) isHealed(f *fault) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return !f.Healed.IsZero()
+}
+
+// injectedMembers are the etcd members the nemeses added behind curia's
+// back.
+func (n *nemesis) injectedMembers() map[uint64]string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return maps.Clone(n.injected)
+}
+
+// inject starts one fault of kind.
+func (n *nemesis) inject(ctx context.Context, kind string) (*fault, error) {
+	c := n.c
+	f := &fault{Kind: kind, Began: time.Now()}
+	switch kind {
+	case NemKill, NemPause:
+		procs := c.processes()
+		proc := procs[n.rng.IntN(len(procs))]
+		pid := c.pid(proc)
+		if pid == 0 {
+			return nil, fmt.Errorf("%s is not running", proc)
+		}
+		f.Target, f.takeover = proc, c.takeoverKind(ctx, proc)
+		if c.isConsensus(proc) {
+			f.down = []string{c.hostOf(proc)}
+		}
+		if kind == NemKill {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				return nil, err
+			}
+			// Down until its supervisor restarted it and etcd caught up.
+			f.heal = func() error { return nil }
+			return f, nil
+		}
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			return nil, err
+		}
+		f.heal = func() error { return syscall.Kill(pid, syscall.SIGCONT) }
+		return f, nil
+	case NemIsolateNode, NemIsolateEtcdLeader:
+		host := c.nodes()[n.rng.IntN(len(c.nodes()))]
+		if kind == NemIsolateEtcdLeader {
+			h, err := c.etcdLeaderHost(ctx)
+			if err != nil {
+				return nil, err
+			}
+			host = h
+		}
+		f.Target, f.down = host, []string{host}
+		if err := c.net.Isolate(host); err != nil {
+			return nil, err
+		}
+		f.heal = func() error { return c.net.HealAll() }
+		return f, nil
+	case NemCuratorFromEtcd:
+		leader, err := c.curatorLeader(ctx)
+		if err != nil {
+			return nil, err
+		}
+		f.Target, f.takeover = leader, "curator"
+		for _, node := range c.nodes() {
+			if err := c.net.Partition(leader, node); err != nil {
+				return nil, err
+			}
+		}
+		f.heal = func() error { return c.net.HealAll() }
+		return f, nil
+	case NemReconcilerFromCur:
+		active, err := c.activeReconciler(ctx)
+		if err != nil {
+			return nil, err
+		}
+		f.Target, f.takeover = active, "reconciler"
+		for _, cur := range c.curatorHosts() {
+			if err := c.net.Partition(active, cur); err != nil {
+				return nil, err
+			}
+		}
+		f.heal = func() error { return c.net.HealAll() }
+		return f, nil
+	case NemOrphanLearner:
+		url := fmt.Sprintf("https://%s:2380", c.spareIP())
+		resp, err := c.etcd.MemberAddAsLearner(ctx, []string{url})
+		if err != nil {
+			return nil, fmt.Errorf("add an orphan learner: %w", err)
+		}
+		n.mu.Lock()
+		n.injected[resp.Member.ID] = "orphan learner " + url
+		n.mu.Unlock()
+		f.Target = fmt.Sprintf("member %x at %s", resp.Member.ID, url)
+		return f, nil // the reconciler removes it
+	case NemNodeGoneAndBack, NemCorruptNode:
+		id, err := c.memberNode(ctx, n.rng)
+		if err != nil {
+			return nil, err
+		}
+		got, err := c.etcd.Get(ctx, keys.Node(id))
+		if err != nil || len(got.Kvs) == 0 {
+			return nil, fmt.Errorf("read node %s: %v", id, err)
+		}
+		record := got.Kvs[0].Value
+		f.Target = id
+		if kind == NemCorruptNode {
+			if _, err := c.etcd.Put(ctx, keys.Node(id), "\xff\xfe not a node record"); err != nil {
+				return nil, err
+			}
+			f.heal = func() error { return c.restoreNode(id, record) }
+			return f, nil
+		}
+		if _, err := c.etcd.Delete(ctx, keys.Node(id)); err != nil {
+			return nil, err
+		}
+		// Back a moment later: a plan made in between must not remove the
+		// member of the node that exists again.
+		sleep(ctx, time.Duration(n.rng.Int64N(int64(300*time.Millisecond))))
+		if err := c.restoreNode(id, record); err != nil {
+			return nil, err
+		}
+		return f, nil
+	case NemCrashAfterChange:
+		point := []string{"after-add-node", "after-remove-member"}[n.rng.IntN(2)]
+		f.Target = point
+		if err := c.armCrash(point); err != nil {
+			return nil, err
+		}
+		f.heal = func() error { c.disarmCrash(point); return nil }
+		return f, nil
+	case NemTwin:
+		active, err := c.activeReconciler(ctx)
+		if err != nil {
+			return nil, err
+		}
+		pid := c.pid(active)
+		if pid == 0 {
+			return nil, fmt.Errorf("%s is not running", active)
+		}
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			return nil, err
+		}
+		stopTwin, err := c.startTwin(active)
+		if err != nil {
+			syscall.Kill(pid, syscall.SIGCONT)
+			return nil, err
+		}
+		f.Target, f.takeover = active, "reconciler"
+		f.heal = func() error {
+			err := syscall.Kill(pid, syscall.SIGCONT)
+			// Both run a while: the resumed one and its twin.
+			sleep(ctx, 3*time.Second)
+			stopTwin()
+			return err
+		}
+		return f, nil
+	}
+	return nil, fmt.Errorf("unknown nemesis %q", kind)
+}
+
+// restoreNode puts a node's record back, unless a newer one is there.
+func (c *cluster) restoreNode(id string, record []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := c.etcd.Put(ctx, keys.Node(id), string(record))
+	return err
+}
+
+// memberNode picks a node of the cluster that is an etcd member (not the
+// bootstrap node, through which the curators reach etcd).
+func (c *cluster) memberNode(ctx context.Context, rng *mrand.Rand) (string, error) {
+	list, err := c.etcd.MemberList(ctx)
+	if err != nil {
+		return "", err
+	}
+	var ids []string
+	for _, m := range list.Members {
+		if m.Name != "" && m.Name != c.bootstrapID() && slices.Contains(c.nodeIDs(), m.Name) {
+			ids = append(ids, m.Name)
+		}
+	}
+	if len(ids) == 0 {
+		return "", fmt.Errorf("no member node but the bootstrap node")
+	}
+	slices.Sort(ids)
+	return ids[rng.IntN(len(ids))], nil
+}
