@@ -77,8 +77,8 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 	if err != nil {
 		return nil, err
 	}
-	if n.State != curatorv1.NodeState_NODE_STATE_UP {
-		return nil, fmt.Errorf("%w: node %s is %s: roles are for UP nodes (approve it and let it commit)", errRefused, n.Id, n.State)
+	if err := rolesAllowed(n); err != nil {
+		return nil, err
 	}
 	want := requestedRoles(n.GetRoles(), req)
 	if err := validRoles(n, want); err != nil {
@@ -159,6 +159,11 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 		if err != nil {
 			return nil, err
 		}
+		// Deleted and enrolled again meanwhile: this call was decided on
+		// the node that is gone.
+		if err := rolesAllowed(n); err != nil {
+			return nil, err
+		}
 		hasCM := n.GetRoles().GetConsensusMember() != nil
 		if hasCM != hadCM && (req.ConsensusMember == nil || hasCM != req.GetConsensusMember()) {
 			return nil, fmt.Errorf("%w: ConsensusMember of node %s changed while this call ran (the reconciler aligned it with etcd membership?): read the node and decide again", errConflict, n.Id)
@@ -207,6 +212,14 @@ func (s *Service) membershipMoved(ctx context.Context, epoch int64) (bool, error
 	e := resp.Responses[0].GetResponseRange().GetKvs()
 	pending := resp.Responses[1].GetResponseRange().GetKvs()
 	return len(e) == 0 || e[0].ModRevision != epoch || len(pending) > 0, nil
+}
+
+// rolesAllowed refuses roles for a node that is not UP.
+func rolesAllowed(n *curatorv1.Node) error {
+	if n.State != curatorv1.NodeState_NODE_STATE_UP {
+		return fmt.Errorf("%w: node %s is %s: roles are for UP nodes (approve it and let it commit)", errRefused, n.Id, n.State)
+	}
+	return nil
 }
 
 // roleSet says which roles a node holds (or should hold).

@@ -33,11 +33,17 @@ func storeRoles(t *testing.T, c *cut.Cluster, id string, roles *curatorv1.Roles)
 	t.Helper()
 	n := storedNode(t, c, id)
 	n.Roles = roles
+	storeNode(t, c, n)
+}
+
+// storeNode writes a node's record straight to etcd.
+func storeNode(t *testing.T, c *cut.Cluster, n *curatorv1.Node) {
+	t.Helper()
 	b, err := proto.Marshal(n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Etcd(c.Voters[0].ClientURL).Put(context.Background(), keys.Node(id), string(b)); err != nil {
+	if _, err := c.Etcd(c.Voters[0].ClientURL).Put(context.Background(), keys.Node(n.Id), string(b)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -125,6 +131,35 @@ func TestUpdateNodeRolesFollowsMembership(t *testing.T) {
 		}
 		if got := resp.Node.Roles.GetConsensusMember().GetJoin().GetMemberId(); got != id {
 			t.Fatalf("the role names member %x, etcd has %x", got, id)
+		}
+	})
+
+	t.Run("node enrolled again while the role write waits", func(t *testing.T) {
+		// The role write is held; meanwhile the node is deleted and
+		// registers again under the same id (NEW, no roles). The call was
+		// decided on the node that is gone: it must not give roles to the
+		// new, unapproved one.
+		w := c.NewAgent()
+		w.Enrol(ctx)
+		release := c.Curators[0].Hold("before-role-write")
+		done := make(chan error, 1)
+		go func() {
+			_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: w.ID, KubernetesWorker: new(true)})
+			done <- err
+		}()
+		c.Curators[0].Reached("before-role-write")
+		again := storedNode(t, c, w.ID)
+		again.State, again.Roles = curatorv1.NodeState_NODE_STATE_NEW, &curatorv1.Roles{}
+		storeNode(t, c, again)
+		release()
+		select {
+		case err := <-done:
+			wantCode(t, err, codes.FailedPrecondition, "roles are for UP nodes")
+		case <-time.After(time.Minute):
+			t.Fatal("UpdateNodeRoles did not return")
+		}
+		if r := storedNode(t, c, w.ID).Roles; r.GetKubernetesWorker() != nil {
+			t.Fatalf("the node enrolled again got roles from a call made for the one deleted: %v", r)
 		}
 	})
 }
