@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"curia.dev/platform/keys"
+	"curia.dev/platform/run"
 )
 
 // The nemesis kinds (FAULT_NEMESES selects among them).
@@ -116,7 +117,7 @@ func (n *nemesis) Faults() []fault {
 func (n *nemesis) run(ctx context.Context, onInject, onHeal func(*fault)) {
 	var deck []string
 	for ctx.Err() == nil {
-		sleep(ctx, time.Second+time.Duration(n.rng.Int64N(int64(3*time.Second))))
+		run.Sleep(ctx, time.Second+time.Duration(n.rng.Int64N(int64(3*time.Second))))
 		if ctx.Err() != nil {
 			return
 		}
@@ -140,7 +141,7 @@ func (n *nemesis) run(ctx context.Context, onInject, onHeal func(*fault)) {
 		if kind == NemPause || kind == NemTwin {
 			hold = n.pause
 		}
-		sleep(ctx, hold/2+time.Duration(n.rng.Int64N(int64(hold))))
+		run.Sleep(ctx, hold/2+time.Duration(n.rng.Int64N(int64(hold))))
 		if f.heal != nil {
 			if err := f.heal(); err != nil {
 				n.c.logf("nemesis %s: heal: %v", kind, err)
@@ -271,7 +272,7 @@ func (n *nemesis) inject(ctx context.Context, kind string) (*fault, error) {
 		}
 		// Back a moment later: a plan made in between must not remove the
 		// member of the node that exists again.
-		sleep(ctx, time.Duration(n.rng.Int64N(int64(300*time.Millisecond))))
+		run.Sleep(ctx, time.Duration(n.rng.Int64N(int64(300*time.Millisecond))))
 		if err := c.restoreNode(id, record); err != nil {
 			return nil, err
 		}
@@ -305,7 +306,7 @@ func (n *nemesis) inject(ctx context.Context, kind string) (*fault, error) {
 		f.heal = func() error {
 			err := syscall.Kill(pid, syscall.SIGCONT)
 			// Both run a while: the resumed one and its twin.
-			sleep(ctx, 3*time.Second)
+			run.Sleep(ctx, 3*time.Second)
 			stopTwin()
 			return err
 		}

@@ -59,7 +59,7 @@ func NewNet(name, subnet string, hosts map[string]string) (*Net, error) {
 		)
 	}
 	for _, s := range steps {
-		if err := run("ip", s...); err != nil {
+		if err := command("ip", s...); err != nil {
 			n.Close()
 			return nil, err
 		}
@@ -148,7 +148,7 @@ func (n *Net) HealAll() error {
 }
 
 func (n *Net) iptables(host string, args ...string) error {
-	return run("ip", append([]string{"netns", "exec", n.ns(host), "iptables", "-w"}, args...)...)
+	return command("ip", append([]string{"netns", "exec", n.ns(host), "iptables", "-w"}, args...)...)
 }
 
 // Close deletes the namespaces (and with them every link; the uplink goes
@@ -161,7 +161,8 @@ func (n *Net) Close() {
 	exec.Command("ip", "link", "del", n.uplink()).Run()
 }
 
-func run(name string, args ...string) error {
+// command runs a tool and returns its output in the error when it fails.
+func command(name string, args ...string) error {
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"curia.dev/platform/run"
 )
 
 // timingsRecorder measures what the faults cost: how long roles and
@@ -41,7 +43,7 @@ func (t *timingsRecorder) convergence(ctx context.Context, c *cluster, f *fault)
 // that outlasts a TTL by little), for another curator to lead or another
 // reconciler process to act than f's target.
 func (t *timingsRecorder) takeover(ctx context.Context, c *cluster, f *fault, healed func() bool) {
-	for deadline := f.Began.Add(time.Minute); time.Now().Before(deadline) && ctx.Err() == nil; sleep(ctx, 100*time.Millisecond) {
+	for deadline := f.Began.Add(time.Minute); time.Now().Before(deadline) && ctx.Err() == nil; run.Sleep(ctx, 100*time.Millisecond) {
 		var other bool
 		switch f.takeover {
 		case "curator":

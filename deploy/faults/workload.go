@@ -22,6 +22,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/run"
 )
 
 // opStats counts the calls of one kind.
@@ -107,7 +108,7 @@ func (w *workload) call(ctx context.Context, kind string, f func(context.Context
 // plane would, retrying nothing: the next decision is a new call.
 func (w *workload) operator(ctx context.Context, rng *mrand.Rand, nodes []string, pace time.Duration) {
 	for ctx.Err() == nil {
-		sleep(ctx, pace/2+time.Duration(rng.Int64N(int64(pace))))
+		run.Sleep(ctx, pace/2+time.Duration(rng.Int64N(int64(pace))))
 		id := nodes[rng.IntN(len(nodes))]
 		cm := rng.IntN(2) == 0
 		w.call(ctx, "update-roles", func(ctx context.Context) error {
@@ -137,7 +138,7 @@ func newSynthetic() (synthetic, error) {
 // linearizability check.
 func (w *workload) registryClient(ctx context.Context, client int, rng *mrand.Rand, nodes []synthetic, ticket []byte, pace time.Duration) {
 	for ctx.Err() == nil {
-		sleep(ctx, pace/2+time.Duration(rng.Int64N(int64(pace))))
+		run.Sleep(ctx, pace/2+time.Duration(rng.Int64N(int64(pace))))
 		n := nodes[rng.IntN(len(nodes))]
 		switch rng.IntN(8) {
 		case 0, 1:
@@ -264,7 +265,7 @@ func (w *workload) get(ctx context.Context, client int, n synthetic) {
 // auditReader reads the audit log now and then, as an operator would.
 func (w *workload) auditReader(ctx context.Context, pace time.Duration) {
 	for ctx.Err() == nil {
-		sleep(ctx, pace)
+		run.Sleep(ctx, pace)
 		w.call(ctx, "read-audit", func(ctx context.Context) error {
 			stream, err := w.mgmt().WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{Backlog: 100, NoFollow: true})
 			if err != nil {
@@ -310,15 +311,6 @@ func (w *workload) watcher(ctx context.Context, violate func(string)) {
 		if ctx.Err() == nil {
 			w.stats.record("watch", err)
 		}
-		sleep(ctx, 200*time.Millisecond)
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
+		run.Sleep(ctx, 200*time.Millisecond)
 	}
 }

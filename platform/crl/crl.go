@@ -17,6 +17,7 @@ import (
 
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/run"
 )
 
 // Watcher holds the newest valid CRL seen.
@@ -68,7 +69,7 @@ func (w *Watcher) Run(ctx context.Context, cli *clientv3.Client) error {
 		resp, err := cli.Get(ctx, keys.CRL)
 		if err != nil {
 			w.log.Warn("read CRL", "err", err)
-			sleep(ctx, time.Second)
+			run.Sleep(ctx, time.Second)
 			continue
 		}
 		if len(resp.Kvs) > 0 {
@@ -86,7 +87,7 @@ func (w *Watcher) Run(ctx context.Context, cli *clientv3.Client) error {
 			}
 		}
 		cancel()
-		sleep(ctx, 100*time.Millisecond)
+		run.Sleep(ctx, 100*time.Millisecond)
 	}
 	return nil
 }
@@ -99,13 +100,4 @@ func (w *Watcher) load(pemCRL []byte) {
 	w.mu.RLock()
 	w.log.Info("CRL loaded", "number", w.number, "revoked", len(w.revoked))
 	w.mu.RUnlock()
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // Runnable is a long-running part of a process. It runs until ctx is
@@ -194,5 +195,18 @@ func (g *Group) notifyLocked() {
 	if g.changed != nil {
 		close(g.changed)
 		g.changed = nil
+	}
+}
+
+// Sleep waits d or until ctx ends, whichever comes first; it reports
+// whether ctx is still alive.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }

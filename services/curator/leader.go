@@ -17,6 +17,7 @@ import (
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/run"
 )
 
 // electionPrefix is the election's prefix without the trailing slash that
@@ -67,7 +68,7 @@ func (l *leadership) campaign(ctx context.Context) error {
 		sess, err := concurrency.NewSession(l.s.etcd, concurrency.WithTTL(ttl), concurrency.WithContext(ctx))
 		if err != nil {
 			l.s.log.Warn("election session", "err", err)
-			sleepCtx(ctx, time.Second)
+			run.Sleep(ctx, time.Second)
 			continue
 		}
 		el := concurrency.NewElection(sess, electionPrefix)
@@ -75,7 +76,7 @@ func (l *leadership) campaign(ctx context.Context) error {
 			orphan(sess)
 			if ctx.Err() == nil {
 				l.s.log.Warn("campaign", "err", err)
-				sleepCtx(ctx, time.Second)
+				run.Sleep(ctx, time.Second)
 			}
 			continue
 		}
@@ -155,7 +156,7 @@ func (l *leadership) observe(ctx context.Context) error {
 	for ctx.Err() == nil {
 		sess, err := concurrency.NewSession(l.s.etcd, concurrency.WithTTL(int(l.s.cfg.SessionTTL/time.Second)), concurrency.WithContext(ctx))
 		if err != nil {
-			sleepCtx(ctx, time.Second)
+			run.Sleep(ctx, time.Second)
 			continue
 		}
 		el := concurrency.NewElection(sess, electionPrefix)
@@ -171,7 +172,7 @@ func (l *leadership) observe(ctx context.Context) error {
 			l.setCurrent(leaderInfo{leaderValue: v, Term: resp.Kvs[0].CreateRevision, Since: time.Now()})
 		}
 		orphan(sess)
-		sleepCtx(ctx, 100*time.Millisecond)
+		run.Sleep(ctx, 100*time.Millisecond)
 	}
 	return nil
 }
@@ -248,15 +249,6 @@ func (l *leadership) closeConns() {
 	for a, cc := range l.conns {
 		cc.Close()
 		delete(l.conns, a)
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }
 

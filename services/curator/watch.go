@@ -73,6 +73,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/run"
 )
 
 const (
@@ -325,7 +326,7 @@ func (h *watchHub) run(ctx context.Context) error {
 				if ctx.Err() == nil {
 					h.log.Warn("load nodes for the watch hub", "err", err, "retry_in", backoff)
 				}
-				sleepCtx(ctx, backoff)
+				run.Sleep(ctx, backoff)
 				backoff = min(2*backoff, watchBackoffMax)
 				continue
 			}
@@ -345,7 +346,7 @@ func (h *watchHub) run(ctx context.Context) error {
 			continue
 		}
 		h.log.Warn("node watch ended; watching again", "err", err, "revision", h.revision(), "retry_in", backoff)
-		sleepCtx(ctx, backoff)
+		run.Sleep(ctx, backoff)
 		backoff = min(2*backoff, watchBackoffMax)
 	}
 	return nil

@@ -46,18 +46,6 @@ func (b *backoff) slowest() time.Duration {
 
 func (b *backoff) reset() { b.cur = 0 }
 
-// sleep waits d or until ctx ends; it reports whether ctx is still alive.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
 // transient reports whether err is worth retrying soon: the other side is
 // unreachable, busy or between leaders.
 func transient(err error) bool {

@@ -17,6 +17,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/run"
 )
 
 const (
@@ -104,7 +105,7 @@ func drive(ctx context.Context, m *machine, steps enrolSteps, bo *backoff, log *
 				log.Debug("enrolment step failed again; retrying", "state", st, "err", err)
 			}
 			lastErr = err.Error()
-			if !sleep(ctx, bo.next()) {
+			if !run.Sleep(ctx, bo.next()) {
 				return ctx.Err()
 			}
 		}

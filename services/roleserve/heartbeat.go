@@ -12,6 +12,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/run"
 )
 
 // heartbeat keeps one Heartbeat stream open to a curator replica (followers
@@ -40,7 +41,7 @@ func (s *Service) heartbeat(ctx context.Context) error {
 		} else {
 			log.Debug("heartbeat stream failed; reconnecting", "err", err)
 		}
-		if !sleep(ctx, bo.next()) {
+		if !run.Sleep(ctx, bo.next()) {
 			return nil
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/run"
 	"curia.dev/services/roleserve/reduce"
 )
 
@@ -217,7 +218,7 @@ func (s *Service) launch(ctx context.Context, d reduce.Decision) {
 			}
 			s.setLauncher(phase, attempt, err)
 		}
-		if !sleep(ctx, wait) {
+		if !run.Sleep(ctx, wait) {
 			return
 		}
 	}

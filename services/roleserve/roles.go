@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/run"
 )
 
 // watchRoles follows this node's record on the curator (Watch node_id=self:
@@ -32,7 +33,7 @@ func (s *Service) watchRoles(ctx context.Context) error {
 		} else {
 			log.Debug("role watch failed; watching again", "revision", rev, "err", err)
 		}
-		if !sleep(ctx, bo.next()) {
+		if !run.Sleep(ctx, bo.next()) {
 			return nil
 		}
 	}
