@@ -287,10 +287,16 @@ type proc struct {
 	log  string
 	pid  string
 
+	// ctx and logger are the supervisor's, kept for a restart.
+	ctx    context.Context
+	logger *slog.Logger
+
 	mu      sync.Mutex
 	cmd     *exec.Cmd
 	stopped bool
 	exited  chan struct{}
+	// supervised is closed when the supervisor gives up the process.
+	supervised chan struct{}
 }
 
 func (c *Cluster) start(ctx context.Context, name, host, bin string, args ...string) *proc {
@@ -299,13 +305,15 @@ func (c *Cluster) start(ctx context.Context, name, host, bin string, args ...str
 	if c.cfg.Wrap != nil {
 		argv = append(c.cfg.Wrap(host), argv...)
 	}
-	p := &proc{name: name, args: argv, log: c.path("logs", name+".log"), pid: c.path("run", name+".pid")}
+	p := &proc{name: name, args: argv, log: c.path("logs", name+".log"), pid: c.path("run", name+".pid"),
+		ctx: ctx, logger: c.cfg.Log, supervised: make(chan struct{})}
 	c.procs = append(c.procs, p)
-	go p.supervise(ctx, c.cfg.Log)
+	go p.supervise(ctx, c.cfg.Log, p.supervised)
 	return p
 }
 
-func (p *proc) supervise(ctx context.Context, log *slog.Logger) {
+func (p *proc) supervise(ctx context.Context, log *slog.Logger, supervised chan struct{}) {
+	defer close(supervised)
 	for backoff := time.Second; ctx.Err() == nil; {
 		logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		if err != nil {
@@ -412,6 +420,29 @@ func (p *proc) stop(grace time.Duration) {
 		<-exited
 	}
 	os.Remove(p.pid)
+}
+
+// Restart stops the named process (SIGTERM, SIGKILL after grace), runs
+// meanwhile while it is down (to wipe its state, say) and starts it again
+// under supervision, even if meanwhile fails.
+func (c *Cluster) Restart(name string, grace time.Duration, meanwhile func() error) error {
+	i := slices.IndexFunc(c.procs, func(p *proc) bool { return p.name == name })
+	if i < 0 {
+		return fmt.Errorf("no process %s", name)
+	}
+	p := c.procs[i]
+	p.mu.Lock()
+	supervised := p.supervised
+	p.mu.Unlock()
+	p.stop(grace)
+	<-supervised // (a supervisor between two runs starts one more, and stops it)
+	err := meanwhile()
+	p.mu.Lock()
+	p.stopped, p.supervised = false, make(chan struct{})
+	supervised = p.supervised
+	p.mu.Unlock()
+	go p.supervise(p.ctx, p.logger, supervised)
+	return err
 }
 
 // Stop stops every process, in the reverse order of their start.
