@@ -42,6 +42,7 @@ const (
 	InvFreshPlans      = "plans-from-fresh-snapshots"
 	InvOneHolder       = "one-lease-holder"
 	InvLinearizable    = "registry-linearizable"
+	InvAckLost         = "no-acknowledged-write-lost"
 	InvConverged       = "converged-after-heal"
 	InvNoInternalError = "no-internal-errors"
 )

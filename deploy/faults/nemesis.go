@@ -8,11 +8,17 @@ import (
 	"fmt"
 	"maps"
 	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"syscall"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/run"
 )
@@ -26,6 +32,8 @@ const (
 	NemCuratorFromEtcd   = "curator-from-etcd"   // cut the curator leader off from every node
 	NemReconcilerFromCur = "reconciler-from-curators"
 	NemOrphanLearner     = "orphan-learner"     // a learner of no node, added straight in etcd
+	NemOrphanVoter       = "orphan-voter"       // a voter of no node (never started), added straight in etcd
+	NemDeleteNode        = "delete-node"        // a member's node deleted through the admin API with both bypasses, then re-enrolled
 	NemNodeGoneAndBack   = "node-gone-and-back" // a member's node record deleted straight in etcd, put back a moment later
 	NemCorruptNode       = "corrupt-node"       // a member's node record overwritten with garbage for a while
 	NemCrashAfterChange  = "crash-after-change" // the curator crashes between a membership call and its role write
@@ -34,7 +42,7 @@ const (
 
 // AllNemeses lists every kind.
 var AllNemeses = []string{NemKill, NemPause, NemIsolateNode, NemIsolateEtcdLeader, NemCuratorFromEtcd, NemReconcilerFromCur,
-	NemOrphanLearner, NemNodeGoneAndBack, NemCorruptNode, NemCrashAfterChange, NemTwin}
+	NemOrphanLearner, NemOrphanVoter, NemDeleteNode, NemNodeGoneAndBack, NemCorruptNode, NemCrashAfterChange, NemTwin}
 
 // fault is one injected fault.
 type fault struct {
@@ -238,17 +246,59 @@ func (n *nemesis) inject(ctx context.Context, kind string) (*fault, error) {
 		}
 		f.heal = func() error { return c.net.HealAll() }
 		return f, nil
-	case NemOrphanLearner:
+	case NemOrphanLearner, NemOrphanVoter:
+		// etcd refuses a voter that would leave too few started members
+		// for a quorum, except a second one for a single voter (restores
+		// need it): that one would end the quorum for good.
+		if kind == NemOrphanVoter {
+			list, err := c.etcd.MemberList(ctx)
+			if err != nil {
+				return nil, err
+			}
+			started := 0
+			for _, m := range list.Members {
+				if !m.IsLearner && m.Name != "" {
+					started++
+				}
+			}
+			if started < 2 {
+				return nil, fmt.Errorf("%d started voter(s): an orphan voter would take the quorum for good", started)
+			}
+		}
 		url := fmt.Sprintf("https://%s:2380", c.spareIP())
-		resp, err := c.etcd.MemberAddAsLearner(ctx, []string{url})
+		add := c.etcd.MemberAddAsLearner
+		if kind == NemOrphanVoter {
+			add = c.etcd.MemberAdd
+		}
+		resp, err := add(ctx, []string{url})
 		if err != nil {
-			return nil, fmt.Errorf("add an orphan learner: %w", err)
+			return nil, fmt.Errorf("add an %s: %w", kind, err)
 		}
 		n.mu.Lock()
-		n.injected[resp.Member.ID] = "orphan learner " + url
+		n.injected[resp.Member.ID] = kind + " " + url
 		n.mu.Unlock()
 		f.Target = fmt.Sprintf("member %x at %s", resp.Member.ID, url)
 		return f, nil // the reconciler removes it
+	case NemDeleteNode:
+		id, err := c.memberNode(ctx, n.rng)
+		if err != nil {
+			return nil, err
+		}
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = curatorv1.NewManagementClient(c.admin).DeleteNode(dctx, &curatorv1.DeleteNodeRequest{NodeId: id, SafetyBypassHasRoles: true, SafetyBypassNotDecommissioned: true})
+		cancel()
+		if err != nil {
+			// An outcome unknown to the caller may still have deleted it.
+			if got, gerr := c.etcd.Get(ctx, keys.Node(id), clientv3.WithCountOnly()); gerr != nil || got.Count > 0 {
+				return nil, fmt.Errorf("delete node %s: %w", id, err)
+			}
+		}
+		name := c.hostOfNode(id)
+		f.Target = name
+		// The reconciler removes its member meanwhile; the heal installs
+		// the node's agent afresh, which registers with the ticket again.
+		f.heal = func() error { return c.reenrol(name, id) }
+		return f, nil
 	case NemNodeGoneAndBack, NemCorruptNode:
 		id, err := c.memberNode(ctx, n.rng)
 		if err != nil {
@@ -315,7 +365,34 @@ func (n *nemesis) inject(ctx context.Context, kind string) (*fault, error) {
 	return nil, fmt.Errorf("unknown nemesis %q", kind)
 }
 
-// restoreNode puts a node's record back, unless a newer one is there.
+// reenrol wipes a deleted node's agent state and restarts the agent, which
+// registers with the ticket; it approves the node and waits (at most a
+// minute) until the agent committed it.
+func (c *cluster) reenrol(name, id string) error {
+	dir := filepath.Join(c.state, "data", name, "roleserve")
+	if err := c.lc.Restart(name+"-roleserve", 10*time.Second, func() error { return os.RemoveAll(dir) }); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m := curatorv1.NewManagementClient(c.admin)
+	for {
+		var node curatorv1.Node
+		if got, err := c.etcd.Get(ctx, keys.Node(id)); err == nil && len(got.Kvs) > 0 && proto.Unmarshal(got.Kvs[0].Value, &node) == nil {
+			switch node.GetState() {
+			case curatorv1.NodeState_NODE_STATE_UP:
+				return nil
+			case curatorv1.NodeState_NODE_STATE_NEW:
+				m.ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: id})
+			}
+		}
+		if !run.Sleep(ctx, 200*time.Millisecond) {
+			return fmt.Errorf("re-enrol %s: node %s is %v after a minute", name, id, node.GetState())
+		}
+	}
+}
+
+// restoreNode puts a node's record back as it was.
 func (c *cluster) restoreNode(id string, record []byte) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

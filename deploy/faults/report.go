@@ -30,9 +30,13 @@ type Report struct {
 	ReconcilerTakeover Timings `json:"reconciler_takeover"`
 	Registry           string  `json:"registry_linearizability"`
 	RegistryOps        int     `json:"registry_ops_checked"`
-	Visualization      string  `json:"visualization,omitempty"`
-	Samples            int     `json:"samples"`
-	MaxSampleGap       string  `json:"max_sample_gap"`
+	// RoleWrites are the operators' acknowledged UpdateNodeRoles calls
+	// found in etcd's history, and those that could not be checked.
+	RoleWrites          int    `json:"role_writes_checked"`
+	RoleWritesUnchecked int    `json:"role_writes_unchecked"`
+	Visualization       string `json:"visualization,omitempty"`
+	Samples             int    `json:"samples"`
+	MaxSampleGap        string `json:"max_sample_gap"`
 }
 
 // Timings summarises durations.
@@ -89,6 +93,7 @@ func (r *Report) Write(w io.Writer) {
 	fmt.Fprintf(tw, "curator failover\t%d, median %s, worst %s\n", r.CuratorFailover.Count, r.CuratorFailover.Median, r.CuratorFailover.Worst)
 	fmt.Fprintf(tw, "reconciler takeover\t%d, median %s, worst %s\n", r.ReconcilerTakeover.Count, r.ReconcilerTakeover.Median, r.ReconcilerTakeover.Worst)
 	fmt.Fprintf(tw, "registry linearizability\t%s\n", r.Registry)
+	fmt.Fprintf(tw, "acknowledged role writes\t%d found in etcd's history, %d not checkable\n", r.RoleWrites, r.RoleWritesUnchecked)
 	fmt.Fprintf(tw, "samples\t%d (largest gap %s)\n", r.Samples, r.MaxSampleGap)
 	fmt.Fprintf(tw, "violations\t%d\n", len(r.Violations))
 	tw.Flush()

@@ -77,6 +77,8 @@ type workload struct {
 	admin    *grpc.ClientConn
 	registry *registry.History
 	stats    stats
+	// roleAcks are the operators' acknowledged role writes.
+	roleAcks acks
 	// callTimeout bounds each call; an operator's call that times out is
 	// an Unknown outcome.
 	callTimeout time.Duration
@@ -111,10 +113,14 @@ func (w *workload) operator(ctx context.Context, rng *mrand.Rand, nodes []string
 		run.Sleep(ctx, pace/2+time.Duration(rng.Int64N(int64(pace))))
 		id := nodes[rng.IntN(len(nodes))]
 		cm := rng.IntN(2) == 0
-		w.call(ctx, "update-roles", func(ctx context.Context) error {
+		before := revision(ctx, w.cluster.etcd)
+		err := w.call(ctx, "update-roles", func(ctx context.Context) error {
 			_, err := w.mgmt().UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: id, ConsensusMember: &cm, Reason: "fault suite operator"})
 			return err
 		})
+		if err == nil && ctx.Err() == nil {
+			w.roleAcks.add(ackedRoles{node: id, cm: cm, before: before, after: revision(ctx, w.cluster.etcd), at: time.Now()})
+		}
 	}
 }
 
