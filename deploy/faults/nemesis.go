@@ -50,6 +50,10 @@ type fault struct {
 	Target string    `json:"target"`
 	Began  time.Time `json:"began"`
 	Healed time.Time `json:"healed"`
+	// ConvergedIn is how long roles, membership and the agents took to
+	// agree after the heal ("" if they did not within a minute).
+	ConvergedIn string `json:"converged_in,omitempty"`
+	convergedIn time.Duration
 	// down are the hosts the fault stops or cuts off from the others,
 	// while it is in force (the quorum check's excuse).
 	down []string
@@ -159,6 +163,13 @@ func (n *nemesis) run(ctx context.Context, onInject, onHeal func(*fault)) {
 		n.c.logf("nemesis %s on %s healed", f.Kind, f.Target)
 		onHeal(f)
 	}
+}
+
+// converged notes how long the cluster took to get over f.
+func (n *nemesis) converged(f *fault, took time.Duration) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	f.convergedIn, f.ConvergedIn = took, took.Round(time.Millisecond).String()
 }
 
 // isHealed says whether f was healed.

@@ -24,8 +24,10 @@ type Report struct {
 	Violations []Violation        `json:"violations"`
 	// Convergence is how long roles and membership took to agree again
 	// after each heal, and after the final heal.
-	Convergence        Timings `json:"convergence_after_heal"`
-	FinalConvergence   string  `json:"final_convergence"`
+	Convergence      Timings `json:"convergence_after_heal"`
+	FinalConvergence string  `json:"final_convergence"`
+	// SlowestHeal names the fault whose heal took longest to get over.
+	SlowestHeal        string  `json:"slowest_heal,omitempty"`
 	CuratorFailover    Timings `json:"curator_failover"`
 	ReconcilerTakeover Timings `json:"reconciler_takeover"`
 	Registry           string  `json:"registry_linearizability"`
@@ -89,6 +91,9 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\n", k, o.Attempted, o.Acknowledged, o.Refused, o.Unknown)
 	}
 	fmt.Fprintf(tw, "convergence after a heal\t%d heals, median %s, worst %s, %d unfinished\n", r.Convergence.Count, r.Convergence.Median, r.Convergence.Worst, r.Convergence.Unfinished)
+	if r.SlowestHeal != "" {
+		fmt.Fprintf(tw, "  slowest\t%s\n", r.SlowestHeal)
+	}
 	fmt.Fprintf(tw, "convergence after the final heal\t%s\n", r.FinalConvergence)
 	fmt.Fprintf(tw, "curator failover\t%d, median %s, worst %s\n", r.CuratorFailover.Count, r.CuratorFailover.Median, r.CuratorFailover.Worst)
 	fmt.Fprintf(tw, "reconciler takeover\t%d, median %s, worst %s\n", r.ReconcilerTakeover.Count, r.ReconcilerTakeover.Median, r.ReconcilerTakeover.Worst)

@@ -137,7 +137,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			if f.takeover != "" {
 				spawn(func() { timings.takeover(runCtx, c, f, func() bool { return nem.isHealed(f) }) })
 			}
-		}, func(f *fault) { timings.convergence(runCtx, c, f) })
+		}, func(f *fault) {
+			if took := timings.convergence(runCtx, c, f); took > 0 {
+				nem.converged(f, took)
+			}
+		})
 	})
 	begun := time.Now()
 	<-runCtx.Done()
@@ -188,9 +192,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		ck.violate(InvLinearizable, time.Now(), "%s", verdict)
 	}
 
+	var slowest fault
 	for _, f := range nem.Faults() {
 		report.Faults[f.Kind]++
 		report.FaultLog = append(report.FaultLog, f)
+		if f.convergedIn > slowest.convergedIn {
+			slowest = f
+		}
+	}
+	if slowest.convergedIn > 0 {
+		report.SlowestHeal = fmt.Sprintf("%s after %s on %s (healed %s)", slowest.ConvergedIn, slowest.Kind, slowest.Target, slowest.Healed.Format("15:04:05.000"))
 	}
 	report.Ops = w.stats.snapshot()
 	report.Violations = ck.Violations()

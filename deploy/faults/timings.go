@@ -30,13 +30,19 @@ func (t *timingsRecorder) add(list *[]time.Duration, left *int, d time.Duration,
 }
 
 // convergence waits (at most a minute) for agreement after f's heal.
-func (t *timingsRecorder) convergence(ctx context.Context, c *cluster, f *fault) {
+// It returns the time taken, 0 when the cluster did not converge in time.
+func (t *timingsRecorder) convergence(ctx context.Context, c *cluster, f *fault) time.Duration {
 	healed := f.Healed
 	err := c.converged(ctx, time.Minute)
 	if ctx.Err() != nil {
-		return
+		return 0
 	}
-	t.add(&t.converge, &t.convergeLeft, time.Since(healed), err == nil)
+	took := time.Since(healed)
+	t.add(&t.converge, &t.convergeLeft, took, err == nil)
+	if err != nil {
+		return 0
+	}
+	return took
 }
 
 // takeover waits, while f is in force (and a little after, for a pause
