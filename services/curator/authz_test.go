@@ -102,7 +102,6 @@ func TestAuthorizationMatrix(t *testing.T) {
 	}{
 		{"/curia.curator.v1.Curator/BootstrapCluster", &curatorv1.BootstrapClusterRequest{PublicKey: selfPub}, false, []string{"admin", "node itself"}},
 		{"/curia.curator.v1.Curator/RegisterNode", &curatorv1.RegisterNodeRequest{PublicKey: selfPub, RegisterTicket: ticket.Ticket}, false, []string{"enrolling node"}},
-		{"/curia.curator.v1.Curator/CommitNode", &curatorv1.CommitNodeRequest{}, false, []string{"enrolling node"}},
 		{"/curia.curator.v1.Curator/Watch", node, true, []string{"admin", "node itself", "curator", "reconciler", "enrolling node"}},
 		{"/curia.curator.v1.Curator/UpdateNodeStatus", &curatorv1.UpdateNodeStatusRequest{NodeId: self.ID}, false, []string{"node itself"}},
 		{"/curia.curator.v1.Curator/Heartbeat", &curatorv1.HeartbeatRequest{}, true, []string{"node itself", "another node"}},
@@ -119,6 +118,9 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"/curia.curator.v1.Leases/KeepAlive", &curatorv1.KeepAliveRequest{}, false, []string{"reconciler"}},
 		{"/curia.curator.v1.Leases/Release", &curatorv1.ReleaseRequest{}, false, []string{"reconciler"}},
 		{"/curia.curator.v1.Leases/ReconcileNodeRoles", &curatorv1.ReconcileNodeRolesRequest{NodeId: self.ID}, false, []string{"reconciler"}},
+		// Last: committing again revokes the certificate the rows above
+		// use as "node itself".
+		{"/curia.curator.v1.Curator/CommitNode", &curatorv1.CommitNodeRequest{}, false, []string{"enrolling node"}},
 	}
 	for _, m := range methods {
 		for _, who := range callers {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
+	"curia.dev/platform/rpc"
 	cut "curia.dev/services/curator/curatortest"
 )
 
@@ -265,5 +267,45 @@ func TestFailover(t *testing.T) {
 			a.Enrol(ctx)
 			old.Start()
 		})
+	}
+}
+
+// TestRecommitRevokesReplaced: committing again (an agent that lost the
+// answer) issues a new certificate and revokes the one it replaces, so a
+// node holds one valid certificate at a time.
+func TestRecommitRevokesReplaced(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := ctxT(t)
+	a := c.NewAgent()
+	first := a.Enrol(ctx)
+	replaced := a.Creds
+	resp, err := a.Enrolling(c.Running()).CommitNode(ctx, &curatorv1.CommitNodeRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Node.CertificateSerial == first.CertificateSerial {
+		t.Fatalf("the second commit kept serial %s", first.CertificateSerial)
+	}
+	keyPEM, err := pki.MarshalPrivateKeyPEM(a.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := rpc.NewCredentials(c.PKI.Cluster, resp.CaCertificate, resp.Certificate, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: &curatorv1.NodeStatus{Address: "127.0.0.9", Version: "test"}}
+	committed := time.Now()
+	proctest.Eventually(t, 10*time.Second, func() error {
+		a.Creds = replaced
+		if _, err := a.Curator(c.Running()).UpdateNodeStatus(ctx, req); err == nil {
+			return fmt.Errorf("certificate %s, replaced by %s, still works", first.CertificateSerial, resp.Node.CertificateSerial)
+		}
+		return nil
+	})
+	t.Logf("the replaced certificate was refused %v after the commit answered", time.Since(committed).Round(time.Millisecond))
+	a.Creds = fresh
+	if _, err := a.Curator(c.Running()).UpdateNodeStatus(ctx, req); err != nil {
+		t.Fatalf("the new certificate %s: %v", resp.Node.CertificateSerial, err)
 	}
 }

@@ -236,8 +236,19 @@ func (x *curatorServer) CommitNode(ctx context.Context, req *curatorv1.CommitNod
 
 // commit moves an approved node UP and issues its certificate. Committing
 // an UP node again issues a new certificate for the same key, so an agent
-// that lost the answer can finish.
+// that lost the answer can finish; the certificate it replaces is revoked
+// in the same write, so a node holds one valid certificate at a time.
 func (s *Service) commit(ctx context.Context) (*curatorv1.CommitNodeResponse, error) {
+	for {
+		resp, err := s.commitOnce(ctx)
+		if err == errConflict && ctx.Err() == nil {
+			continue // the node or the CRL changed: decide again
+		}
+		return resp, err
+	}
+}
+
+func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse, error) {
 	id := caller(ctx).Name
 	n, err := s.getNode(ctx, id)
 	if err != nil {
@@ -259,9 +270,21 @@ func (s *Service) commit(ctx context.Context) (*curatorv1.CommitNodeResponse, er
 	if err != nil {
 		return nil, fmt.Errorf("issue node certificate: %w", err)
 	}
+	replaced := n.CertificateSerial
 	n.State = curatorv1.NodeState_NODE_STATE_UP
 	n.CertificateSerial = iss.Cert.SerialNumber.Text(16)
-	if _, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, "node.commit", id, "node committed, certificate "+n.CertificateSerial)); err != nil {
+	why := "node committed, certificate " + n.CertificateSerial
+	cmps := []clientv3.Cmp{unchanged(n)}
+	ops := []clientv3.Op{putNode(n)}
+	if replaced != "" {
+		put, cmp, err := s.revoke(ctx, replaced)
+		if err != nil {
+			return nil, err
+		}
+		ops, cmps = append(ops, put), append(cmps, cmp)
+		why += "; certificate " + replaced + " it replaces revoked"
+	}
+	if _, err := s.lead.txn(ctx, cmps, append(ops, s.auditOp(ctx, "node.commit", id, why))...); err != nil {
 		return nil, err
 	}
 	if n, err = s.getNode(ctx, id); err != nil {

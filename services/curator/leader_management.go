@@ -295,7 +295,13 @@ func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeReque
 		if n.State == curatorv1.NodeState_NODE_STATE_UP && !req.GetSafetyBypassNotDecommissioned() {
 			return nil, fmt.Errorf("%w: node %s is UP, not decommissioned: set safety_bypass_not_decommissioned to delete it anyway", errRefused, n.Id)
 		}
-		ops := []clientv3.Op{clientv3.OpDelete(keys.Node(n.Id)), clientv3.OpDelete(keys.Heartbeat(n.Id)), clientv3.OpDelete(keys.HeartbeatSeen(n.Id)), s.auditOp(ctx, "node.delete", n.Id, "deleted; certificate "+n.CertificateSerial+" revoked")}
+		why := "deleted; certificate " + n.CertificateSerial + " revoked"
+		if n.CertificateSerial == "" {
+			// The bootstrap node's certificate comes from the deployment,
+			// and a node that never committed has none.
+			why = "deleted; no certificate issued by the curators to revoke"
+		}
+		ops := []clientv3.Op{clientv3.OpDelete(keys.Node(n.Id)), clientv3.OpDelete(keys.Heartbeat(n.Id)), clientv3.OpDelete(keys.HeartbeatSeen(n.Id)), s.auditOp(ctx, "node.delete", n.Id, why)}
 		cmps := []clientv3.Cmp{unchanged(n)}
 		if n.CertificateSerial != "" {
 			put, cmp, err := s.revoke(ctx, n.CertificateSerial)

@@ -56,6 +56,9 @@ func New(t testing.TB, curators int, flags ...string) *Cluster {
 		c.AddCurator()
 	}
 	c.Leader()
+	for _, cur := range c.Curators {
+		c.Serving(cur) // followers too: a test may talk to one first
+	}
 	v := voters[0]
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -194,6 +197,20 @@ func (c *Cluster) Leader() *Curator {
 		return errors.New("no running curator leads")
 	})
 	return leader
+}
+
+// Serving waits until cur answers (leader or follower).
+func (c *Cluster) Serving(cur *Curator) {
+	c.t.Helper()
+	proctest.Eventually(c.t, time.Minute, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		stream, err := curatorv1.NewCuratorClient(c.Conn(cur, Admin)).GetCurrentLeader(ctx, &curatorv1.GetCurrentLeaderRequest{})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		return err
+	})
 }
 
 // Agent plays a node's agent: its own ed25519 key, enrolment with a
