@@ -76,6 +76,10 @@ type Config struct {
 	HeartbeatTimeout  time.Duration
 	// Watch sizes the watch hub (watch.go).
 	Watch WatchConfig
+	// EnrolmentRate and EnrolmentBurst bound the calls of enrolling nodes
+	// (self-signed certificates) on each replica.
+	EnrolmentRate  float64
+	EnrolmentBurst int
 }
 
 // DefaultConfig returns the defaults.
@@ -88,6 +92,8 @@ func DefaultConfig() Config {
 		SessionTTL:        5 * time.Second,
 		HeartbeatInterval: 5 * time.Second,
 		HeartbeatTimeout:  20 * time.Second,
+		EnrolmentRate:     20,
+		EnrolmentBurst:    40,
 	}
 }
 
@@ -105,6 +111,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "election session TTL: how long a crashed leader keeps leading")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "how often nodes send heartbeats")
 	fs.DurationVar(&c.HeartbeatTimeout, "heartbeat-timeout", c.HeartbeatTimeout, "silence after which a node is HEARTBEAT_TIMEOUT")
+	fs.Float64Var(&c.EnrolmentRate, "enrolment-rate", c.EnrolmentRate, "calls per second this replica takes from enrolling nodes (self-signed certificates); more get ResourceExhausted")
+	fs.IntVar(&c.EnrolmentBurst, "enrolment-burst", c.EnrolmentBurst, "how many enrolling calls may come at once before --enrolment-rate applies")
 	c.Watch.AddFlags(fs)
 }
 
@@ -134,6 +142,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SessionTTL < time.Second {
 		return fmt.Errorf("--session-ttl %v: at least 1s", c.SessionTTL)
+	}
+	if c.EnrolmentRate <= 0 || c.EnrolmentBurst < 1 {
+		return fmt.Errorf("--enrolment-rate %g and --enrolment-burst %d: both must be positive", c.EnrolmentRate, c.EnrolmentBurst)
 	}
 	if c.HeartbeatInterval <= 0 || c.HeartbeatTimeout <= c.HeartbeatInterval {
 		return fmt.Errorf("--heartbeat-timeout (%v) must exceed --heartbeat-interval (%v)", c.HeartbeatTimeout, c.HeartbeatInterval)
@@ -223,6 +234,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	s.lead = newLeadership(s)
 	s.consensus = newConsensusPool(s)
 	s.watch = newWatchHub(s)
+	limit := newEnrolmentLimit(cfg.EnrolmentRate, cfg.EnrolmentBurst)
 	srv, err := rpc.NewServer(rpc.ServerConfig{
 		Credentials:        creds,
 		Policy:             policy(),
@@ -230,8 +242,8 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		AllowEnrolling:     true,
 		IsRevoked:          s.crl.IsRevoked,
 		TrustForwardedFrom: []pki.Kind{pki.KindCurator},
-		UnaryInterceptors:  []grpc.UnaryServerInterceptor{s.lead.forwardUnary},
-		StreamInterceptors: []grpc.StreamServerInterceptor{s.lead.forwardStream},
+		UnaryInterceptors:  []grpc.UnaryServerInterceptor{limit.unary, s.lead.forwardUnary},
+		StreamInterceptors: []grpc.StreamServerInterceptor{limit.stream, s.lead.forwardStream},
 	})
 	if err != nil {
 		cli.Close()

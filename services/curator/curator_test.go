@@ -309,3 +309,33 @@ func TestRecommitRevokesReplaced(t *testing.T) {
 		t.Fatalf("the new certificate %s: %v", resp.Node.CertificateSerial, err)
 	}
 }
+
+// TestEnrolmentRateLimit: enrolling nodes (anyone with a key) get
+// ResourceExhausted beyond the replica's rate, with what to do; the admin
+// is not limited.
+func TestEnrolmentRateLimit(t *testing.T) {
+	c := cut.New(t, 1, "--enrolment-rate", "0.5", "--enrolment-burst", "3")
+	ctx := ctxT(t)
+	a := c.NewAgent()
+	cl := a.Enrolling(c.Running())
+	exhausted := 0
+	for range 6 {
+		_, err := cl.CommitNode(ctx, &curatorv1.CommitNodeRequest{})
+		switch status.Code(err) {
+		case codes.ResourceExhausted:
+			exhausted++
+			wantCode(t, err, codes.ResourceExhausted, "retry in a second")
+		case codes.NotFound: // not registered: the call went through
+		default:
+			t.Fatalf("commit of an unregistered node: %v", err)
+		}
+	}
+	if exhausted < 2 {
+		t.Fatalf("%d of 6 enrolling calls at once refused, want at least 2 (burst 3, 0.5/s)", exhausted)
+	}
+	for range 6 {
+		if _, err := c.Management().GetRegisterTicket(ctx, &curatorv1.GetRegisterTicketRequest{}); err != nil {
+			t.Fatalf("the admin is limited too: %v", err)
+		}
+	}
+}

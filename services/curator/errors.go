@@ -25,6 +25,8 @@ var (
 	// the server failed; the data did (DataLoss), and the message names the
 	// key.
 	errCorrupt = errors.New("corrupt record")
+	// errExhausted: a rate limit; retry later.
+	errExhausted = errors.New("too many calls")
 )
 
 func toStatus(err error) error {
@@ -52,6 +54,8 @@ func toStatus(err error) error {
 		return status.Error(codes.PermissionDenied, msg)
 	case errors.Is(err, errCorrupt):
 		return status.Error(codes.DataLoss, msg)
+	case errors.Is(err, errExhausted):
+		return status.Error(codes.ResourceExhausted, msg)
 	case errors.Is(err, errStale), errors.Is(err, fence.ErrStale), errors.Is(err, errConflict):
 		return status.Error(codes.Aborted, msg)
 	}
