@@ -58,6 +58,26 @@ func etcdMember(c *cut.Cluster, node string) uint64 {
 	return 0
 }
 
+// whileRoleWriteHeld runs call with the (only) curator held before its
+// role write, runs meanwhile there, lets the write go on, and returns
+// call's error.
+func whileRoleWriteHeld(t *testing.T, c *cut.Cluster, call func() error, meanwhile func()) error {
+	t.Helper()
+	release := c.Curators[0].Hold("before-role-write")
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	c.Curators[0].Reached("before-role-write")
+	meanwhile()
+	release()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatal("UpdateNodeRoles did not return")
+		return nil
+	}
+}
+
 // TestUpdateNodeRolesFollowsMembership: UpdateNodeRoles decides the etcd
 // step from etcd membership (the truth), not from the role, and decides its
 // role write again from the record it re-read, never from a stale first
@@ -85,21 +105,11 @@ func TestUpdateNodeRolesFollowsMembership(t *testing.T) {
 		// (as the reconciler takes it from a node whose member is gone).
 		// Deciding on the first read would write KubernetesController
 		// without ConsensusMember.
-		release := c.Curators[0].Hold("before-role-write")
-		done := make(chan error, 1)
-		go func() {
+		err := whileRoleWriteHeld(t, c, func() error {
 			_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesController: new(true)})
-			done <- err
-		}()
-		c.Curators[0].Reached("before-role-write")
-		storeRoles(t, c, a.ID, &curatorv1.Roles{})
-		release()
-		select {
-		case err := <-done:
-			wantCode(t, err, codes.Aborted, "changed while this call ran")
-		case <-time.After(time.Minute):
-			t.Fatal("UpdateNodeRoles did not return")
-		}
+			return err
+		}, func() { storeRoles(t, c, a.ID, &curatorv1.Roles{}) })
+		wantCode(t, err, codes.Aborted, "changed while this call ran")
 		if r := storedNode(t, c, a.ID).Roles; r.GetKubernetesController() != nil || r.GetConsensusMember() != nil {
 			t.Fatalf("roles after the refused write: %v", r)
 		}
@@ -141,23 +151,15 @@ func TestUpdateNodeRolesFollowsMembership(t *testing.T) {
 		// new, unapproved one.
 		w := c.NewAgent()
 		w.Enrol(ctx)
-		release := c.Curators[0].Hold("before-role-write")
-		done := make(chan error, 1)
-		go func() {
+		err := whileRoleWriteHeld(t, c, func() error {
 			_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: w.ID, KubernetesWorker: new(true)})
-			done <- err
-		}()
-		c.Curators[0].Reached("before-role-write")
-		again := storedNode(t, c, w.ID)
-		again.State, again.Roles = curatorv1.NodeState_NODE_STATE_NEW, &curatorv1.Roles{}
-		storeNode(t, c, again)
-		release()
-		select {
-		case err := <-done:
-			wantCode(t, err, codes.FailedPrecondition, "roles are for UP nodes")
-		case <-time.After(time.Minute):
-			t.Fatal("UpdateNodeRoles did not return")
-		}
+			return err
+		}, func() {
+			again := storedNode(t, c, w.ID)
+			again.State, again.Roles = curatorv1.NodeState_NODE_STATE_NEW, &curatorv1.Roles{}
+			storeNode(t, c, again)
+		})
+		wantCode(t, err, codes.FailedPrecondition, "roles are for UP nodes")
 		if r := storedNode(t, c, w.ID).Roles; r.GetKubernetesWorker() != nil {
 			t.Fatalf("the node enrolled again got roles from a call made for the one deleted: %v", r)
 		}

@@ -181,15 +181,7 @@ func (c *Cluster) Leader() *Curator {
 			if !cur.Running() {
 				continue
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			stream, err := curatorv1.NewCuratorClient(c.Conn(cur, Admin)).GetCurrentLeader(ctx, &curatorv1.GetCurrentLeaderRequest{})
-			if err != nil {
-				cancel()
-				continue
-			}
-			resp, err := stream.Recv()
-			cancel()
-			if err == nil && resp.ThisIsLeader {
+			if resp, err := c.currentLeader(cur); err == nil && resp.ThisIsLeader {
 				leader = cur
 				return nil
 			}
@@ -203,14 +195,20 @@ func (c *Cluster) Leader() *Curator {
 func (c *Cluster) Serving(cur *Curator) {
 	c.t.Helper()
 	proctest.Eventually(c.t, time.Minute, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		stream, err := curatorv1.NewCuratorClient(c.Conn(cur, Admin)).GetCurrentLeader(ctx, &curatorv1.GetCurrentLeaderRequest{})
-		if err == nil {
-			_, err = stream.Recv()
-		}
+		_, err := c.currentLeader(cur)
 		return err
 	})
+}
+
+// currentLeader is cur's first answer to GetCurrentLeader.
+func (c *Cluster) currentLeader(cur *Curator) (*curatorv1.GetCurrentLeaderResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	stream, err := curatorv1.NewCuratorClient(c.Conn(cur, Admin)).GetCurrentLeader(ctx, &curatorv1.GetCurrentLeaderRequest{})
+	if err != nil {
+		return nil, err
+	}
+	return stream.Recv()
 }
 
 // Agent plays a node's agent: its own ed25519 key, enrolment with a
