@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -58,6 +59,15 @@ func toStatus(err error) error {
 		return status.Error(codes.ResourceExhausted, msg)
 	case errors.Is(err, errStale), errors.Is(err, fence.ErrStale), errors.Is(err, errConflict):
 		return status.Error(codes.Aborted, msg)
+	}
+	// etcd's own errors carry a code but no gRPC status: one that says
+	// etcd is unreachable for now (stopped, no leader, timed out) is
+	// Unavailable, worth a retry; the others stay Internal.
+	// (consensus's etcdCode passes every etcd code on; the curator is not
+	// etcd's front, so only this one.)
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) && ee.Code() == codes.Unavailable {
+		return status.Error(codes.Unavailable, msg)
 	}
 	// An error a consensus service returned keeps its code.
 	var se interface{ GRPCStatus() *status.Status }
