@@ -69,10 +69,16 @@ func toStatus(err error) error {
 	if errors.As(err, &ee) && ee.Code() == codes.Unavailable {
 		return status.Error(codes.Unavailable, msg)
 	}
-	// An error a consensus service returned keeps its code.
+	// An error a consensus service returned keeps its code. One without a
+	// code failed below the call (an etcd member starting or stopping
+	// answered with the wrong protocol, as consensus's toStatus says too):
+	// retry.
 	var se interface{ GRPCStatus() *status.Status }
-	if errors.As(err, &se) && se.GRPCStatus().Code() != codes.Unknown {
-		return status.Error(se.GRPCStatus().Code(), msg)
+	if errors.As(err, &se) {
+		if c := se.GRPCStatus().Code(); c != codes.Unknown {
+			return status.Error(c, msg)
+		}
+		return status.Error(codes.Unavailable, msg)
 	}
 	return status.Error(codes.Internal, msg)
 }

@@ -23,6 +23,8 @@ func TestToStatusEtcdErrors(t *testing.T) {
 		{fmt.Errorf("read nodes: %w", rpctypes.ErrNoLeader), codes.Unavailable},
 		{fmt.Errorf("read nodes: %w", rpctypes.ErrTimeout), codes.Unavailable},
 		{fmt.Errorf("write: %w", rpctypes.ErrRequestTooLarge), codes.Internal},
+		// (seen in the e2e: a member stopping answered HTTP, not gRPC)
+		{fmt.Errorf("read node: %w", status.Error(codes.Unknown, "unexpected HTTP status code received from server: 200 (OK); malformed header: missing HTTP content-type")), codes.Unavailable},
 		{errors.New("something else"), codes.Internal},
 	} {
 		if got := status.Code(toStatus(c.err)); got != c.want {
