@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts the compose cluster (deploy/compose/compose.yaml), waits until its
 # init service reports the cluster ready (3 voters, every node UP), then
-# copies the CA and the admin certificate out of the state volume into
+# copies the CA and the admin certificate out of their volumes into
 # .curia-compose/ and writes .curia-compose/env, as `make run` writes
 # .curia/env. `make up` runs it; running it again is harmless (the cluster
 # comes back from its volumes) and refreshes the env file, e.g. after
@@ -57,13 +57,12 @@ if [ "$code" != 0 ]; then
 fi
 ready=$(( $(date +%s) - begun ))
 
-# The admin's files, out of the state volume (the pki container mounts it).
+# The admin's files, out of their volumes (the init container mounts them).
 mkdir -p "$out"
 printf '# written by deploy/compose/up.sh\n*\n' >"$out/.gitignore"
-pki=$(compose ps -a -q pki | head -n1)
-for f in ca.crt admin-admin.crt admin-admin.key; do
-	docker cp "$pki:/state/pki/$f" "$out/$f"
-done
+docker cp "$init:/state/public/ca.crt" "$out/ca.crt"
+docker cp "$init:/state/secrets/admin/tls.crt" "$out/admin-admin.crt"
+docker cp "$init:/state/secrets/admin/tls.key" "$out/admin-admin.key"
 chmod 600 "$out/admin-admin.key"
 
 # Host ports: one per replica (curators and reconcilers publish from a

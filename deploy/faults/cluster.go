@@ -78,17 +78,17 @@ func (c *cluster) curators() []string { return c.lc.Curators }
 // node's.
 func (c *cluster) nodeIDs() []string {
 	var out []string
-	for _, n := range c.lc.Nodes {
+	for _, n := range c.lc.NodeList() {
 		out = append(out, n.ID)
 	}
 	return out
 }
 
-func (c *cluster) bootstrapID() string { return c.lc.Nodes[0].ID }
+func (c *cluster) bootstrapID() string { return c.lc.NodeList()[0].ID }
 
 // hostOfNode maps a node id to its host name.
 func (c *cluster) hostOfNode(id string) string {
-	for _, n := range c.lc.Nodes {
+	for _, n := range c.lc.NodeList() {
 		if n.ID == id {
 			return n.Name
 		}

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"maps"
 	mrand "math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"syscall"
@@ -306,9 +304,10 @@ func (n *nemesis) inject(ctx context.Context, kind string) (*fault, error) {
 		}
 		name := c.hostOfNode(id)
 		f.Target = name
-		// The reconciler removes its member meanwhile; the heal installs
-		// the node's agent afresh, which registers with the ticket again.
-		f.heal = func() error { return c.reenrol(name, id) }
+		// The reconciler removes its member meanwhile; the heal reinstalls
+		// the node with a new identity (the deleted id never registers
+		// again), and its agent registers with the ticket.
+		f.heal = func() error { return c.reinstall(name) }
 		return f, nil
 	case NemNodeGoneAndBack, NemCorruptNode:
 		id, err := c.memberNode(ctx, n.rng)
@@ -376,12 +375,12 @@ func (n *nemesis) inject(ctx context.Context, kind string) (*fault, error) {
 	return nil, fmt.Errorf("unknown nemesis %q", kind)
 }
 
-// reenrol wipes a deleted node's agent state and restarts the agent, which
-// registers with the ticket; it approves the node and waits (at most a
+// reinstall gives a deleted node a new identity and fresh data
+// (local.Cluster.Reinstall); it approves the node and waits (at most a
 // minute) until the agent committed it.
-func (c *cluster) reenrol(name, id string) error {
-	dir := filepath.Join(c.state, "data", name, "roleserve")
-	if err := c.lc.Restart(name+"-roleserve", 10*time.Second, func() error { return os.RemoveAll(dir) }); err != nil {
+func (c *cluster) reinstall(name string) error {
+	id, err := c.lc.Reinstall(name, 10*time.Second)
+	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -398,7 +397,7 @@ func (c *cluster) reenrol(name, id string) error {
 			}
 		}
 		if !run.Sleep(ctx, 200*time.Millisecond) {
-			return fmt.Errorf("re-enrol %s: node %s is %v after a minute", name, id, node.GetState())
+			return fmt.Errorf("reinstall %s: node %s is %v after a minute", name, id, node.GetState())
 		}
 	}
 }

@@ -106,17 +106,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	var synth []synthetic
-	for range 6 {
-		s, err := newSynthetic()
-		if err != nil {
-			return nil, err
-		}
-		synth = append(synth, s)
+	synth, err := newSynthetics(6)
+	if err != nil {
+		return nil, err
 	}
-	var operable []string
-	for _, n := range c.lc.Nodes[1:] {
-		operable = append(operable, n.ID)
+	// Every node but the bootstrap node, as they are now (a reinstalled
+	// node has a new id).
+	operable := func() []string {
+		var ids []string
+		for _, n := range c.lc.NodeList()[1:] {
+			ids = append(ids, n.ID)
+		}
+		return ids
 	}
 	for i := range 2 {
 		r := mrand.New(mrand.NewPCG(rng.Uint64(), uint64(i)))
@@ -295,21 +296,18 @@ func startCluster(ctx context.Context, cfg Config) (*cluster, func(), error) {
 	if err := waitFile(ctx, filepath.Join(state, "pki", pki.CACertFile), runErr); err != nil {
 		return fail(err)
 	}
-	ca, err := os.ReadFile(filepath.Join(state, "pki", pki.CACertFile))
+	ca, err := os.ReadFile(lc.AdminFiles().CA)
 	if err != nil {
 		return fail(err)
 	}
 	c.caPEM = ca
-	files := func(base string) rpc.TLSFiles {
-		return rpc.TLSFiles{CA: filepath.Join(state, "pki", pki.CACertFile), Cert: filepath.Join(state, "pki", base+".crt"), Key: filepath.Join(state, "pki", base+".key")}
-	}
-	if c.adminCreds, err = rpc.LoadCredentials(lcfg.Cluster, files("admin-admin")); err != nil {
+	if c.adminCreds, err = rpc.LoadCredentials(lcfg.Cluster, lc.AdminFiles()); err != nil {
 		return fail(err)
 	}
 	if c.admin, err = lc.AdminConn(); err != nil {
 		return fail(err)
 	}
-	curatorCreds, err := rpc.LoadCredentials(lcfg.Cluster, files("curator"))
+	curatorCreds, err := rpc.LoadCredentials(lcfg.Cluster, lc.TLSFiles("curator"))
 	if err != nil {
 		return fail(err)
 	}
@@ -380,7 +378,7 @@ func (c *cluster) agreement(ctx context.Context) string {
 	if len(st.GetRoleWithoutMember()) > 0 {
 		return fmt.Sprintf("nodes with ConsensusMember but no member: %v", st.GetRoleWithoutMember())
 	}
-	for _, n := range c.lc.Nodes {
+	for _, n := range c.lc.NodeList() {
 		as, err := c.agentStatus(ctx, n)
 		if err != nil {
 			return fmt.Sprintf("agent of %s: %v", n.Name, err)

@@ -108,10 +108,11 @@ func (w *workload) call(ctx context.Context, kind string, f func(context.Context
 // (never the bootstrap node: the curators reach etcd through the first
 // control-plane nodes), as an operator growing and shrinking the control
 // plane would, retrying nothing: the next decision is a new call.
-func (w *workload) operator(ctx context.Context, rng *mrand.Rand, nodes []string, pace time.Duration) {
+func (w *workload) operator(ctx context.Context, rng *mrand.Rand, nodes func() []string, pace time.Duration) {
 	for ctx.Err() == nil {
 		run.Sleep(ctx, pace/2+time.Duration(rng.Int64N(int64(pace))))
-		id := nodes[rng.IntN(len(nodes))]
+		ids := nodes()
+		id := ids[rng.IntN(len(ids))]
 		cm := rng.IntN(2) == 0
 		before := revision(ctx, w.cluster.etcd)
 		err := w.call(ctx, "update-roles", func(ctx context.Context) error {
@@ -139,13 +140,67 @@ func newSynthetic() (synthetic, error) {
 	return synthetic{id: pki.NodeID(pub), key: key}, nil
 }
 
+// synthetics are the synthetic nodes the registry clients share. A node
+// whose deletion was acknowledged is replaced by a fresh one after a while
+// (a deleted id never registers again), so the workload keeps nodes alive;
+// calls on the deleted one go on until then, to check it stays gone.
+type synthetics struct {
+	mu    sync.Mutex
+	nodes []synthetic
+	// deleted counts the calls each deleted node (by index) still gets.
+	deleted map[int]int
+}
+
+func newSynthetics(n int) (*synthetics, error) {
+	s := &synthetics{deleted: map[int]int{}}
+	for range n {
+		node, err := newSynthetic()
+		if err != nil {
+			return nil, err
+		}
+		s.nodes = append(s.nodes, node)
+	}
+	return s, nil
+}
+
+// pick chooses a node; a deleted one is replaced after a few more calls.
+func (s *synthetics) pick(rng *mrand.Rand) synthetic {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := rng.IntN(len(s.nodes))
+	if left, ok := s.deleted[i]; ok {
+		if left == 0 {
+			if fresh, err := newSynthetic(); err == nil {
+				s.nodes[i] = fresh
+			}
+			delete(s.deleted, i)
+		} else {
+			s.deleted[i] = left - 1
+		}
+	}
+	return s.nodes[i]
+}
+
+// gone records that n's deletion was acknowledged.
+func (s *synthetics) gone(n synthetic) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, m := range s.nodes {
+		if m.id == n.id {
+			if _, ok := s.deleted[i]; !ok {
+				s.deleted[i] = 8
+			}
+		}
+	}
+}
+
 // registryClient walks synthetic nodes through their lifecycle, several
 // clients on the same nodes at once, recording every call for the
 // linearizability check.
-func (w *workload) registryClient(ctx context.Context, client int, rng *mrand.Rand, nodes []synthetic, ticket []byte, pace time.Duration) {
+func (w *workload) registryClient(ctx context.Context, client int, rng *mrand.Rand, nodes *synthetics, ticket []byte, pace time.Duration) {
 	for ctx.Err() == nil {
 		run.Sleep(ctx, pace/2+time.Duration(rng.Int64N(int64(pace))))
-		n := nodes[rng.IntN(len(nodes))]
+		n := nodes.pick(rng)
 		switch rng.IntN(8) {
 		case 0, 1:
 			w.register(ctx, client, n, ticket)
@@ -156,7 +211,9 @@ func (w *workload) registryClient(ctx context.Context, client int, rng *mrand.Ra
 		case 4:
 			w.setWorker(ctx, client, n, rng.IntN(2) == 0)
 		case 5:
-			w.deleteNode(ctx, client, n)
+			if w.deleteNode(ctx, client, n) {
+				nodes.gone(n)
+			}
 		default:
 			w.get(ctx, client, n)
 		}
@@ -233,13 +290,15 @@ func (w *workload) setWorker(ctx context.Context, client int, n synthetic, worke
 	finish(nodeResult(err, resp.GetNode()))
 }
 
-func (w *workload) deleteNode(ctx context.Context, client int, n synthetic) {
+// deleteNode deletes n and says whether the deletion was acknowledged.
+func (w *workload) deleteNode(ctx context.Context, client int, n synthetic) bool {
 	finish := w.registry.Begin(client, "delete", n.id, false)
 	err := w.call(ctx, "delete", func(ctx context.Context) error {
 		_, err := w.mgmt().DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: n.id, SafetyBypassHasRoles: true, SafetyBypassNotDecommissioned: true})
 		return err
 	})
 	finish(registry.Result{Outcome: registry.OutcomeOf(err), Code: status.Code(err)})
+	return err == nil
 }
 
 func (w *workload) get(ctx context.Context, client int, n synthetic) {

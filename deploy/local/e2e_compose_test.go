@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -100,6 +101,7 @@ func TestCompose(t *testing.T) {
 		return voters
 	}
 	first := check()
+	t.Run("every container reads only its own keys", func(t *testing.T) { checkComposeSecrets(t, "curia-e2e") })
 
 	// More curators and reconcilers join as followers and standbys.
 	up("--scale", "curator=3", "--scale", "reconciler=2")
@@ -114,6 +116,65 @@ func TestCompose(t *testing.T) {
 	vars = readEnvFile(t, filepath.Join(out, "env"))
 	if again := check(); fmt.Sprint(again) != fmt.Sprint(first) {
 		t.Fatalf("members before %v, after down/up %v", first, again)
+	}
+}
+
+// checkComposeSecrets inspects every container of the compose project and
+// fails if one of them mounts a volume holding a private key that is not
+// its own identity's (DESIGN §2: one identity, one secret). Volumes are
+// read on the host (/var/lib/docker/volumes), as root.
+func checkComposeSecrets(t *testing.T, project string) {
+	if os.Geteuid() != 0 {
+		t.Skip("reading docker volumes on the host needs root")
+	}
+	// The volumes (without the project prefix) that each service may
+	// read a key from; the pki job writes them all.
+	own := map[string][]string{
+		"curator":    {"secrets-curator"},
+		"reconciler": {"secrets-reconciler"},
+		"init":       {"secrets-admin"},
+	}
+	for i := 1; i <= 4; i++ {
+		n := fmt.Sprintf("node%d", i)
+		own[n+"-consensus"] = []string{"secrets-" + n + "-consensus", n + "-consensus"}
+		own[n+"-roleserve"] = []string{"secrets-" + n, n + "-roleserve"}
+	}
+	ids, err := exec.Command("docker", "ps", "-a", "-q", "--filter", "label=com.docker.compose.project="+project).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, id := range strings.Fields(string(ids)) {
+		out, err := exec.Command("docker", "inspect", "-f", `{{index .Config.Labels "com.docker.compose.service"}}{{range .Mounts}} {{.Name}}={{.Source}}{{end}}`, id).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fields := strings.Fields(string(out))
+		service := fields[0]
+		if service == "pki" {
+			continue // the PKI job makes every identity's files
+		}
+		checked++
+		for _, m := range fields[1:] {
+			name, source, _ := strings.Cut(m, "=")
+			volume := strings.TrimPrefix(name, project+"_")
+			filepath.WalkDir(source, func(p string, d os.DirEntry, err error) error {
+				if err != nil || d.IsDir() {
+					return nil
+				}
+				b, _ := os.ReadFile(p)
+				if !strings.Contains(string(b), "PRIVATE KEY") {
+					return nil
+				}
+				if !slices.Contains(own[service], volume) {
+					t.Errorf("container %s (%s) can read the key %s of volume %s, which is not its own", service, id, strings.TrimPrefix(p, source), volume)
+				}
+				return nil
+			})
+		}
+	}
+	if checked < 12 {
+		t.Fatalf("checked %d containers, want every one of the cluster", checked)
 	}
 }
 

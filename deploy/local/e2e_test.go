@@ -111,7 +111,7 @@ func (c *cluster) readEnv() {
 	c.env = readEnvFile(t, filepath.Join(c.state, "env"))
 	c.ids = map[string]string{}
 	for i := 1; i <= 4; i++ {
-		b, err := os.ReadFile(filepath.Join(c.state, "pki", fmt.Sprintf("node-%d.id", i)))
+		b, err := os.ReadFile(filepath.Join(c.state, "public", fmt.Sprintf("node-%d.id", i)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -18,7 +18,6 @@ package local
 
 import (
 	"context"
-	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"io"
@@ -28,12 +27,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
-
-	"curia.dev/platform/pki"
 )
 
 // Config says where the cluster lives.
@@ -92,6 +88,8 @@ type Cluster struct {
 	Curators    []string
 	Reconcilers []string
 	procs       []*proc
+	// mu guards the nodes' ids, which Reinstall changes.
+	mu sync.Mutex
 }
 
 func (c *Cluster) path(p ...string) string {
@@ -123,160 +121,6 @@ func New(cfg Config) *Cluster {
 		c.Reconcilers = append(c.Reconcilers, fmt.Sprintf("%s.%d:7300", cfg.Subnet, 31+i))
 	}
 	return c
-}
-
-// PKI creates the CA and every certificate on the first run; later runs
-// read the node ids back.
-func (c *Cluster) PKI() error {
-	dir := c.path("pki")
-	if _, err := os.Stat(filepath.Join(dir, pki.CACertFile)); err != nil {
-		if err := c.createPKI(dir); err != nil {
-			return fmt.Errorf("create PKI: %w", err)
-		}
-	}
-	for i := range c.Nodes {
-		b, err := os.ReadFile(filepath.Join(dir, c.Nodes[i].Name+".id"))
-		if err != nil {
-			return fmt.Errorf("node id of %s: %w (start over with --fresh)", c.Nodes[i].Name, err)
-		}
-		c.Nodes[i].ID = strings.TrimSpace(string(b))
-	}
-	if c.cfg.Compose {
-		return c.linkStableNames(dir)
-	}
-	return nil
-}
-
-// linkStableNames gives each node's files a name that does not depend on
-// its id, for the compose file, whose commands cannot read nodeN.id:
-//
-//	nodeN.ed25519.key                 -> node-<hex>.ed25519.key
-//	nodeN-consensus.crt, .key         -> consensus-node-<hex>.crt, .key
-//	nodeN.crt, .key (bootstrap node)  -> node-<hex>.crt, .key
-//
-// They are relative symbolic links in the PKI directory, so they resolve
-// wherever the directory is mounted. Existing correct links are kept; the
-// step runs on every start, so a PKI made before it gets them too.
-func (c *Cluster) linkStableNames(dir string) error {
-	for _, n := range c.Nodes {
-		cons := pki.FileBase(pki.Principal{Kind: pki.KindConsensus, Name: n.ID})
-		links := map[string]string{
-			n.Name + ".ed25519.key":             pki.NodeKeyFile(n.ID),
-			pki.CertFile(n.Name + "-consensus"): pki.CertFile(cons),
-			pki.KeyFile(n.Name + "-consensus"):  pki.KeyFile(cons),
-			pki.CertFile(n.Name):                pki.CertFile(n.ID),
-			pki.KeyFile(n.Name):                 pki.KeyFile(n.ID),
-		}
-		for link, target := range links {
-			if _, err := os.Stat(filepath.Join(dir, target)); errors.Is(err, os.ErrNotExist) {
-				continue // e.g. a node certificate, which only the bootstrap node has
-			} else if err != nil {
-				return err
-			}
-			if err := symlinkAtomic(target, filepath.Join(dir, link)); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// symlinkAtomic makes link point to target, replacing whatever link was.
-func symlinkAtomic(target, link string) error {
-	if t, err := os.Readlink(link); err == nil && t == target {
-		return nil
-	}
-	tmp := filepath.Join(filepath.Dir(link), "."+filepath.Base(link)+".tmp")
-	os.Remove(tmp)
-	if err := os.Symlink(target, tmp); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, link); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
-}
-
-func (c *Cluster) createPKI(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	ca, err := pki.NewCA(c.cfg.Cluster, 10*365*24*time.Hour)
-	if err != nil {
-		return err
-	}
-	year := 365 * 24 * time.Hour
-	issue := func(p pki.Principal, hosts ...string) error {
-		req := pki.IssueRequest{Cluster: c.cfg.Cluster, Principal: p, Validity: year, DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}
-		for _, h := range hosts {
-			if ip := net.ParseIP(h); ip != nil {
-				req.IPs = append(req.IPs, ip)
-			} else {
-				req.DNSNames = append(req.DNSNames, h)
-			}
-		}
-		iss, err := ca.Issue(req)
-		if err != nil {
-			return err
-		}
-		_, err = pki.WritePair(dir, pki.FileBase(p), iss.CertPEM, iss.KeyPEM)
-		return err
-	}
-	if err := issue(pki.Principal{Kind: pki.KindAdmin, Name: "admin"}); err != nil {
-		return err
-	}
-	if err := issue(pki.Principal{Kind: pki.KindCurator}, hosts(c.Curators)...); err != nil {
-		return err
-	}
-	if err := issue(pki.Principal{Kind: pki.KindReconciler}, hosts(c.Reconcilers)...); err != nil {
-		return err
-	}
-	for i, n := range c.Nodes {
-		key, err := pki.NewNodeKey()
-		if err != nil {
-			return err
-		}
-		pub := key.Public().(ed25519.PublicKey)
-		id := pki.NodeID(pub)
-		keyPEM, err := pki.MarshalEd25519PEM(key)
-		if err != nil {
-			return err
-		}
-		if err := pki.WriteFileAtomic(filepath.Join(dir, pki.NodeKeyFile(id)), keyPEM, pki.KeyFileMode); err != nil {
-			return err
-		}
-		if err := pki.WriteFileAtomic(filepath.Join(dir, n.Name+".id"), []byte(id+"\n"), pki.CertFileMode); err != nil {
-			return err
-		}
-		// The consensus service's identity. Workers run one too, idle, so
-		// that any node can become a control-plane node.
-		if err := issue(pki.Principal{Kind: pki.KindConsensus, Name: id}, n.Host); err != nil {
-			return err
-		}
-		if i == 0 {
-			// The bootstrap node starts with a node certificate; every
-			// other node gets its own from the curator when it enrols.
-			if err := issue(pki.Principal{Kind: pki.KindNode, Name: id}, n.Host); err != nil {
-				return err
-			}
-		}
-	}
-	if _, err := pki.WriteCluster(dir, c.cfg.Cluster); err != nil {
-		return err
-	}
-	// The CA goes last: its presence means the PKI is complete.
-	_, err = pki.WriteCA(dir, ca)
-	return err
-}
-
-func hosts(addrs []string) []string {
-	var out []string
-	for _, a := range addrs {
-		h, _, _ := net.SplitHostPort(a)
-		out = append(out, h)
-	}
-	return out
 }
 
 // proc is one supervised service process: restarted when it dies on its

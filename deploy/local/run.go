@@ -69,11 +69,34 @@ func (c *Cluster) Run(ctx context.Context) error {
 	return nil
 }
 
-// startAll starts every process (consensus first, then the curators, the
-// node agents, the reconcilers).
+// startAll starts every process.
 func (c *Cluster) startAll(ctx context.Context) {
-	pkiDir := c.path("pki")
-	file := func(name string) string { return filepath.Join(pkiDir, name) }
+	for _, p := range c.processes() {
+		c.start(ctx, p.name, p.host, p.bin, p.args...)
+	}
+}
+
+// process is one process to start: its name, host, binary, flags, and the
+// identity whose secrets it reads.
+type process struct {
+	name, host, bin string
+	args            []string
+	identity        string
+}
+
+// processes are every process of the cluster, in start order (consensus
+// first, then the curators, the node agents, the reconcilers). Each reads
+// public/ and its own identity's directory (layout.go).
+func (c *Cluster) processes() []process {
+	var out []process
+	add := func(name, host, bin, identity string, args ...string) {
+		out = append(out, process{name: name, host: host, bin: bin, args: args, identity: identity})
+	}
+	ca, crl := c.public(pki.CACertFile), c.public(pki.CRLFile)
+	tls := func(identity string) []string {
+		f := c.TLSFiles(identity)
+		return []string{"--ca", f.CA, "--cert", f.Cert, "--key", f.Key}
+	}
 	// Curators and reconcilers reach etcd and the consensus services of
 	// the control-plane nodes (the curator learns further ones from node
 	// status). Each replica starts its list at another node, so that the
@@ -89,46 +112,47 @@ func (c *Cluster) startAll(ctx context.Context) {
 	}
 	common := func(string) []string { return []string{"--cluster", c.cfg.Cluster, "--log-level", "info"} }
 	for _, n := range c.Nodes {
-		base := pki.FileBase(pki.Principal{Kind: pki.KindConsensus, Name: n.ID})
-		c.start(ctx, n.Name+"-consensus", n.Host, "consensus", append(common(n.Name),
-			"--data-dir", c.path("data", n.Name, "consensus"),
-			"--ca", file(pki.CACertFile), "--cert", file(pki.CertFile(base)), "--key", file(pki.KeyFile(base)),
+		args := append(common(n.Name), "--data-dir", c.path("data", n.Name, "consensus"))
+		args = append(append(args, tls(consensusIdentity(n))...),
+			"--crl", crl, "--curator", strings.Join(c.Curators, ","),
 			"--listen", n.ConsensusAPI(),
 			"--listen-peer", strings.TrimPrefix(n.PeerURL(), "https://"),
-			"--listen-client", strings.TrimPrefix(n.ClientURL(), "https://"))...)
+			"--listen-client", strings.TrimPrefix(n.ClientURL(), "https://"))
+		add(n.Name+"-consensus", n.Host, "consensus", consensusIdentity(n), args...)
 	}
 	for i, addr := range c.Curators {
 		name := fmt.Sprintf("curator-%d", i+1)
-		c.start(ctx, name, hostOf(addr), "curator", append(common(name),
-			"--name", name,
-			"--ca", file(pki.CACertFile), "--cert", file("curator.crt"), "--key", file("curator.key"), "--ca-key", file(pki.CAKeyFile),
+		args := append(append(common(name), "--name", name), tls(curatorIdentity)...)
+		add(name, hostOf(addr), "curator", curatorIdentity, append(args,
+			"--ca-key", c.secret(curatorIdentity, pki.CAKeyFile),
 			"--listen", addr, "--listen-http", httpAddr(addr),
 			"--etcd", strings.Join(etcd, ","), "--consensus", strings.Join(rotate(consensus, i), ","))...)
 	}
 	for i, n := range c.Nodes {
+		agent := agentIdentity(n)
 		args := append(common(n.Name),
 			"--data-dir", c.path("data", n.Name, "roleserve"),
-			"--ca", file(pki.CACertFile),
-			"--node-key", file(pki.NodeKeyFile(n.ID)),
+			"--ca", ca,
+			"--node-key", c.secret(agent, nodeKey),
 			"--curator", strings.Join(c.Curators, ","),
 			"--address", n.Host,
 			"--listen", n.RoleServe(),
 			"--consensus", n.ConsensusAPI())
 		if i == 0 {
-			args = append(args, "--bootstrap", "--bootstrap-cert", file(pki.CertFile(n.ID)), "--bootstrap-key", file(pki.KeyFile(n.ID)))
+			args = append(args, "--bootstrap", "--bootstrap-cert", c.secret(agent, bootCert), "--bootstrap-key", c.secret(agent, nodeKey))
 		} else {
-			args = append(args, "--register-ticket-file", c.path("ticket"))
+			args = append(args, "--register-ticket-file", c.ticketFile())
 		}
-		c.start(ctx, n.Name+"-roleserve", n.Host, "roleserve", args...)
+		add(n.Name+"-roleserve", n.Host, "roleserve", agent, args...)
 	}
 	for i, addr := range c.Reconcilers {
 		name := fmt.Sprintf("reconciler-%d", i+1)
-		c.start(ctx, name, hostOf(addr), "reconciler", append(common(name),
-			"--name", name,
-			"--ca", file(pki.CACertFile), "--cert", file("reconciler.crt"), "--key", file("reconciler.key"),
+		args := append(append(common(name), "--name", name), tls(reconcilerIdentity)...)
+		add(name, hostOf(addr), "reconciler", reconcilerIdentity, append(args,
 			"--listen", addr,
 			"--curator", strings.Join(c.Curators, ","), "--consensus", strings.Join(rotate(consensus, i+1), ","))...)
 	}
+	return out
 }
 
 // rotate returns addrs starting at the i-th (modulo its length).
@@ -140,9 +164,18 @@ func rotate(addrs []string, i int) []string {
 	return append(slices.Clone(addrs[i:]), addrs[:i]...)
 }
 
+// AdminFiles are the operator's TLS files.
+func (c *Cluster) AdminFiles() rpc.TLSFiles { return c.TLSFiles(adminIdentity) }
+
+// TLSFiles are the TLS files of an identity (admin, curator, reconciler,
+// <node>-consensus).
+func (c *Cluster) TLSFiles(identity string) rpc.TLSFiles {
+	return rpc.TLSFiles{CA: c.public(pki.CACertFile), Cert: c.secret(identity, tlsCert), Key: c.secret(identity, tlsKey)}
+}
+
 // AdminConn connects to the curators as the admin.
 func (c *Cluster) AdminConn() (*grpc.ClientConn, error) {
-	creds, err := rpc.LoadCredentials(c.cfg.Cluster, rpc.TLSFiles{CA: c.path("pki", pki.CACertFile), Cert: c.path("pki", "admin-admin.crt"), Key: c.path("pki", "admin-admin.key")})
+	creds, err := rpc.LoadCredentials(c.cfg.Cluster, c.AdminFiles())
 	if err != nil {
 		return nil, err
 	}
@@ -189,7 +222,7 @@ func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, ti
 		if err != nil {
 			return false, fmt.Errorf("register ticket: %w", err)
 		}
-		if err := os.WriteFile(c.path("ticket"), t.Ticket, 0o600); err != nil {
+		if err := pki.WriteFileAtomic(c.ticketFile(), t.Ticket, 0o600); err != nil {
 			return false, err
 		}
 		*ticketWritten = true
@@ -332,9 +365,9 @@ func (c *Cluster) writeEnv() error {
 	lines := []string{
 		"# curia local cluster: source this file, then use grpcurl with these variables.",
 		"export CURIA_CURATOR=" + c.Curators[0],
-		"export CURIA_CACERT=" + abs(c.path("pki", pki.CACertFile)),
-		"export CURIA_ADMIN_CERT=" + abs(c.path("pki", "admin-admin.crt")),
-		"export CURIA_ADMIN_KEY=" + abs(c.path("pki", "admin-admin.key")),
+		"export CURIA_CACERT=" + abs(c.AdminFiles().CA),
+		"export CURIA_ADMIN_CERT=" + abs(c.AdminFiles().Cert),
+		"export CURIA_ADMIN_KEY=" + abs(c.AdminFiles().Key),
 		`export CURIA_TLS="-cacert $CURIA_CACERT -cert $CURIA_ADMIN_CERT -key $CURIA_ADMIN_KEY"`,
 		"export CURIA_CURATORS=" + strings.Join(c.Curators, ","),
 		"export CURIA_CURATOR_HTTP=https://" + httpAddr(c.Curators[0]),

@@ -1,13 +1,22 @@
-// Package crl enforces the cluster's certificate revocation list: it follows
-// keys.CRL in etcd (written by the curator when it deletes a node), checks
-// the list's signature against the cluster CA, and answers "is this
-// certificate revoked?" for the gRPC servers' handshakes and calls.
+// Package crl enforces the cluster's certificate revocation list. A Watcher
+// holds the newest list that verifies against the cluster CA and answers "is
+// this certificate revoked?" for the gRPC servers' handshakes and calls. It
+// is fed from etcd (keys.CRL, which the curator writes; Run) where a process
+// has etcd access, and from the curator's WatchCRL stream (Follow) where it
+// has not; both may feed one watcher, since it never steps back to an older
+// list.
+//
+//	curator ─ revoke: new CRL ─▶ etcd keys.CRL ──Run──▶ Watcher ◀──Follow── curator WatchCRL
+//	                                                      │
+//	                                   IsRevoked (handshake, every call), Changed (etcd's CRL file)
 package crl
 
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/big"
 	"sync"
@@ -15,10 +24,14 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/run"
 )
+
+// ErrOlder is Set's error for a list older than the one held.
+var ErrOlder = errors.New("CRL older than the one held")
 
 // Watcher holds the newest valid CRL seen.
 type Watcher struct {
@@ -28,11 +41,15 @@ type Watcher struct {
 	mu      sync.RWMutex
 	revoked map[string]bool // serial numbers, hex
 	number  *big.Int
+	pem     []byte
+	der     []byte
+	// changed is closed (and replaced) whenever a newer list is loaded.
+	changed chan struct{}
 }
 
 // New returns a watcher that trusts CRLs signed by ca.
 func New(ca *x509.Certificate, log *slog.Logger) *Watcher {
-	return &Watcher{ca: ca, log: log, revoked: map[string]bool{}}
+	return &Watcher{ca: ca, log: log, revoked: map[string]bool{}, changed: make(chan struct{})}
 }
 
 // IsRevoked reports whether cert is on the current list. It fits
@@ -44,11 +61,12 @@ func (w *Watcher) IsRevoked(cert *x509.Certificate) bool {
 }
 
 // Set loads a PEM CRL. A list that does not verify against the CA, or is
-// older than the one held, is refused and the held one stays.
-func (w *Watcher) Set(pemCRL []byte) error {
+// older than the one held, is refused and the held one stays. It reports
+// whether the list is newer than the one held.
+func (w *Watcher) Set(pemCRL []byte) (bool, error) {
 	list, err := pki.VerifyCRL(pemCRL, w.ca)
 	if err != nil {
-		return fmt.Errorf("CRL: %w", err)
+		return false, fmt.Errorf("CRL: %w", err)
 	}
 	revoked := make(map[string]bool, len(list.RevokedCertificateEntries))
 	for _, e := range list.RevokedCertificateEntries {
@@ -56,11 +74,26 @@ func (w *Watcher) Set(pemCRL []byte) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.number != nil && list.Number.Cmp(w.number) < 0 {
-		return fmt.Errorf("CRL number %s is older than the held %s", list.Number, w.number)
+	if w.number != nil {
+		switch list.Number.Cmp(w.number) {
+		case -1:
+			return false, fmt.Errorf("%w: number %s, the held one is %s", ErrOlder, list.Number, w.number)
+		case 0:
+			return false, nil
+		}
 	}
-	w.revoked, w.number = revoked, list.Number
-	return nil
+	w.revoked, w.number, w.pem, w.der = revoked, list.Number, pemCRL, list.Raw
+	close(w.changed)
+	w.changed = make(chan struct{})
+	return true, nil
+}
+
+// Current returns the list held (PEM and DER; nil before any), its number
+// (nil before any), and a channel closed when a newer one is loaded.
+func (w *Watcher) Current() (pem, der []byte, number *big.Int, changed <-chan struct{}) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return w.pem, w.der, w.number, w.changed
 }
 
 // Run follows keys.CRL through cli until ctx ends or the client closes.
@@ -73,7 +106,7 @@ func (w *Watcher) Run(ctx context.Context, cli *clientv3.Client) error {
 			continue
 		}
 		if len(resp.Kvs) > 0 {
-			w.load(resp.Kvs[0].Value)
+			w.load(resp.Kvs[0].Value, "etcd")
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		for wr := range cli.Watch(wctx, keys.CRL, clientv3.WithRev(resp.Header.Revision+1)) {
@@ -82,7 +115,7 @@ func (w *Watcher) Run(ctx context.Context, cli *clientv3.Client) error {
 			}
 			for _, ev := range wr.Events {
 				if ev.Type == clientv3.EventTypePut {
-					w.load(ev.Kv.Value)
+					w.load(ev.Kv.Value, "etcd")
 				}
 			}
 		}
@@ -92,12 +125,49 @@ func (w *Watcher) Run(ctx context.Context, cli *clientv3.Client) error {
 	return nil
 }
 
-func (w *Watcher) load(pemCRL []byte) {
-	if err := w.Set(pemCRL); err != nil {
-		w.log.Error("refusing CRL", "err", err)
+// Follow follows the curators' WatchCRL stream until ctx ends, opening it
+// again (after a second) whenever it breaks. It fits run.Group.
+func (w *Watcher) Follow(ctx context.Context, cur curatorv1.CuratorClient) error {
+	for ctx.Err() == nil {
+		err := w.followOnce(ctx, cur)
+		if ctx.Err() != nil {
+			return nil
+		}
+		w.log.Debug("CRL stream from the curators broke; opening it again", "err", err)
+		run.Sleep(ctx, time.Second)
+	}
+	return nil
+}
+
+func (w *Watcher) followOnce(ctx context.Context, cur curatorv1.CuratorClient) error {
+	stream, err := cur.WatchCRL(ctx, &curatorv1.WatchCRLRequest{})
+	if err != nil {
+		return err
+	}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return errors.New("the curator ended the stream")
+		}
+		if err != nil {
+			return err
+		}
+		if len(resp.GetCrl()) > 0 {
+			w.load(resp.GetCrl(), "curator")
+		}
+	}
+}
+
+func (w *Watcher) load(pemCRL []byte, from string) {
+	newer, err := w.Set(pemCRL)
+	if err != nil {
+		w.log.Error("refusing CRL", "from", from, "err", err)
+		return
+	}
+	if !newer {
 		return
 	}
 	w.mu.RLock()
-	w.log.Info("CRL loaded", "number", w.number, "revoked", len(w.revoked))
+	w.log.Info("CRL loaded", "from", from, "number", w.number, "revoked", len(w.revoked))
 	w.mu.RUnlock()
 }

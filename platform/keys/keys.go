@@ -12,6 +12,7 @@
 //	├── nodes/<node id>            the node registry
 //	├── heartbeats/<node id>       a node's last heartbeat, bound to an etcd lease
 //	├── heartbeats-seen/<node id>  a node's last recorded heartbeat, no lease
+//	├── tombstones/<node id>       a deleted node's id, never to register again
 //	├── cluster/register-ticket    the ticket nodes register with (raw bytes)
 //	└── pki/crl                    the cluster CA's revocation list (PEM)
 package keys
@@ -98,6 +99,13 @@ const (
 	// heartbeats/<node id>; it is deleted with the node.
 	HeartbeatsSeenPrefix = Prefix + "heartbeats-seen/"
 
+	// TombstonesPrefix holds tombstones/<node id> = RFC 3339 time of the
+	// node's deletion (plain text), written by DeleteNode in the same
+	// transaction that deletes the record and revokes its certificates, and
+	// never deleted: a node id is never reused (DESIGN §2), so RegisterNode,
+	// CommitNode and BootstrapCluster refuse a tombstoned id.
+	TombstonesPrefix = Prefix + "tombstones/"
+
 	// RegisterTicket is the cluster's register ticket (raw bytes), created
 	// by the first curator leader.
 	RegisterTicket = Prefix + "cluster/register-ticket"
@@ -128,6 +136,9 @@ func Node(id string) string { return NodesPrefix + id }
 
 // Heartbeat is the key of a node's heartbeat.
 func Heartbeat(id string) string { return HeartbeatsPrefix + id }
+
+// Tombstone is the key of a deleted node's tombstone.
+func Tombstone(id string) string { return TombstonesPrefix + id }
 
 // HeartbeatSeen is the key of the record that a node has sent heartbeats.
 func HeartbeatSeen(id string) string { return HeartbeatsSeenPrefix + id }

@@ -66,7 +66,7 @@ func NewCA(cluster string, validity time.Duration) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse CA certificate: %w", err)
 	}
-	return &CA{Cert: cert, CertPEM: encodeCertPEM(der), Key: key}, nil
+	return &CA{Cert: cert, CertPEM: EncodeCertPEM(der), Key: key}, nil
 }
 
 // LoadCA loads a CA from its certificate and private key (PKCS#8, or SEC 1 for
@@ -81,7 +81,7 @@ func LoadCA(certPEM, keyPEM []byte) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CA key: %w", err)
 	}
-	ca := &CA{Cert: cert, CertPEM: encodeCertPEM(cert.Raw), Key: key}
+	ca := &CA{Cert: cert, CertPEM: EncodeCertPEM(cert.Raw), Key: key}
 	if err := ca.check(); err != nil {
 		return nil, err
 	}

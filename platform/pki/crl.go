@@ -38,6 +38,17 @@ func (ca *CA) CRL(revoked []x509.RevocationListEntry, number *big.Int, validity 
 	return pem.EncodeToMemory(&pem.Block{Type: pemCRL, Bytes: der}), nil
 }
 
+// InitialCRL is the CA's first revocation list: empty, number 0, valid as
+// long as the CA. Every later list has a larger number.
+func (ca *CA) InitialCRL() ([]byte, error) {
+	return ca.CRL(nil, big.NewInt(0), time.Until(ca.Cert.NotAfter))
+}
+
+// EncodeCRLPEM encodes a DER CRL as PEM.
+func EncodeCRLPEM(der []byte) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: pemCRL, Bytes: der})
+}
+
 // ParseCRL parses a PEM CRL without checking who signed it; use VerifyCRL for
 // anything that enforces revocation.
 func ParseCRL(data []byte) (*x509.RevocationList, error) {

@@ -11,8 +11,11 @@ import (
 
 // File names in a PKI directory (see the package comment).
 const (
-	CACertFile  = "ca.crt"
-	CAKeyFile   = "ca.key"
+	CACertFile = "ca.crt"
+	CAKeyFile  = "ca.key"
+	// CRLFile is the CA's initial revocation list (empty, number 0), for the
+	// first etcd member, which starts before any curator can revoke.
+	CRLFile     = "crl.pem"
 	ClusterFile = "cluster"
 )
 
@@ -127,9 +130,14 @@ func WritePair(dir, base string, certPEM, keyPEM []byte) ([]string, error) {
 	return append(written, p), nil
 }
 
-// WriteCA writes ca.key and ca.crt into dir and returns the paths written.
+// WriteCA writes ca.key, crl.pem (an empty revocation list, number 0) and
+// ca.crt into dir, ca.crt last, and returns the paths written.
 func WriteCA(dir string, ca *CA) ([]string, error) {
 	keyPEM, err := ca.KeyPEM()
+	if err != nil {
+		return nil, err
+	}
+	crlPEM, err := ca.InitialCRL()
 	if err != nil {
 		return nil, err
 	}
@@ -140,6 +148,7 @@ func WriteCA(dir string, ca *CA) ([]string, error) {
 		perm fs.FileMode
 	}{
 		{CAKeyFile, keyPEM, KeyFileMode},
+		{CRLFile, crlPEM, CertFileMode},
 		{CACertFile, ca.CertPEM, CertFileMode},
 	} {
 		p := filepath.Join(dir, f.name)

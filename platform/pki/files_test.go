@@ -50,7 +50,7 @@ func TestWriteAndLoad(t *testing.T) {
 	paths = append(append(paths, more...), p)
 
 	wantModes := map[string]fs.FileMode{
-		CAKeyFile: 0o600, CACertFile: 0o644, "admin-alice.key": 0o600, "admin-alice.crt": 0o644, ClusterFile: 0o644,
+		CAKeyFile: 0o600, CACertFile: 0o644, CRLFile: 0o644, "admin-alice.key": 0o600, "admin-alice.crt": 0o644, ClusterFile: 0o644,
 	}
 	if len(paths) != len(wantModes) {
 		t.Errorf("wrote %v, want %d files", paths, len(wantModes))
@@ -82,6 +82,11 @@ func TestWriteAndLoad(t *testing.T) {
 	}
 	if got, err := ReadCluster(dir); err != nil || got != testCluster {
 		t.Errorf("ReadCluster = %q, %v; want %q", got, err, testCluster)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, CRLFile)); err != nil {
+		t.Error(err)
+	} else if crl, err := VerifyCRL(b, ca.Cert); err != nil || len(crl.RevokedCertificateEntries) != 0 || crl.Number.Sign() != 0 {
+		t.Errorf("%s: want an empty list of the CA numbered 0, got %v (%v)", CRLFile, crl, err)
 	}
 	crt, err := os.ReadFile(filepath.Join(dir, "admin-alice.crt"))
 	if err != nil || !bytes.Equal(crt, iss.CertPEM) {

@@ -128,5 +128,5 @@ func (ca *CA) Issue(req IssueRequest) (*Issued, error) {
 	if got, err := PrincipalFromCert(cert, req.Cluster); err != nil || got != req.Principal {
 		return nil, fmt.Errorf("issue %s: certificate maps back to %q (%v)", req.Principal, got, err)
 	}
-	return &Issued{Cert: cert, CertPEM: encodeCertPEM(der), KeyPEM: keyPEM}, nil
+	return &Issued{Cert: cert, CertPEM: EncodeCertPEM(der), KeyPEM: keyPEM}, nil
 }

@@ -78,7 +78,8 @@ func CertPool(caPEM []byte) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-func encodeCertPEM(der []byte) []byte {
+// EncodeCertPEM encodes a DER certificate as PEM.
+func EncodeCertPEM(der []byte) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: pemCertificate, Bytes: der})
 }
 

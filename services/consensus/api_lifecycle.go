@@ -43,6 +43,9 @@ func (x *server) start(ctx context.Context, req *consensusv1.StartRequest) (*con
 	sctx, cancel := context.WithTimeout(ctx, x.s.cfg.StartTimeout)
 	defer cancel()
 	if req.GetBootstrap() != nil {
+		if err := m.requireCRL(); err != nil {
+			return nil, err
+		}
 		if err := m.start(sctx, modeBootstrap, ""); err != nil {
 			return nil, err
 		}
@@ -61,7 +64,10 @@ func (x *server) start(ctx context.Context, req *consensusv1.StartRequest) (*con
 	if err != nil {
 		return nil, err
 	}
-	if err := m.writeCRL(j.GetCrl()); err != nil {
+	if err := m.setCRL(j.GetCrl()); err != nil {
+		return nil, err
+	}
+	if err := m.requireCRL(); err != nil {
 		return nil, err
 	}
 	// Remembered before etcd writes anything: if the member is removed

@@ -18,6 +18,7 @@ import (
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/audit"
+	"curia.dev/platform/crl"
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
@@ -356,16 +357,21 @@ func (c *change) reread(ctx context.Context) error {
 	return nil
 }
 
-// crl is the cluster's current revocation list, handed to joining members.
+// crl is the cluster's current revocation list, handed to joining members:
+// the one in etcd or, newer, the one this process knows (a cluster that has
+// revoked nothing yet has only the deployment's).
 func (x *server) crl(ctx context.Context, cli *clientv3.Client) ([]byte, error) {
 	resp, err := cli.Get(ctx, keys.CRL)
 	if err != nil {
 		return nil, fmt.Errorf("read CRL: %w", err)
 	}
-	if len(resp.Kvs) == 0 {
-		return nil, nil
+	if len(resp.Kvs) > 0 {
+		if _, err := x.s.crl.Set(resp.Kvs[0].Value); err != nil && !errors.Is(err, crl.ErrOlder) {
+			return nil, fmt.Errorf("the CRL in etcd: %w", err)
+		}
 	}
-	return resp.Kvs[0].Value, nil
+	pem, _, _, _ := x.s.crl.Current()
+	return pem, nil
 }
 
 func learners(ms []*etcdMember) []*etcdMember {

@@ -30,6 +30,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/crl"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
@@ -46,6 +47,15 @@ type Config struct {
 	// the cluster CA, with SANs for the peer and client addresses. It serves
 	// the gRPC API and both etcd ports. The node id comes from it.
 	TLS rpc.TLSFiles
+
+	// CRL is the cluster CA's revocation list (PEM file) the member starts
+	// with when it has none of its own yet: the deployment's initial list
+	// (curia-pki writes one with the CA). etcd's ports check revocation
+	// only if they start with a list; afterwards it follows the newest.
+	CRL string
+	// Curators are the curator replicas (host:port), from which the
+	// revocation list is followed when no local member runs.
+	Curators []string
 
 	// ListenAPI is the gRPC API address (host:port).
 	ListenAPI string
@@ -107,6 +117,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Cluster, "cluster", c.Cluster, "cluster name (trust domain of every identity)")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for etcd data and member state")
 	c.TLS.AddFlags(fs, "")
+	fs.StringVar(&c.CRL, "crl", c.CRL, "the cluster CA's initial revocation list (PEM, e.g. crl.pem from curia-pki), used until a newer one is known; etcd's ports check revocation only with one")
+	run.ListFlag(fs, "curator", "curator address host:port, to follow the revocation list from while no local member runs", &c.Curators)
 	fs.StringVar(&c.ListenAPI, "listen", c.ListenAPI, "gRPC API address (host:port)")
 	fs.StringVar(&c.ListenPeer, "listen-peer", c.ListenPeer, "etcd peer address (host:port)")
 	fs.StringVar(&c.ListenClient, "listen-client", c.ListenClient, "etcd client address (host:port)")
@@ -132,6 +144,11 @@ func (c *Config) Validate() error {
 	}
 	if c.TLS.CA == "" || c.TLS.Cert == "" || c.TLS.Key == "" {
 		return errors.New("--ca, --cert and --key are required: a consensus/<node-id> certificate of the cluster CA")
+	}
+	for _, a := range c.Curators {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("--curator %q: %w", a, err)
+		}
 	}
 	for name, addr := range map[string]string{"--listen": c.ListenAPI, "--listen-peer": c.ListenPeer, "--listen-client": c.ListenClient} {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
@@ -197,15 +214,16 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	}
 	cfg.nodeID = creds.Principal.Name
 	log = log.With("component", "consensus", "node", cfg.nodeID)
-	m, err := newMember(cfg, creds, log.With("part", "member"))
-	if err != nil {
-		return nil, err
-	}
 	caCert, err := pki.ParseCertPEM(creds.CAPEM)
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, log: log, creds: creds, member: m, crl: crl.New(caCert, log.With("part", "crl")), pending: newPendingClock()}
+	revocations := crl.New(caCert, log.With("part", "crl"))
+	m, err := newMember(cfg, creds, revocations, log.With("part", "member"))
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, log: log, creds: creds, member: m, crl: revocations, pending: newPendingClock()}
 	srv, err := rpc.NewServer(rpc.ServerConfig{
 		Credentials: creds,
 		Policy:      policy(cfg.nodeID),
@@ -238,6 +256,10 @@ func (s *Service) Run(ctx context.Context) error {
 	g.Add("grpc", func(ctx context.Context) error { return s.rpc.Serve(ctx, lis) })
 	g.Add("member", s.runMember)
 	g.Add("crl", s.followCRL)
+	g.Add("crl-file", s.member.keepCRLFile)
+	if len(s.cfg.Curators) > 0 {
+		g.Add("crl-curators", s.followCuratorCRL)
+	}
 	g.Add("pending", s.followPending)
 	if s.cfg.ListenMetrics != "" {
 		g.Add("metrics", func(ctx context.Context) error { return serveMetrics(ctx, s.cfg.ListenMetrics, s.rpc.MetricsHandler()) })
@@ -264,8 +286,10 @@ func (s *Service) runMember(ctx context.Context) error {
 	return nil
 }
 
-// followCRL enforces the cluster's revocation list on the API while the
-// local member runs (it reads the list from etcd through the member).
+// followCRL follows the cluster's revocation list in etcd while the local
+// member runs (through the member's client). The list is enforced on this
+// API, on etcd's client port for every call (etcdConfig) and, through the
+// file keepCRLFile writes, on etcd's ports for every new connection.
 func (s *Service) followCRL(ctx context.Context) error {
 	for ctx.Err() == nil {
 		if _, cli, err := s.member.running(); err == nil {
@@ -279,6 +303,18 @@ func (s *Service) followCRL(ctx context.Context) error {
 		t.Stop()
 	}
 	return nil
+}
+
+// followCuratorCRL follows the revocation list from the curators, so that
+// it stays current while no local member runs (and, with one, is a second
+// source: the watcher never steps back to an older list).
+func (s *Service) followCuratorCRL(ctx context.Context) error {
+	cc, err := rpc.DialAny(s.cfg.Curators, rpc.ClientConfig{Credentials: s.creds, ServerKinds: []pki.Kind{pki.KindCurator}})
+	if err != nil {
+		return fmt.Errorf("dial curators: %w", err)
+	}
+	defer cc.Close()
+	return s.crl.Follow(ctx, curatorv1.NewCuratorClient(cc))
 }
 
 func serveMetrics(ctx context.Context, addr string, h http.Handler) error {

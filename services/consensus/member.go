@@ -23,8 +23,14 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/crl"
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
@@ -39,12 +45,17 @@ import (
 //
 //	<data-dir>/etcd/         etcd's own data (wal, snap); exists iff this node has a member
 //	<data-dir>/state.json    what we know about that member (id, voters' client URLs)
-//	<data-dir>/crl.der       the CRL from the join parameters (DER, as etcd reads it), enforced on etcd's ports
+//	<data-dir>/crl.der       the newest revocation list known (DER, as etcd reads it on every new
+//	                         connection to its ports); kept across Leave: it is the cluster's, not the member's
 type member struct {
 	cfg   Config
 	creds *rpc.Credentials
 	log   *slog.Logger
 	zap   *zap.Logger
+	// crl is the newest revocation list known; crlFileMu serialises the
+	// writes of its file.
+	crl       *crl.Watcher
+	crlFileMu sync.Mutex
 
 	// changes serialises membership changes made through this process (a
 	// one-slot semaphore, so that waiting honours the caller's context).
@@ -74,7 +85,7 @@ type persisted struct {
 	Endpoints []string `json:"endpoints,omitempty"`
 }
 
-func newMember(cfg Config, creds *rpc.Credentials, log *slog.Logger) (*member, error) {
+func newMember(cfg Config, creds *rpc.Credentials, revocations *crl.Watcher, log *slog.Logger) (*member, error) {
 	zc := zap.NewProductionConfig()
 	zc.Level = zap.NewAtomicLevelAt(zapcore.WarnLevel)
 	zc.OutputPaths = []string{"stderr"}
@@ -83,10 +94,13 @@ func newMember(cfg Config, creds *rpc.Credentials, log *slog.Logger) (*member, e
 	if err != nil {
 		return nil, fmt.Errorf("etcd logger: %w", err)
 	}
-	m := &member{cfg: cfg, creds: creds, log: log, zap: zl.With(zap.String("node", cfg.nodeID)), changes: make(chan struct{}, 1)}
+	m := &member{cfg: cfg, creds: creds, crl: revocations, log: log, zap: zl.With(zap.String("node", cfg.nodeID)), changes: make(chan struct{}, 1)}
 	m.state = consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	if err := m.loadCRL(); err != nil {
+		return nil, err
 	}
 	if b, err := os.ReadFile(m.statePath()); err == nil {
 		if err := json.Unmarshal(b, &m.kept); err != nil {
@@ -330,7 +344,7 @@ func (m *member) status() *consensusv1.StatusResponse {
 // wipe deletes this node's etcd data. Only Leave calls it, after checking
 // that the node is no longer a member.
 func (m *member) wipe() error {
-	for _, p := range []string{m.etcdDir(), m.statePath(), m.crlPath()} {
+	for _, p := range []string{m.etcdDir(), m.statePath()} {
 		if err := os.RemoveAll(p); err != nil {
 			return fmt.Errorf("wipe %s: %w", p, err)
 		}
@@ -385,6 +399,14 @@ func (m *member) etcdConfig(mode startMode, initialCluster string) (*embed.Confi
 	}
 	if _, err := os.Stat(m.crlPath()); err == nil {
 		base.CRLFile = m.crlPath()
+	} else {
+		m.log.Warn("no revocation list: etcd's ports will not check revocation until this member restarts with one (give consensus --crl)")
+	}
+	// The file is read for each new connection; a connection opened
+	// before a revocation is refused at its next call.
+	ec.GRPCAdditionalServerOptions = []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(m.refuseRevokedUnary),
+		grpc.ChainStreamInterceptor(m.refuseRevokedStream),
 	}
 	ec.ClientTLSInfo = base
 	ec.ClientTLSInfo.AllowedCNs = []string{string(pki.KindCurator), string(pki.KindConsensus)}
@@ -505,18 +527,113 @@ func (m *member) rememberEndpoints(members []*etcdMember) {
 	}
 }
 
-// writeCRL stores the CRL from join parameters (PEM) for etcd's ports, as
-// DER: etcd reads the file with x509.ParseRevocationList, and rejects every
-// peer and client connection with "malformed crl" when it is PEM.
-func (m *member) writeCRL(crlPEM []byte) error {
-	if len(bytes.TrimSpace(crlPEM)) == 0 {
+// loadCRL loads the revocation list kept in the data directory, else the
+// deployment's (--crl).
+func (m *member) loadCRL() error {
+	if der, err := os.ReadFile(m.crlPath()); err == nil {
+		if _, err := m.crl.Set(pki.EncodeCRLPEM(der)); err != nil {
+			return fmt.Errorf("%s: %w", m.crlPath(), err)
+		}
 		return nil
 	}
-	crl, err := pki.ParseCRL(crlPEM)
-	if err != nil {
-		return fmt.Errorf("%w: the join parameters' CRL: %v", errBadRequest, err)
+	if m.cfg.CRL == "" {
+		return nil
 	}
-	return pki.WriteFileAtomic(m.crlPath(), crl.Raw, 0o600)
+	b, err := os.ReadFile(m.cfg.CRL)
+	if err != nil {
+		return fmt.Errorf("--crl: %w", err)
+	}
+	if _, err := m.crl.Set(b); err != nil {
+		return fmt.Errorf("--crl %s: %w", m.cfg.CRL, err)
+	}
+	return m.saveCRL()
+}
+
+// setCRL loads a revocation list from join parameters (PEM; nothing when
+// empty) and writes the newest known to the file etcd's ports read, before
+// the member starts.
+func (m *member) setCRL(crlPEM []byte) error {
+	if len(bytes.TrimSpace(crlPEM)) > 0 {
+		if _, err := m.crl.Set(crlPEM); err != nil && !errors.Is(err, crl.ErrOlder) {
+			return fmt.Errorf("%w: the join parameters' CRL: %v", errBadRequest, err)
+		}
+	}
+	return m.saveCRL()
+}
+
+// requireCRL refuses to start a new member without a revocation list:
+// etcd's ports would never check revocation.
+func (m *member) requireCRL() error {
+	if _, der, _, _ := m.crl.Current(); der == nil {
+		return fmt.Errorf("%w: no revocation list known, so etcd's ports could not refuse revoked certificates: start consensus with --crl (crl.pem from curia-pki), or join with parameters that carry one", errRefused)
+	}
+	return nil
+}
+
+// saveCRL writes the newest revocation list known to crl.der, as DER: etcd
+// reads the file with x509.ParseRevocationList, and rejects every peer and
+// client connection with "malformed crl" when it is PEM.
+func (m *member) saveCRL() error {
+	m.crlFileMu.Lock()
+	defer m.crlFileMu.Unlock()
+	_, der, _, _ := m.crl.Current()
+	if der == nil {
+		return nil
+	}
+	if old, err := os.ReadFile(m.crlPath()); err == nil && bytes.Equal(old, der) {
+		return nil
+	}
+	return pki.WriteFileAtomic(m.crlPath(), der, 0o600)
+}
+
+// keepCRLFile rewrites crl.der whenever a newer revocation list is known,
+// until ctx ends; etcd reads the file for every new connection.
+func (m *member) keepCRLFile(ctx context.Context) error {
+	for {
+		_, _, _, changed := m.crl.Current()
+		if err := m.saveCRL(); err != nil {
+			m.log.Error("write the revocation list for etcd's ports", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		}
+	}
+}
+
+// refuseRevokedUnary and refuseRevokedStream run on etcd's client port:
+// every call of a revoked certificate is refused, on connections opened
+// before the revocation too.
+func (m *member) refuseRevokedUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := m.checkRevoked(ctx); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (m *member) refuseRevokedStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := m.checkRevoked(ss.Context()); err != nil {
+		return err
+	}
+	return handler(srv, ss)
+}
+
+func (m *member) checkRevoked(ctx context.Context) error {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil // in-process calls
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return nil
+	}
+	for _, c := range info.State.PeerCertificates {
+		if m.crl.IsRevoked(c) {
+			return status.Errorf(codes.Unauthenticated, "certificate %s is revoked", c.SerialNumber.Text(16))
+		}
+	}
+	return nil
 }
 
 // ensureEpoch creates the membership epoch key if it is missing (a new

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -159,6 +160,78 @@ func TestLifecycle(t *testing.T) {
 	}
 	_, err = m.ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: a.ID})
 	wantCode(t, err, codes.NotFound, "does not exist")
+	// A deleted id never comes back.
+	_, err = enrolling.RegisterNode(ctx, &curatorv1.RegisterNodeRequest{RegisterTicket: ticket.Ticket, PublicKey: pub})
+	wantCode(t, err, codes.PermissionDenied, "never reused")
+	if _, ok := getNodes(t, m, "")[a.ID]; ok {
+		t.Fatal("a deleted id registered again")
+	}
+}
+
+// TestDeleteRevokesEveryCertificate: every certificate a node ever got —
+// the bootstrap node's from the deployment, each commit's — is recorded,
+// and after DeleteNode none of them gets a call through.
+func TestDeleteRevokesEveryCertificate(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := ctxT(t)
+	m := c.Management()
+	boot := c.Voters[0].ID
+	bootSerial := c.BootstrapNode.Certificate.Leaf.SerialNumber.Text(16)
+	if n := getNodes(t, m, "")[boot]; len(n.GetCertificates()) != 1 || n.Certificates[0].Serial != bootSerial || n.Certificates[0].Principal != "node/"+boot {
+		t.Fatalf("bootstrap node's certificates: %v, want its deployment certificate %s", n.GetCertificates(), bootSerial)
+	}
+
+	a := c.NewAgent()
+	a.Enrol(ctx)
+	first := a.Creds
+	a.Enrol(ctx) // commits again: a second certificate, the first revoked
+	second := a.Creds
+	n := getNodes(t, m, "")[a.ID]
+	if len(n.GetCertificates()) != 2 || !n.Certificates[0].Revoked || n.Certificates[1].Revoked {
+		t.Fatalf("certificates after two commits: %v, want the first revoked and the second not", n.GetCertificates())
+	}
+
+	// GetCurrentLeader answers every valid certificate, whether its node
+	// exists or not.
+	works := func(creds *rpc.Credentials, _ string) error {
+		a.Creds = creds
+		stream, err := a.Curator(c.Running()).GetCurrentLeader(ctx, &curatorv1.GetCurrentLeaderRequest{})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		return err
+	}
+	if err := works(second, a.ID); err != nil {
+		t.Fatalf("the current certificate before the deletion: %v", err)
+	}
+	if err := works(c.BootstrapNode, boot); err != nil {
+		t.Fatalf("the bootstrap certificate before the deletion: %v", err)
+	}
+	for _, tc := range []struct {
+		id    string
+		certs []*rpc.Credentials
+	}{{a.ID, []*rpc.Credentials{first, second}}, {boot, []*rpc.Credentials{c.BootstrapNode}}} {
+		del, err := m.DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: tc.id, SafetyBypassHasRoles: true, SafetyBypassNotDecommissioned: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		deleted := time.Now()
+		last := tc.certs[len(tc.certs)-1].Certificate.Leaf.SerialNumber.Text(16)
+		if !slices.Contains(del.RevokedSerials, last) {
+			t.Fatalf("DeleteNode revoked %v, not %s", del.RevokedSerials, last)
+		}
+		for _, creds := range tc.certs {
+			proctest.Eventually(t, 2*time.Second, func() error {
+				// A new connection fails its handshake (Unavailable),
+				// an open one gets Unauthenticated.
+				if err := works(creds, tc.id); err == nil {
+					return fmt.Errorf("certificate %x of deleted node %s still works", creds.Certificate.Leaf.SerialNumber, tc.id)
+				}
+				return nil
+			})
+		}
+		t.Logf("every certificate of %s refused %v after DeleteNode answered", tc.id, time.Since(deleted).Round(time.Millisecond))
+	}
 }
 
 // newKey returns a fresh node public key and id.

@@ -91,6 +91,13 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 	if err := validateStatus(req.GetStatus()); err != nil {
 		return nil, err
 	}
+	certs, err := s.deploymentCertificates(id, req.GetCertificates())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.notTombstoned(ctx, id); err != nil {
+		return nil, err
+	}
 	peerURL := req.GetStatus().GetConsensusPeerUrl()
 	if peerURL == "" {
 		return nil, fmt.Errorf("%w: status.consensus_peer_url is required: the bootstrap node runs the cluster's first etcd member", errBadRequest)
@@ -144,8 +151,15 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 		},
 		Status: req.GetStatus(),
 	}
+	for _, c := range certs {
+		recordIssued(n, c, s.cfg.Cluster)
+		if p, _ := pki.PrincipalFromCert(c, s.cfg.Cluster); p.Kind == pki.KindNode {
+			n.CertificateSerial = c.SerialNumber.Text(16)
+		}
+	}
+	noTomb, _ := tombstone(id)
 	_, err = s.lead.txn(ctx,
-		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0)},
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0), noTomb},
 		putNode(n), s.auditOp(ctx, "cluster.bootstrap", id, "first node of the cluster"))
 	if err == errConflict {
 		return s.bootstrap(ctx, req) // created meanwhile: answer as for an existing node
@@ -215,15 +229,19 @@ func (s *Service) register(ctx context.Context, req *curatorv1.RegisterNodeReque
 		// A node that registers again (a restarted agent) learns its state.
 		return &curatorv1.RegisterNodeResponse{Node: n}, nil
 	}
+	if err := s.notTombstoned(ctx, id); err != nil {
+		return nil, err
+	}
 	n := &curatorv1.Node{Id: id, PublicKey: pub, State: curatorv1.NodeState_NODE_STATE_NEW, Labels: req.GetLabels()}
+	noTomb, _ := tombstone(id)
 	_, err = s.lead.txn(ctx,
-		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0)},
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0), noTomb},
 		putNode(n))
 	if err != nil && err != errConflict {
 		return nil, err
 	}
 	if n, err = s.getNode(ctx, id); err != nil {
-		return nil, err
+		return nil, err // deleted meanwhile
 	}
 	s.log.Info("node registered", "node", id)
 	return &curatorv1.RegisterNodeResponse{Node: n}, nil
@@ -273,17 +291,20 @@ func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse
 	replaced := n.CertificateSerial
 	n.State = curatorv1.NodeState_NODE_STATE_UP
 	n.CertificateSerial = iss.Cert.SerialNumber.Text(16)
+	recordIssued(n, iss.Cert, s.cfg.Cluster)
 	why := "node committed, certificate " + n.CertificateSerial
 	cmps := []clientv3.Cmp{unchanged(n)}
-	ops := []clientv3.Op{putNode(n)}
+	var ops []clientv3.Op
 	if replaced != "" {
 		put, cmp, err := s.revoke(ctx, replaced)
 		if err != nil {
 			return nil, err
 		}
+		markRevoked(n, []string{replaced})
 		ops, cmps = append(ops, put), append(cmps, cmp)
 		why += "; certificate " + replaced + " it replaces revoked"
 	}
+	ops = append(ops, putNode(n))
 	if _, err := s.lead.txn(ctx, cmps, append(ops, s.auditOp(ctx, "node.commit", id, why))...); err != nil {
 		return nil, err
 	}

@@ -2,11 +2,8 @@ package curator
 
 import (
 	"context"
-	"crypto/x509"
 	"fmt"
-	"math/big"
 	"strings"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -15,7 +12,6 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/keys"
-	"curia.dev/platform/pki"
 )
 
 // managementServer implements curia.curator.v1.Management.
@@ -280,9 +276,9 @@ func (x *managementServer) DeleteNode(ctx context.Context, req *curatorv1.Delete
 	return resp, toStatus(err)
 }
 
-// deleteNode deletes a node and revokes its certificate, in one write. A
-// node that is still an etcd member loses that membership to the
-// reconciler afterwards.
+// deleteNode deletes a node, revokes every certificate issued to it that is
+// still valid and tombstones its id, in one write. A node that is still an
+// etcd member loses that membership to the reconciler afterwards.
 func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeRequest) (*curatorv1.DeleteNodeResponse, error) {
 	for {
 		n, err := s.getNode(ctx, req.GetNodeId())
@@ -295,16 +291,16 @@ func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeReque
 		if n.State == curatorv1.NodeState_NODE_STATE_UP && !req.GetSafetyBypassNotDecommissioned() {
 			return nil, fmt.Errorf("%w: node %s is UP, not decommissioned: set safety_bypass_not_decommissioned to delete it anyway", errRefused, n.Id)
 		}
-		why := "deleted; certificate " + n.CertificateSerial + " revoked"
-		if n.CertificateSerial == "" {
-			// The bootstrap node's certificate comes from the deployment,
-			// and a node that never committed has none.
-			why = "deleted; no certificate issued by the curators to revoke"
+		serials := unrevoked(n)
+		why := "deleted, id tombstoned; certificates revoked: " + strings.Join(serials, ", ")
+		if len(serials) == 0 {
+			why = "deleted, id tombstoned; it had no valid certificate to revoke"
 		}
-		ops := []clientv3.Op{clientv3.OpDelete(keys.Node(n.Id)), clientv3.OpDelete(keys.Heartbeat(n.Id)), clientv3.OpDelete(keys.HeartbeatSeen(n.Id)), s.auditOp(ctx, "node.delete", n.Id, why)}
+		_, tomb := tombstone(n.Id)
+		ops := []clientv3.Op{clientv3.OpDelete(keys.Node(n.Id)), clientv3.OpDelete(keys.Heartbeat(n.Id)), clientv3.OpDelete(keys.HeartbeatSeen(n.Id)), tomb, s.auditOp(ctx, "node.delete", n.Id, why)}
 		cmps := []clientv3.Cmp{unchanged(n)}
-		if n.CertificateSerial != "" {
-			put, cmp, err := s.revoke(ctx, n.CertificateSerial)
+		if len(serials) > 0 {
+			put, cmp, err := s.revoke(ctx, serials...)
 			if err != nil {
 				return nil, err
 			}
@@ -317,8 +313,8 @@ func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeReque
 		if err != nil {
 			return nil, err
 		}
-		s.log.Info("node deleted", "node", n.Id, "revoked", n.CertificateSerial, "by", caller(ctx).String())
-		return &curatorv1.DeleteNodeResponse{RevokedSerial: n.CertificateSerial}, nil
+		s.log.Info("node deleted", "node", n.Id, "revoked", serials, "by", caller(ctx).String())
+		return &curatorv1.DeleteNodeResponse{RevokedSerial: n.CertificateSerial, RevokedSerials: serials}, nil
 	}
 }
 
@@ -334,41 +330,6 @@ func roleNames(r *curatorv1.Roles) string {
 		names = append(names, "KubernetesWorker")
 	}
 	return strings.Join(names, ", ")
-}
-
-// crlValidity is how long a CRL stays valid; it is re-signed on every
-// revocation.
-const crlValidity = 365 * 24 * time.Hour
-
-// revoke returns the write of a new CRL that also revokes serial (hex), and
-// the comparison that the CRL did not change since it was read.
-func (s *Service) revoke(ctx context.Context, serial string) (clientv3.Op, clientv3.Cmp, error) {
-	sn, ok := new(big.Int).SetString(serial, 16)
-	if !ok {
-		return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("certificate serial %q is not hex", serial)
-	}
-	resp, err := s.etcd.Get(ctx, keys.CRL)
-	if err != nil {
-		return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("read CRL: %w", err)
-	}
-	var entries []x509.RevocationListEntry
-	number := big.NewInt(1)
-	var rev int64
-	if len(resp.Kvs) > 0 {
-		rev = resp.Kvs[0].ModRevision
-		crl, err := pki.VerifyCRL(resp.Kvs[0].Value, s.ca.Cert)
-		if err != nil {
-			return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("stored CRL: %w", err)
-		}
-		entries = crl.RevokedCertificateEntries
-		number.Add(crl.Number, big.NewInt(1))
-	}
-	entries = append(entries, x509.RevocationListEntry{SerialNumber: sn, RevocationTime: time.Now()})
-	pem, err := s.ca.CRL(entries, number, crlValidity)
-	if err != nil {
-		return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("sign CRL: %w", err)
-	}
-	return clientv3.OpPut(keys.CRL, string(pem)), clientv3.Compare(clientv3.ModRevision(keys.CRL), "=", rev), nil
 }
 
 func (x *managementServer) GetRegisterTicket(ctx context.Context, _ *curatorv1.GetRegisterTicketRequest) (*curatorv1.GetRegisterTicketResponse, error) {

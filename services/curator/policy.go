@@ -16,6 +16,8 @@ import (
 //	                               curator, reconciler, admin
 //	            UpdateNodeStatus, Heartbeat   nodes, only themselves
 //	            GetCurrentLeader   every cluster identity
+//	            WatchCRL           every cluster identity and enrolling nodes:
+//	                               the list is public, signed by the CA
 //	Management  everything         admin
 //	Leases      everything         reconciler
 func policy() rpc.Policy {
@@ -29,6 +31,7 @@ func policy() rpc.Policy {
 	p[method(cur, "UpdateNodeStatus")] = rpc.Rule{Allow: []pki.Kind{pki.KindNode}}
 	p[method(cur, "Heartbeat")] = rpc.Rule{Allow: []pki.Kind{pki.KindNode}}
 	p[method(cur, "GetCurrentLeader")] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindNode, pki.KindConsensus}}
+	p[method(cur, "WatchCRL")] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindNode, pki.KindConsensus, pki.KindEnrolling}}
 	for _, m := range curatorv1.Management_ServiceDesc.Methods {
 		p[method(curatorv1.Management_ServiceDesc.ServiceName, m.MethodName)] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin}}
 	}

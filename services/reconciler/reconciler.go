@@ -39,6 +39,7 @@ import (
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
+	"curia.dev/platform/crl"
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
@@ -152,6 +153,9 @@ type Reconciler struct {
 	consensus []*grpc.ClientConn
 	lease     *leaseKeeper
 	metrics   *metrics
+	// crl is the cluster's revocation list, followed from the curators and
+	// enforced on this replica's API.
+	crl *crl.Watcher
 
 	// trigger asks for a pass now.
 	trigger chan struct{}
@@ -204,7 +208,12 @@ func New(cfg Config, log *slog.Logger) (*Reconciler, error) {
 		learnerSince: map[uint64]time.Time{},
 		readySince:   map[uint64]time.Time{},
 	}
-	srv, err := rpc.NewServer(rpc.ServerConfig{Credentials: creds, Policy: policy(), Logger: log.With("part", "grpc")})
+	caCert, err := pki.ParseCertPEM(creds.CAPEM)
+	if err != nil {
+		return nil, err
+	}
+	r.crl = crl.New(caCert, log.With("part", "crl"))
+	srv, err := rpc.NewServer(rpc.ServerConfig{Credentials: creds, Policy: policy(), Logger: log.With("part", "grpc"), IsRevoked: r.crl.IsRevoked})
 	if err != nil {
 		return nil, err
 	}
@@ -259,6 +268,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	g.Add("watch", r.watchNodes)
 	g.Add("watch-membership", r.watchMembership)
 	g.Add("loop", r.loop)
+	g.Add("crl", func(ctx context.Context) error { return r.crl.Follow(ctx, curatorv1.NewCuratorClient(r.curator)) })
 	r.log.Info("reconciler serving", "listen", lis.Addr().String())
 	return g.Run(ctx)
 }

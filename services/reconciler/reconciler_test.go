@@ -62,7 +62,12 @@ func newReconciler(t *testing.T, c *cut.Cluster, name string) *replica {
 }
 
 func (r *replica) status(t *testing.T, c *cut.Cluster) (*reconcilerv1.GetStatusResponse, error) {
-	cc, err := rpc.Dial(r.addr, rpc.ClientConfig{Credentials: c.PKI.Creds(t, cut.Admin), ServerKinds: []pki.Kind{pki.KindReconciler}})
+	return r.statusAs(t, c.PKI.Creds(t, cut.Admin))
+}
+
+// statusAs asks for the replica's status with creds, on a new connection.
+func (r *replica) statusAs(t *testing.T, creds *rpc.Credentials) (*reconcilerv1.GetStatusResponse, error) {
+	cc, err := rpc.Dial(r.addr, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindReconciler}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -583,4 +588,29 @@ func TestStandbyTakesOver(t *testing.T) {
 		return nil
 	})
 	t.Logf("standby took over %v after kill -9", time.Since(begun).Round(time.Millisecond))
+}
+
+// TestAPIRefusesRevoked: the reconciler has no etcd access, yet refuses a
+// certificate within 2s of its revocation: it follows the CRL from the
+// curators.
+func TestAPIRefusesRevoked(t *testing.T) {
+	c := cut.New(t, 1)
+	r := startReconciler(t, c, "reconciler-0")
+	doomed := c.PKI.Issue(t, cut.Admin, time.Hour)
+	proctest.Eventually(t, time.Minute, func() error {
+		_, err := r.statusAs(t, doomed)
+		return err
+	})
+	c.PKI.Revoke(t, c.Etcd(c.Voters[0].ClientURL), doomed.Certificate.Leaf)
+	revoked := time.Now()
+	proctest.Eventually(t, 2*time.Second, func() error {
+		if _, err := r.statusAs(t, doomed); err == nil {
+			return errors.New("the revoked certificate still gets an answer")
+		}
+		return nil
+	})
+	t.Logf("the reconciler refuses a revoked certificate %v after the CRL was written", time.Since(revoked).Round(time.Millisecond))
+	if _, err := r.status(t, c); err != nil {
+		t.Fatalf("a certificate not revoked: %v", err)
+	}
 }

@@ -38,7 +38,7 @@ func (s *Service) serveAPI(ctx context.Context) error {
 	s.connMu.Lock()
 	creds := s.creds
 	s.connMu.Unlock()
-	srv, err := rpc.NewServer(rpc.ServerConfig{Credentials: creds, Policy: policy(), Logger: s.log.With("part", "grpc")})
+	srv, err := rpc.NewServer(rpc.ServerConfig{Credentials: creds, Policy: policy(), Logger: s.log.With("part", "grpc"), IsRevoked: s.crl.IsRevoked})
 	if err != nil {
 		return err
 	}

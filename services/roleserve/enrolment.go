@@ -227,9 +227,14 @@ func (e *enroller) bootstrap(ctx context.Context) error {
 	}
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
+	s.connMu.Lock()
+	nodeCert := pki.EncodeCertPEM(s.creds.Certificate.Certificate[0])
+	s.connMu.Unlock()
 	resp, err := cur.BootstrapCluster(cctx, &curatorv1.BootstrapClusterRequest{
 		PublicKey: s.key.Public().(ed25519.PublicKey),
 		Status:    s.statusFrom(st),
+		// Recorded, so that deleting this node revokes them too.
+		Certificates: [][]byte{nodeCert},
 	})
 	if err != nil {
 		err = fmt.Errorf("bootstrap the cluster on the curator: %w", err)

@@ -47,6 +47,7 @@ import (
 	"google.golang.org/grpc"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/crl"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
@@ -221,6 +222,9 @@ type Service struct {
 	id     string
 
 	machine *machine
+	// crl is the cluster's revocation list, followed from the curators and
+	// enforced on the agent's API.
+	crl *crl.Watcher
 	// bootstrapCreds are the --bootstrap-cert credentials of a NEW node.
 	bootstrapCreds *nodeCreds
 
@@ -302,6 +306,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		credsReady: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
 		statusKick: make(chan struct{}, 1),
+		crl:        crl.New(caCert, log.With("part", "crl")),
 	}
 	s.st.launcher.phase = phaseNone
 
@@ -355,7 +360,21 @@ func (s *Service) Run(ctx context.Context) error {
 	g.Add("control", s.control)
 	g.Add("heartbeat", s.heartbeat)
 	g.Add("status", s.reportStatus)
+	g.Add("crl", s.followCRL)
 	return g.Run(ctx)
+}
+
+// followCRL follows the revocation list from the curators once the node has
+// its certificate.
+func (s *Service) followCRL(ctx context.Context) error {
+	if !waitFor(ctx, s.credsReady) {
+		return nil
+	}
+	cur, err := s.curatorClient()
+	if err != nil {
+		return err
+	}
+	return s.crl.Follow(ctx, cur)
 }
 
 // setCreds makes the node certificate the agent's identity from now on.

@@ -69,7 +69,12 @@ func startAgent(t *testing.T, k *ct.PKI, node *ct.Node, args ...string) *agent {
 
 // status asks the agent's API as an admin.
 func (a *agent) status(t *testing.T) (*roleservev1.GetStatusResponse, error) {
-	cc, err := rpc.Dial(a.listen, rpc.ClientConfig{Credentials: a.pki.Creds(t, cut.Admin), ServerKinds: []pki.Kind{pki.KindNode}})
+	return a.statusAs(t, a.pki.Creds(t, cut.Admin))
+}
+
+// statusAs asks the agent's API with creds, on a new connection.
+func (a *agent) statusAs(t *testing.T, creds *rpc.Credentials) (*roleservev1.GetStatusResponse, error) {
+	cc, err := rpc.Dial(a.listen, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindNode}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,11 +324,15 @@ func TestJoinLeaveRestart(t *testing.T) {
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
-		if len(entries) > 0 {
-			var names []string
-			for _, e := range entries {
+		// The revocation list stays: it is the cluster's, not the
+		// member's.
+		var names []string
+		for _, e := range entries {
+			if e.Name() != "crl.der" {
 				names = append(names, e.Name())
 			}
+		}
+		if len(names) > 0 {
 			return fmt.Errorf("consensus data dir holds %s", strings.Join(names, ", "))
 		}
 		return nil
@@ -445,6 +454,25 @@ func TestBootstrap(t *testing.T) {
 	})
 	if rs2.LogContains("bootstrapped a new cluster") {
 		t.Fatal("bootstrapped again after the restart")
+	}
+
+	// The agent has no etcd access, yet refuses a certificate within 2s of
+	// its revocation: it follows the CRL from the curators.
+	doomed := cc.PKI.Issue(t, cut.Admin, time.Hour)
+	if _, err := rs2.statusAs(t, doomed); err != nil {
+		t.Fatal(err)
+	}
+	cc.PKI.Revoke(t, etcd, doomed.Certificate.Leaf)
+	revoked := time.Now()
+	proctest.Eventually(t, 2*time.Second, func() error {
+		if _, err := rs2.statusAs(t, doomed); err == nil {
+			return errors.New("the revoked certificate still gets an answer")
+		}
+		return nil
+	})
+	t.Logf("the agent refuses a revoked certificate %v after the CRL was written", time.Since(revoked).Round(time.Millisecond))
+	if _, err := rs2.status(t); err != nil {
+		t.Fatalf("a certificate not revoked: %v", err)
 	}
 }
 

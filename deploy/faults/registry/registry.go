@@ -8,12 +8,14 @@
 //
 // # The specification, as the curator implements it
 //
-// The state of one node is absent, or {state, worker}. A node starts absent
-// (the workload makes a fresh key per synthetic node). The rules come from
+// The state of one node is absent, deleted (absent for good: its id is
+// tombstoned), or {state, worker}. A node starts absent (the workload makes
+// a fresh key per synthetic node). The rules come from
 // services/curator (leader_enrolment.go, leader_management.go, store.go,
 // errors.go); each is checked by the model's step function:
 //
-//   - register (Curator/RegisterNode): absent → NEW, no roles. A node that
+//   - register (Curator/RegisterNode): absent → NEW, no roles; deleted is
+//     PermissionDenied (a deleted id never registers again). A node that
 //     exists already is answered with its record, unchanged, in any state (not
 //     only NEW, whatever the proto comment says). The create is guarded by
 //     "no such key", so two registers make one node. The answer is a second
@@ -34,7 +36,7 @@
 //     pending etcd membership change) is Aborted. The answer is a re-read
 //     after the write (NotFound there: written, then deleted), or the
 //     record read when it already had the value.
-//   - delete (Management/DeleteNode, both safety bypasses): exists → absent,
+//   - delete (Management/DeleteNode, both safety bypasses): exists → deleted,
 //     in any state. Absent is NotFound. A changed record makes it decide
 //     again, never Aborted.
 //   - get (Management/GetNodes filtered to one id): reads the node from a
@@ -292,6 +294,8 @@ type state struct {
 	Exists bool
 	State  string
 	Worker bool
+	// Deleted: absent, and tombstoned.
+	Deleted bool
 }
 
 const (
@@ -300,7 +304,16 @@ const (
 	stateUp      = "NODE_STATE_UP"
 )
 
-var absent = state{}
+var (
+	absent  = state{}
+	deleted = state{Deleted: true}
+)
+
+// seen is what a read of s returns: a deleted node reads as absent.
+func seen(s state) state {
+	s.Deleted = false
+	return s
+}
 
 const answerSuffix = " answer"
 
@@ -369,7 +382,7 @@ func Model() porcupine.Model {
 		Hash: func(s interface{}) uint64 {
 			st := s.(state)
 			f := fnv.New64a()
-			fmt.Fprintf(f, "%v|%s|%v", st.Exists, st.State, st.Worker)
+			fmt.Fprintf(f, "%v|%s|%v|%v", st.Exists, st.State, st.Worker, st.Deleted)
 			return f.Sum64()
 		},
 		DescribeOperation: describeOperation,
@@ -401,6 +414,9 @@ func partition(history []porcupine.Operation) [][]porcupine.Operation {
 func effect(op string, worker bool, s state) (state, bool) {
 	switch op {
 	case OpRegister:
+		if s.Deleted {
+			return s, false
+		}
 		if !s.Exists {
 			return state{Exists: true, State: stateNew}, true
 		}
@@ -430,7 +446,7 @@ func effect(op string, worker bool, s state) (state, bool) {
 		return s, false
 	case OpDelete:
 		if s.Exists {
-			return absent, true
+			return deleted, true
 		}
 		return s, false
 	case OpGet:
@@ -482,6 +498,10 @@ func refusalFits(op string, code codes.Code, s state) bool {
 		// Every op reads the node first; NotFound there is "absent".
 		// (GetNodes never answers NotFound: no guarantee to check.)
 		return op == OpGet || !s.Exists
+	case codes.PermissionDenied:
+		if op == OpRegister {
+			return s.Deleted // the workload's ticket and key are right
+		}
 	case codes.FailedPrecondition:
 		switch op {
 		case OpApprove, OpSetWorker:
@@ -507,7 +527,7 @@ func refusalFits(op string, code codes.Code, s state) bool {
 func step(s state, in input, out output) []state {
 	if strings.HasSuffix(in.Op, answerSuffix) {
 		// The answer of an acknowledged write: a read of the record.
-		if s == answerState(out) {
+		if seen(s) == answerState(out) {
 			return []state{s}
 		}
 		return nil
@@ -515,7 +535,7 @@ func step(s state, in input, out output) []state {
 	switch out.Outcome {
 	case OutcomeOK:
 		if in.Op == OpGet {
-			if s == answerState(out) {
+			if seen(s) == answerState(out) {
 				return []state{s}
 			}
 			return nil
@@ -556,6 +576,9 @@ func answerState(out output) state {
 func shortState(s string) string { return strings.TrimPrefix(s, "NODE_STATE_") }
 
 func describeState(s state) string {
+	if s.Deleted {
+		return "deleted"
+	}
 	if !s.Exists {
 		return "absent"
 	}

@@ -88,8 +88,8 @@ func TestSequentialLegal(t *testing.T) {
 		op{0, OpSetWorker, false, 110, 120, rec("UP", false)},
 		op{0, OpDelete, false, 130, 140, ok()},
 		op{0, OpGet, false, 150, 160, Result{Outcome: OutcomeOK}},
-		op{0, OpRegister, false, 170, 180, rec("NEW", false)},
-		op{0, OpGet, false, 190, 200, rec("NEW", false)},
+		op{0, OpRegister, false, 170, 180, refused(codes.PermissionDenied)}, // tombstoned
+		op{0, OpGet, false, 190, 200, Result{Outcome: OutcomeOK}},
 		op{0, OpGet, false, 201, 202, refused(codes.InvalidArgument)},
 		op{0, OpGet, false, 203, 204, unknown()},
 	)
@@ -190,12 +190,22 @@ func TestConcurrentEitherOrder(t *testing.T) {
 			op{2, OpRegister, false, 110, 140, rec("UP", false)},
 			op{3, OpGet, false, 150, 160, Result{Outcome: OutcomeOK}},
 		)...), porcupine.Ok)
-		// Or it created a NEW node after the delete.
+		// It never creates the node again after the delete: the id is
+		// tombstoned.
 		check(t, history(n1, append(up(),
 			op{1, OpDelete, false, 100, 130, ok()},
 			op{2, OpRegister, false, 110, 140, rec("NEW", false)},
 			op{3, OpGet, false, 150, 160, rec("NEW", false)},
+		)...), porcupine.Illegal)
+		// Refused for the tombstone: only after the delete.
+		check(t, history(n1, append(up(),
+			op{1, OpDelete, false, 100, 130, ok()},
+			op{2, OpRegister, false, 110, 140, refused(codes.PermissionDenied)},
 		)...), porcupine.Ok)
+		check(t, history(n1, append(up(),
+			op{2, OpRegister, false, 100, 110, refused(codes.PermissionDenied)},
+			op{1, OpDelete, false, 120, 130, ok()},
+		)...), porcupine.Illegal)
 	})
 	t.Run("answer is a later read", func(t *testing.T) {
 		// approve wrote STANDBY, a concurrent commit made it UP, and

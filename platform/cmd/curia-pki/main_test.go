@@ -94,6 +94,7 @@ func TestInit(t *testing.T) {
 		"cluster":         0o644,
 		"ca.crt":          0o644,
 		"ca.key":          0o600,
+		"crl.pem":         0o644,
 		"admin-alice.crt": 0o644,
 		"admin-alice.key": 0o600,
 		"curator.crt":     0o644,

@@ -8,7 +8,9 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/json"
+	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -87,6 +89,53 @@ func (k *PKI) Creds(t testing.TB, p pki.Principal) *rpc.Credentials {
 	return creds
 }
 
+// Issue issues a fresh certificate for p (a new serial each time, unlike
+// Creds, which keeps one per principal).
+func (k *PKI) Issue(t testing.TB, p pki.Principal, validity time.Duration) *rpc.Credentials {
+	t.Helper()
+	iss, err := k.CA.Issue(pki.IssueRequest{Cluster: k.Cluster, Principal: p, Validity: validity, DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := rpc.NewCredentials(k.Cluster, k.CA.CertPEM, iss.CertPEM, iss.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return creds
+}
+
+// Revoke writes a CRL into etcd (through cli) that lists certs besides
+// whatever the one there lists, numbered above it: what the curator does on
+// DeleteNode, without a node to delete. It returns when etcd has it.
+func (k *PKI) Revoke(t testing.TB, cli *clientv3.Client, certs ...*x509.Certificate) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, keys.CRL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	number := big.NewInt(1)
+	var entries []x509.RevocationListEntry
+	if len(resp.Kvs) > 0 {
+		list, err := pki.VerifyCRL(resp.Kvs[0].Value, k.CA.Cert)
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries, number = list.RevokedCertificateEntries, number.Add(list.Number, number)
+	}
+	for _, c := range certs {
+		entries = append(entries, x509.RevocationListEntry{SerialNumber: c.SerialNumber, RevocationTime: time.Now()})
+	}
+	list, err := k.CA.CRL(entries, number, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, keys.CRL, string(list)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // NewNodeID returns the id of a fresh node key.
 func NewNodeID(t testing.TB) string {
 	t.Helper()
@@ -156,6 +205,7 @@ func (c *Cluster) NewNode() *Node {
 		"--cluster", c.PKI.Cluster,
 		"--data-dir", n.DataDir,
 		"--ca", n.TLS.CA, "--cert", n.TLS.Cert, "--key", n.TLS.Key,
+		"--crl", filepath.Join(c.PKI.Dir, pki.CRLFile),
 		"--listen", n.API,
 		"--listen-peer", strings.TrimPrefix(n.PeerURL, "https://"),
 		"--listen-client", strings.TrimPrefix(n.ClientURL, "https://"),

@@ -32,6 +32,9 @@ type Cluster struct {
 	Curators []*Curator
 	// Extra flags for every curator, e.g. a shorter heartbeat timeout.
 	CuratorFlags []string
+	// BootstrapNode is the bootstrap node's node certificate, issued by
+	// the test's deployment and recorded by BootstrapCluster.
+	BootstrapNode *rpc.Credentials
 }
 
 // Curator is one curator replica process.
@@ -66,9 +69,11 @@ func New(t testing.TB, curators int, flags ...string) *Cluster {
 	for err != nil && ctx.Err() == nil {
 		_, err = c.Management().GetRegisterTicket(ctx, &curatorv1.GetRegisterTicketRequest{})
 	}
+	c.BootstrapNode = c.PKI.Creds(t, pki.Principal{Kind: pki.KindNode, Name: v.ID})
 	_, err = curatorv1.NewCuratorClient(c.Conn(c.Curators[0], pki.Principal{Kind: pki.KindAdmin, Name: "test"})).BootstrapCluster(ctx, &curatorv1.BootstrapClusterRequest{
-		PublicKey: v.Key.Public().(ed25519.PublicKey),
-		Status:    VoterStatus(v),
+		PublicKey:    v.Key.Public().(ed25519.PublicKey),
+		Status:       VoterStatus(v),
+		Certificates: [][]byte{pki.EncodeCertPEM(c.BootstrapNode.Certificate.Certificate[0])},
 	})
 	if err != nil {
 		t.Fatalf("bootstrap cluster: %v", err)

@@ -71,7 +71,8 @@ func run(args []string) error {
 	case "pki":
 		return c.PKI()
 	case "init":
-		if err := c.PKI(); err != nil {
+		// The PKI job made the node ids (public/); init holds no CA key.
+		if err := c.ReadIDs(); err != nil {
 			return err
 		}
 		admin, err := c.AdminConn()

@@ -28,7 +28,11 @@ type BootstrapClusterRequest struct {
 	// The node's ed25519 public key (32 bytes).
 	PublicKey []byte `protobuf:"bytes,1,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
 	// What the node reports about itself (its consensus endpoints).
-	Status        *NodeStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	Status *NodeStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// PEM certificates the deployment issued to the node (its node
+	// certificate, ...): each must be of the cluster CA and for this node.
+	// Their serials are recorded, so that DeleteNode revokes them.
+	Certificates  [][]byte `protobuf:"bytes,3,rep,name=certificates,proto3" json:"certificates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -73,6 +77,13 @@ func (x *BootstrapClusterRequest) GetPublicKey() []byte {
 func (x *BootstrapClusterRequest) GetStatus() *NodeStatus {
 	if x != nil {
 		return x.Status
+	}
+	return nil
+}
+
+func (x *BootstrapClusterRequest) GetCertificates() [][]byte {
+	if x != nil {
+		return x.Certificates
 	}
 	return nil
 }
@@ -832,15 +843,109 @@ func (x *GetCurrentLeaderResponse) GetSince() *timestamppb.Timestamp {
 	return nil
 }
 
+// WatchCRLRequest asks for the revocation list.
+type WatchCRLRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchCRLRequest) Reset() {
+	*x = WatchCRLRequest{}
+	mi := &file_curia_curator_v1_curator_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchCRLRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchCRLRequest) ProtoMessage() {}
+
+func (x *WatchCRLRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_curator_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchCRLRequest.ProtoReflect.Descriptor instead.
+func (*WatchCRLRequest) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_curator_proto_rawDescGZIP(), []int{14}
+}
+
+// WatchCRLResponse is one revocation list.
+type WatchCRLResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The PEM CRL, signed by the cluster CA; empty while the cluster has
+	// revoked nothing yet.
+	Crl []byte `protobuf:"bytes,1,opt,name=crl,proto3" json:"crl,omitempty"`
+	// Its CRL number (decimal): every newer list has a larger one.
+	Number        string `protobuf:"bytes,2,opt,name=number,proto3" json:"number,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchCRLResponse) Reset() {
+	*x = WatchCRLResponse{}
+	mi := &file_curia_curator_v1_curator_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchCRLResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchCRLResponse) ProtoMessage() {}
+
+func (x *WatchCRLResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_curator_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchCRLResponse.ProtoReflect.Descriptor instead.
+func (*WatchCRLResponse) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_curator_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *WatchCRLResponse) GetCrl() []byte {
+	if x != nil {
+		return x.Crl
+	}
+	return nil
+}
+
+func (x *WatchCRLResponse) GetNumber() string {
+	if x != nil {
+		return x.Number
+	}
+	return ""
+}
+
 var File_curia_curator_v1_curator_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_curator_proto_rawDesc = "" +
 	"\n" +
-	"\x1ecuria/curator/v1/curator.proto\x12\x10curia.curator.v1\x1a\x1bcuria/curator/v1/node.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"n\n" +
+	"\x1ecuria/curator/v1/curator.proto\x12\x10curia.curator.v1\x1a\x1bcuria/curator/v1/node.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\x01\n" +
 	"\x17BootstrapClusterRequest\x12\x1d\n" +
 	"\n" +
 	"public_key\x18\x01 \x01(\fR\tpublicKey\x124\n" +
-	"\x06status\x18\x02 \x01(\v2\x1c.curia.curator.v1.NodeStatusR\x06status\"y\n" +
+	"\x06status\x18\x02 \x01(\v2\x1c.curia.curator.v1.NodeStatusR\x06status\x12\"\n" +
+	"\fcertificates\x18\x03 \x03(\fR\fcertificates\"y\n" +
 	"\x18BootstrapClusterResponse\x12*\n" +
 	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\x121\n" +
 	"\x14already_bootstrapped\x18\x02 \x01(\bR\x13alreadyBootstrapped\"\xe3\x01\n" +
@@ -885,7 +990,11 @@ const file_curia_curator_v1_curator_proto_rawDesc = "" +
 	"\x04term\x18\x03 \x01(\x03R\x04term\x12\x1b\n" +
 	"\tthis_name\x18\x04 \x01(\tR\bthisName\x12$\n" +
 	"\x0ethis_is_leader\x18\x05 \x01(\bR\fthisIsLeader\x120\n" +
-	"\x05since\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x05since2\xaa\x05\n" +
+	"\x05since\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\x11\n" +
+	"\x0fWatchCRLRequest\"<\n" +
+	"\x10WatchCRLResponse\x12\x10\n" +
+	"\x03crl\x18\x01 \x01(\fR\x03crl\x12\x16\n" +
+	"\x06number\x18\x02 \x01(\tR\x06number2\xff\x05\n" +
 	"\aCurator\x12i\n" +
 	"\x10BootstrapCluster\x12).curia.curator.v1.BootstrapClusterRequest\x1a*.curia.curator.v1.BootstrapClusterResponse\x12]\n" +
 	"\fRegisterNode\x12%.curia.curator.v1.RegisterNodeRequest\x1a&.curia.curator.v1.RegisterNodeResponse\x12W\n" +
@@ -894,7 +1003,8 @@ const file_curia_curator_v1_curator_proto_rawDesc = "" +
 	"\x05Watch\x12\x1e.curia.curator.v1.WatchRequest\x1a\x1f.curia.curator.v1.WatchResponse0\x01\x12i\n" +
 	"\x10UpdateNodeStatus\x12).curia.curator.v1.UpdateNodeStatusRequest\x1a*.curia.curator.v1.UpdateNodeStatusResponse\x12X\n" +
 	"\tHeartbeat\x12\".curia.curator.v1.HeartbeatRequest\x1a#.curia.curator.v1.HeartbeatResponse(\x010\x01\x12k\n" +
-	"\x10GetCurrentLeader\x12).curia.curator.v1.GetCurrentLeaderRequest\x1a*.curia.curator.v1.GetCurrentLeaderResponse0\x01B\xb0\x01\n" +
+	"\x10GetCurrentLeader\x12).curia.curator.v1.GetCurrentLeaderRequest\x1a*.curia.curator.v1.GetCurrentLeaderResponse0\x01\x12S\n" +
+	"\bWatchCRL\x12!.curia.curator.v1.WatchCRLRequest\x1a\".curia.curator.v1.WatchCRLResponse0\x01B\xb0\x01\n" +
 	"\x14com.curia.curator.v1B\fCuratorProtoP\x01Z(curia.dev/gen/curia/curator/v1;curatorv1\xa2\x02\x03CCX\xaa\x02\x10Curia.Curator.V1\xca\x02\x10Curia\\Curator\\V1\xe2\x02\x1cCuria\\Curator\\V1\\GPBMetadata\xea\x02\x12Curia::Curator::V1b\x06proto3"
 
 var (
@@ -909,7 +1019,7 @@ func file_curia_curator_v1_curator_proto_rawDescGZIP() []byte {
 	return file_curia_curator_v1_curator_proto_rawDescData
 }
 
-var file_curia_curator_v1_curator_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_curia_curator_v1_curator_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_curia_curator_v1_curator_proto_goTypes = []any{
 	(*BootstrapClusterRequest)(nil),  // 0: curia.curator.v1.BootstrapClusterRequest
 	(*BootstrapClusterResponse)(nil), // 1: curia.curator.v1.BootstrapClusterResponse
@@ -925,20 +1035,22 @@ var file_curia_curator_v1_curator_proto_goTypes = []any{
 	(*HeartbeatResponse)(nil),        // 11: curia.curator.v1.HeartbeatResponse
 	(*GetCurrentLeaderRequest)(nil),  // 12: curia.curator.v1.GetCurrentLeaderRequest
 	(*GetCurrentLeaderResponse)(nil), // 13: curia.curator.v1.GetCurrentLeaderResponse
-	nil,                              // 14: curia.curator.v1.RegisterNodeRequest.LabelsEntry
-	(*NodeStatus)(nil),               // 15: curia.curator.v1.NodeStatus
-	(*Node)(nil),                     // 16: curia.curator.v1.Node
-	(*timestamppb.Timestamp)(nil),    // 17: google.protobuf.Timestamp
+	(*WatchCRLRequest)(nil),          // 14: curia.curator.v1.WatchCRLRequest
+	(*WatchCRLResponse)(nil),         // 15: curia.curator.v1.WatchCRLResponse
+	nil,                              // 16: curia.curator.v1.RegisterNodeRequest.LabelsEntry
+	(*NodeStatus)(nil),               // 17: curia.curator.v1.NodeStatus
+	(*Node)(nil),                     // 18: curia.curator.v1.Node
+	(*timestamppb.Timestamp)(nil),    // 19: google.protobuf.Timestamp
 }
 var file_curia_curator_v1_curator_proto_depIdxs = []int32{
-	15, // 0: curia.curator.v1.BootstrapClusterRequest.status:type_name -> curia.curator.v1.NodeStatus
-	16, // 1: curia.curator.v1.BootstrapClusterResponse.node:type_name -> curia.curator.v1.Node
-	14, // 2: curia.curator.v1.RegisterNodeRequest.labels:type_name -> curia.curator.v1.RegisterNodeRequest.LabelsEntry
-	16, // 3: curia.curator.v1.RegisterNodeResponse.node:type_name -> curia.curator.v1.Node
-	16, // 4: curia.curator.v1.CommitNodeResponse.node:type_name -> curia.curator.v1.Node
-	16, // 5: curia.curator.v1.WatchResponse.nodes:type_name -> curia.curator.v1.Node
-	15, // 6: curia.curator.v1.UpdateNodeStatusRequest.status:type_name -> curia.curator.v1.NodeStatus
-	17, // 7: curia.curator.v1.GetCurrentLeaderResponse.since:type_name -> google.protobuf.Timestamp
+	17, // 0: curia.curator.v1.BootstrapClusterRequest.status:type_name -> curia.curator.v1.NodeStatus
+	18, // 1: curia.curator.v1.BootstrapClusterResponse.node:type_name -> curia.curator.v1.Node
+	16, // 2: curia.curator.v1.RegisterNodeRequest.labels:type_name -> curia.curator.v1.RegisterNodeRequest.LabelsEntry
+	18, // 3: curia.curator.v1.RegisterNodeResponse.node:type_name -> curia.curator.v1.Node
+	18, // 4: curia.curator.v1.CommitNodeResponse.node:type_name -> curia.curator.v1.Node
+	18, // 5: curia.curator.v1.WatchResponse.nodes:type_name -> curia.curator.v1.Node
+	17, // 6: curia.curator.v1.UpdateNodeStatusRequest.status:type_name -> curia.curator.v1.NodeStatus
+	19, // 7: curia.curator.v1.GetCurrentLeaderResponse.since:type_name -> google.protobuf.Timestamp
 	0,  // 8: curia.curator.v1.Curator.BootstrapCluster:input_type -> curia.curator.v1.BootstrapClusterRequest
 	2,  // 9: curia.curator.v1.Curator.RegisterNode:input_type -> curia.curator.v1.RegisterNodeRequest
 	4,  // 10: curia.curator.v1.Curator.CommitNode:input_type -> curia.curator.v1.CommitNodeRequest
@@ -946,15 +1058,17 @@ var file_curia_curator_v1_curator_proto_depIdxs = []int32{
 	8,  // 12: curia.curator.v1.Curator.UpdateNodeStatus:input_type -> curia.curator.v1.UpdateNodeStatusRequest
 	10, // 13: curia.curator.v1.Curator.Heartbeat:input_type -> curia.curator.v1.HeartbeatRequest
 	12, // 14: curia.curator.v1.Curator.GetCurrentLeader:input_type -> curia.curator.v1.GetCurrentLeaderRequest
-	1,  // 15: curia.curator.v1.Curator.BootstrapCluster:output_type -> curia.curator.v1.BootstrapClusterResponse
-	3,  // 16: curia.curator.v1.Curator.RegisterNode:output_type -> curia.curator.v1.RegisterNodeResponse
-	5,  // 17: curia.curator.v1.Curator.CommitNode:output_type -> curia.curator.v1.CommitNodeResponse
-	7,  // 18: curia.curator.v1.Curator.Watch:output_type -> curia.curator.v1.WatchResponse
-	9,  // 19: curia.curator.v1.Curator.UpdateNodeStatus:output_type -> curia.curator.v1.UpdateNodeStatusResponse
-	11, // 20: curia.curator.v1.Curator.Heartbeat:output_type -> curia.curator.v1.HeartbeatResponse
-	13, // 21: curia.curator.v1.Curator.GetCurrentLeader:output_type -> curia.curator.v1.GetCurrentLeaderResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
+	14, // 15: curia.curator.v1.Curator.WatchCRL:input_type -> curia.curator.v1.WatchCRLRequest
+	1,  // 16: curia.curator.v1.Curator.BootstrapCluster:output_type -> curia.curator.v1.BootstrapClusterResponse
+	3,  // 17: curia.curator.v1.Curator.RegisterNode:output_type -> curia.curator.v1.RegisterNodeResponse
+	5,  // 18: curia.curator.v1.Curator.CommitNode:output_type -> curia.curator.v1.CommitNodeResponse
+	7,  // 19: curia.curator.v1.Curator.Watch:output_type -> curia.curator.v1.WatchResponse
+	9,  // 20: curia.curator.v1.Curator.UpdateNodeStatus:output_type -> curia.curator.v1.UpdateNodeStatusResponse
+	11, // 21: curia.curator.v1.Curator.Heartbeat:output_type -> curia.curator.v1.HeartbeatResponse
+	13, // 22: curia.curator.v1.Curator.GetCurrentLeader:output_type -> curia.curator.v1.GetCurrentLeaderResponse
+	15, // 23: curia.curator.v1.Curator.WatchCRL:output_type -> curia.curator.v1.WatchCRLResponse
+	16, // [16:24] is the sub-list for method output_type
+	8,  // [8:16] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -976,7 +1090,7 @@ func file_curia_curator_v1_curator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_curator_proto_rawDesc), len(file_curia_curator_v1_curator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const (
 	Curator_UpdateNodeStatus_FullMethodName = "/curia.curator.v1.Curator/UpdateNodeStatus"
 	Curator_Heartbeat_FullMethodName        = "/curia.curator.v1.Curator/Heartbeat"
 	Curator_GetCurrentLeader_FullMethodName = "/curia.curator.v1.Curator/GetCurrentLeader"
+	Curator_WatchCRL_FullMethodName         = "/curia.curator.v1.Curator/WatchCRL"
 )
 
 // CuratorClient is the client API for Curator service.
@@ -57,6 +58,12 @@ type CuratorClient interface {
 	Heartbeat(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HeartbeatRequest, HeartbeatResponse], error)
 	// GetCurrentLeader streams who leads, now and on every change.
 	GetCurrentLeader(ctx context.Context, in *GetCurrentLeaderRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetCurrentLeaderResponse], error)
+	// WatchCRL streams the cluster CA's certificate revocation list: the
+	// current one, then every newer one. Every curia server that has no etcd
+	// access enforces it. The list is public (signed by the CA; receivers
+	// verify it), so every identity of the CA may follow it, and so may a
+	// process that has only a self-signed key yet. Served by every replica.
+	WatchCRL(ctx context.Context, in *WatchCRLRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchCRLResponse], error)
 }
 
 type curatorClient struct {
@@ -158,6 +165,25 @@ func (c *curatorClient) GetCurrentLeader(ctx context.Context, in *GetCurrentLead
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Curator_GetCurrentLeaderClient = grpc.ServerStreamingClient[GetCurrentLeaderResponse]
 
+func (c *curatorClient) WatchCRL(ctx context.Context, in *WatchCRLRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchCRLResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Curator_ServiceDesc.Streams[3], Curator_WatchCRL_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchCRLRequest, WatchCRLResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Curator_WatchCRLClient = grpc.ServerStreamingClient[WatchCRLResponse]
+
 // CuratorServer is the server API for Curator service.
 // All implementations must embed UnimplementedCuratorServer
 // for forward compatibility.
@@ -187,6 +213,12 @@ type CuratorServer interface {
 	Heartbeat(grpc.BidiStreamingServer[HeartbeatRequest, HeartbeatResponse]) error
 	// GetCurrentLeader streams who leads, now and on every change.
 	GetCurrentLeader(*GetCurrentLeaderRequest, grpc.ServerStreamingServer[GetCurrentLeaderResponse]) error
+	// WatchCRL streams the cluster CA's certificate revocation list: the
+	// current one, then every newer one. Every curia server that has no etcd
+	// access enforces it. The list is public (signed by the CA; receivers
+	// verify it), so every identity of the CA may follow it, and so may a
+	// process that has only a self-signed key yet. Served by every replica.
+	WatchCRL(*WatchCRLRequest, grpc.ServerStreamingServer[WatchCRLResponse]) error
 	mustEmbedUnimplementedCuratorServer()
 }
 
@@ -217,6 +249,9 @@ func (UnimplementedCuratorServer) Heartbeat(grpc.BidiStreamingServer[HeartbeatRe
 }
 func (UnimplementedCuratorServer) GetCurrentLeader(*GetCurrentLeaderRequest, grpc.ServerStreamingServer[GetCurrentLeaderResponse]) error {
 	return status.Error(codes.Unimplemented, "method GetCurrentLeader not implemented")
+}
+func (UnimplementedCuratorServer) WatchCRL(*WatchCRLRequest, grpc.ServerStreamingServer[WatchCRLResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchCRL not implemented")
 }
 func (UnimplementedCuratorServer) mustEmbedUnimplementedCuratorServer() {}
 func (UnimplementedCuratorServer) testEmbeddedByValue()                 {}
@@ -340,6 +375,17 @@ func _Curator_GetCurrentLeader_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Curator_GetCurrentLeaderServer = grpc.ServerStreamingServer[GetCurrentLeaderResponse]
 
+func _Curator_WatchCRL_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchCRLRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(CuratorServer).WatchCRL(m, &grpc.GenericServerStream[WatchCRLRequest, WatchCRLResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Curator_WatchCRLServer = grpc.ServerStreamingServer[WatchCRLResponse]
+
 // Curator_ServiceDesc is the grpc.ServiceDesc for Curator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -379,6 +425,11 @@ var Curator_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "GetCurrentLeader",
 			Handler:       _Curator_GetCurrentLeader_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchCRL",
+			Handler:       _Curator_WatchCRL_Handler,
 			ServerStreams: true,
 		},
 	},

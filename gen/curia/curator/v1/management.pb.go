@@ -404,10 +404,12 @@ func (x *DeleteNodeRequest) GetSafetyBypassNotDecommissioned() bool {
 // DeleteNodeResponse reports the deletion.
 type DeleteNodeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Serial (hex) of the certificate revoked.
+	// Serial (hex) of the node certificate revoked (the current one).
 	RevokedSerial string `protobuf:"bytes,1,opt,name=revoked_serial,json=revokedSerial,proto3" json:"revoked_serial,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Serials (hex) of every certificate revoked by the deletion.
+	RevokedSerials []string `protobuf:"bytes,2,rep,name=revoked_serials,json=revokedSerials,proto3" json:"revoked_serials,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *DeleteNodeResponse) Reset() {
@@ -445,6 +447,13 @@ func (x *DeleteNodeResponse) GetRevokedSerial() string {
 		return x.RevokedSerial
 	}
 	return ""
+}
+
+func (x *DeleteNodeResponse) GetRevokedSerials() []string {
+	if x != nil {
+		return x.RevokedSerials
+	}
+	return nil
 }
 
 // GetClusterInfoRequest asks for the cluster's description.
@@ -1014,9 +1023,10 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x11DeleteNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x125\n" +
 	"\x17safety_bypass_has_roles\x18\x02 \x01(\bR\x14safetyBypassHasRoles\x12G\n" +
-	" safety_bypass_not_decommissioned\x18\x03 \x01(\bR\x1dsafetyBypassNotDecommissioned\";\n" +
+	" safety_bypass_not_decommissioned\x18\x03 \x01(\bR\x1dsafetyBypassNotDecommissioned\"d\n" +
 	"\x12DeleteNodeResponse\x12%\n" +
-	"\x0erevoked_serial\x18\x01 \x01(\tR\rrevokedSerial\"\x17\n" +
+	"\x0erevoked_serial\x18\x01 \x01(\tR\rrevokedSerial\x12'\n" +
+	"\x0frevoked_serials\x18\x02 \x03(\tR\x0erevokedSerials\"\x17\n" +
 	"\x15GetClusterInfoRequest\"\xba\x02\n" +
 	"\x16GetClusterInfoResponse\x12!\n" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12%\n" +

@@ -41,7 +41,8 @@ type ManagementClient interface {
 	ApproveNode(ctx context.Context, in *ApproveNodeRequest, opts ...grpc.CallOption) (*ApproveNodeResponse, error)
 	// UpdateNodeRoles gives or takes roles: etcd membership first, role second.
 	UpdateNodeRoles(ctx context.Context, in *UpdateNodeRolesRequest, opts ...grpc.CallOption) (*UpdateNodeRolesResponse, error)
-	// DeleteNode deletes a node and revokes its certificate.
+	// DeleteNode deletes a node, revokes every certificate ever issued to it
+	// that is still valid, and tombstones its id: it never registers again.
 	DeleteNode(ctx context.Context, in *DeleteNodeRequest, opts ...grpc.CallOption) (*DeleteNodeResponse, error)
 	// GetClusterInfo describes the cluster.
 	GetClusterInfo(ctx context.Context, in *GetClusterInfoRequest, opts ...grpc.CallOption) (*GetClusterInfoResponse, error)
@@ -172,7 +173,8 @@ type ManagementServer interface {
 	ApproveNode(context.Context, *ApproveNodeRequest) (*ApproveNodeResponse, error)
 	// UpdateNodeRoles gives or takes roles: etcd membership first, role second.
 	UpdateNodeRoles(context.Context, *UpdateNodeRolesRequest) (*UpdateNodeRolesResponse, error)
-	// DeleteNode deletes a node and revokes its certificate.
+	// DeleteNode deletes a node, revokes every certificate ever issued to it
+	// that is still valid, and tombstones its id: it never registers again.
 	DeleteNode(context.Context, *DeleteNodeRequest) (*DeleteNodeResponse, error)
 	// GetClusterInfo describes the cluster.
 	GetClusterInfo(context.Context, *GetClusterInfoRequest) (*GetClusterInfoResponse, error)

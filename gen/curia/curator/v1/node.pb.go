@@ -445,7 +445,11 @@ type Node struct {
 	// Set (to the reason) when the stored record does not decode: the node
 	// exists, but nothing else about it is known. Watch reports such a node
 	// instead of leaving it out, so that it never looks deleted.
-	Unreadable    string `protobuf:"bytes,11,opt,name=unreadable,proto3" json:"unreadable,omitempty"`
+	Unreadable string `protobuf:"bytes,11,opt,name=unreadable,proto3" json:"unreadable,omitempty"`
+	// Every certificate ever issued to the node (the bootstrap node's from the
+	// deployment included), oldest first, until it expires: DeleteNode revokes
+	// every one that is still valid.
+	Certificates  []*IssuedCertificate `protobuf:"bytes,12,rep,name=certificates,proto3" json:"certificates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -557,6 +561,86 @@ func (x *Node) GetUnreadable() string {
 	return ""
 }
 
+func (x *Node) GetCertificates() []*IssuedCertificate {
+	if x != nil {
+		return x.Certificates
+	}
+	return nil
+}
+
+// IssuedCertificate is one certificate of a node.
+type IssuedCertificate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Serial number (hex).
+	Serial string `protobuf:"bytes,1,opt,name=serial,proto3" json:"serial,omitempty"`
+	// The principal it certifies, e.g. "node/node-0123…".
+	Principal string `protobuf:"bytes,2,opt,name=principal,proto3" json:"principal,omitempty"`
+	// When it expires.
+	NotAfter *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	// Set once it is revoked.
+	Revoked       bool `protobuf:"varint,4,opt,name=revoked,proto3" json:"revoked,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IssuedCertificate) Reset() {
+	*x = IssuedCertificate{}
+	mi := &file_curia_curator_v1_node_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssuedCertificate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssuedCertificate) ProtoMessage() {}
+
+func (x *IssuedCertificate) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_node_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssuedCertificate.ProtoReflect.Descriptor instead.
+func (*IssuedCertificate) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_node_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *IssuedCertificate) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *IssuedCertificate) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *IssuedCertificate) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *IssuedCertificate) GetRevoked() bool {
+	if x != nil {
+		return x.Revoked
+	}
+	return false
+}
+
 var File_curia_curator_v1_node_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_node_proto_rawDesc = "" +
@@ -577,7 +661,7 @@ const file_curia_curator_v1_node_proto_rawDesc = "" +
 	"\x10running_services\x18\x03 \x03(\tR\x0frunningServices\x12#\n" +
 	"\rconsensus_api\x18\x04 \x01(\tR\fconsensusApi\x12,\n" +
 	"\x12consensus_peer_url\x18\x05 \x01(\tR\x10consensusPeerUrl\x120\n" +
-	"\x14consensus_client_url\x18\x06 \x01(\tR\x12consensusClientUrl\"\xa8\x04\n" +
+	"\x14consensus_client_url\x18\x06 \x01(\tR\x12consensusClientUrl\"\xf1\x04\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -593,10 +677,16 @@ const file_curia_curator_v1_node_proto_rawDesc = "" +
 	" \x01(\x03R\brevision\x12\x1e\n" +
 	"\n" +
 	"unreadable\x18\v \x01(\tR\n" +
-	"unreadable\x1a9\n" +
+	"unreadable\x12G\n" +
+	"\fcertificates\x18\f \x03(\v2#.curia.curator.v1.IssuedCertificateR\fcertificates\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x85\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9c\x01\n" +
+	"\x11IssuedCertificate\x12\x16\n" +
+	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x1c\n" +
+	"\tprincipal\x18\x02 \x01(\tR\tprincipal\x127\n" +
+	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12\x18\n" +
+	"\arevoked\x18\x04 \x01(\bR\arevoked*\x85\x01\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNODE_STATE_NEW\x10\x01\x12\x16\n" +
@@ -624,7 +714,7 @@ func file_curia_curator_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_curia_curator_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_curia_curator_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_curia_curator_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_curia_curator_v1_node_proto_goTypes = []any{
 	(NodeState)(0),                // 0: curia.curator.v1.NodeState
 	(NodeHealth)(0),               // 1: curia.curator.v1.NodeHealth
@@ -634,26 +724,29 @@ var file_curia_curator_v1_node_proto_goTypes = []any{
 	(*Roles)(nil),                 // 5: curia.curator.v1.Roles
 	(*NodeStatus)(nil),            // 6: curia.curator.v1.NodeStatus
 	(*Node)(nil),                  // 7: curia.curator.v1.Node
-	nil,                           // 8: curia.curator.v1.Node.LabelsEntry
-	(*v1.JoinParameters)(nil),     // 9: curia.consensus.v1.JoinParameters
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*IssuedCertificate)(nil),     // 8: curia.curator.v1.IssuedCertificate
+	nil,                           // 9: curia.curator.v1.Node.LabelsEntry
+	(*v1.JoinParameters)(nil),     // 10: curia.consensus.v1.JoinParameters
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_curia_curator_v1_node_proto_depIdxs = []int32{
-	9,  // 0: curia.curator.v1.ConsensusMember.join:type_name -> curia.consensus.v1.JoinParameters
+	10, // 0: curia.curator.v1.ConsensusMember.join:type_name -> curia.consensus.v1.JoinParameters
 	2,  // 1: curia.curator.v1.Roles.consensus_member:type_name -> curia.curator.v1.ConsensusMember
 	3,  // 2: curia.curator.v1.Roles.kubernetes_controller:type_name -> curia.curator.v1.KubernetesController
 	4,  // 3: curia.curator.v1.Roles.kubernetes_worker:type_name -> curia.curator.v1.KubernetesWorker
 	0,  // 4: curia.curator.v1.Node.state:type_name -> curia.curator.v1.NodeState
 	5,  // 5: curia.curator.v1.Node.roles:type_name -> curia.curator.v1.Roles
 	6,  // 6: curia.curator.v1.Node.status:type_name -> curia.curator.v1.NodeStatus
-	8,  // 7: curia.curator.v1.Node.labels:type_name -> curia.curator.v1.Node.LabelsEntry
+	9,  // 7: curia.curator.v1.Node.labels:type_name -> curia.curator.v1.Node.LabelsEntry
 	1,  // 8: curia.curator.v1.Node.health:type_name -> curia.curator.v1.NodeHealth
-	10, // 9: curia.curator.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	11, // 9: curia.curator.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	8,  // 10: curia.curator.v1.Node.certificates:type_name -> curia.curator.v1.IssuedCertificate
+	11, // 11: curia.curator.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_node_proto_init() }
@@ -667,7 +760,7 @@ func file_curia_curator_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_node_proto_rawDesc), len(file_curia_curator_v1_node_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

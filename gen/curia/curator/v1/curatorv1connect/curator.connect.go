@@ -50,6 +50,8 @@ const (
 	// CuratorGetCurrentLeaderProcedure is the fully-qualified name of the Curator's GetCurrentLeader
 	// RPC.
 	CuratorGetCurrentLeaderProcedure = "/curia.curator.v1.Curator/GetCurrentLeader"
+	// CuratorWatchCRLProcedure is the fully-qualified name of the Curator's WatchCRL RPC.
+	CuratorWatchCRLProcedure = "/curia.curator.v1.Curator/WatchCRL"
 )
 
 // CuratorClient is a client for the curia.curator.v1.Curator service.
@@ -76,6 +78,12 @@ type CuratorClient interface {
 	Heartbeat(context.Context) *connect.BidiStreamForClient[v1.HeartbeatRequest, v1.HeartbeatResponse]
 	// GetCurrentLeader streams who leads, now and on every change.
 	GetCurrentLeader(context.Context, *connect.Request[v1.GetCurrentLeaderRequest]) (*connect.ServerStreamForClient[v1.GetCurrentLeaderResponse], error)
+	// WatchCRL streams the cluster CA's certificate revocation list: the
+	// current one, then every newer one. Every curia server that has no etcd
+	// access enforces it. The list is public (signed by the CA; receivers
+	// verify it), so every identity of the CA may follow it, and so may a
+	// process that has only a self-signed key yet. Served by every replica.
+	WatchCRL(context.Context, *connect.Request[v1.WatchCRLRequest]) (*connect.ServerStreamForClient[v1.WatchCRLResponse], error)
 }
 
 // NewCuratorClient constructs a client for the curia.curator.v1.Curator service. By default, it
@@ -131,6 +139,12 @@ func NewCuratorClient(httpClient connect.HTTPClient, baseURL string, opts ...con
 			connect.WithSchema(curatorMethods.ByName("GetCurrentLeader")),
 			connect.WithClientOptions(opts...),
 		),
+		watchCRL: connect.NewClient[v1.WatchCRLRequest, v1.WatchCRLResponse](
+			httpClient,
+			baseURL+CuratorWatchCRLProcedure,
+			connect.WithSchema(curatorMethods.ByName("WatchCRL")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -143,6 +157,7 @@ type curatorClient struct {
 	updateNodeStatus *connect.Client[v1.UpdateNodeStatusRequest, v1.UpdateNodeStatusResponse]
 	heartbeat        *connect.Client[v1.HeartbeatRequest, v1.HeartbeatResponse]
 	getCurrentLeader *connect.Client[v1.GetCurrentLeaderRequest, v1.GetCurrentLeaderResponse]
+	watchCRL         *connect.Client[v1.WatchCRLRequest, v1.WatchCRLResponse]
 }
 
 // BootstrapCluster calls curia.curator.v1.Curator.BootstrapCluster.
@@ -180,6 +195,11 @@ func (c *curatorClient) GetCurrentLeader(ctx context.Context, req *connect.Reque
 	return c.getCurrentLeader.CallServerStream(ctx, req)
 }
 
+// WatchCRL calls curia.curator.v1.Curator.WatchCRL.
+func (c *curatorClient) WatchCRL(ctx context.Context, req *connect.Request[v1.WatchCRLRequest]) (*connect.ServerStreamForClient[v1.WatchCRLResponse], error) {
+	return c.watchCRL.CallServerStream(ctx, req)
+}
+
 // CuratorHandler is an implementation of the curia.curator.v1.Curator service.
 type CuratorHandler interface {
 	// BootstrapCluster creates the first node of a fresh cluster (UP, with
@@ -204,6 +224,12 @@ type CuratorHandler interface {
 	Heartbeat(context.Context, *connect.BidiStream[v1.HeartbeatRequest, v1.HeartbeatResponse]) error
 	// GetCurrentLeader streams who leads, now and on every change.
 	GetCurrentLeader(context.Context, *connect.Request[v1.GetCurrentLeaderRequest], *connect.ServerStream[v1.GetCurrentLeaderResponse]) error
+	// WatchCRL streams the cluster CA's certificate revocation list: the
+	// current one, then every newer one. Every curia server that has no etcd
+	// access enforces it. The list is public (signed by the CA; receivers
+	// verify it), so every identity of the CA may follow it, and so may a
+	// process that has only a self-signed key yet. Served by every replica.
+	WatchCRL(context.Context, *connect.Request[v1.WatchCRLRequest], *connect.ServerStream[v1.WatchCRLResponse]) error
 }
 
 // NewCuratorHandler builds an HTTP handler from the service implementation. It returns the path on
@@ -255,6 +281,12 @@ func NewCuratorHandler(svc CuratorHandler, opts ...connect.HandlerOption) (strin
 		connect.WithSchema(curatorMethods.ByName("GetCurrentLeader")),
 		connect.WithHandlerOptions(opts...),
 	)
+	curatorWatchCRLHandler := connect.NewServerStreamHandler(
+		CuratorWatchCRLProcedure,
+		svc.WatchCRL,
+		connect.WithSchema(curatorMethods.ByName("WatchCRL")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/curia.curator.v1.Curator/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case CuratorBootstrapClusterProcedure:
@@ -271,6 +303,8 @@ func NewCuratorHandler(svc CuratorHandler, opts ...connect.HandlerOption) (strin
 			curatorHeartbeatHandler.ServeHTTP(w, r)
 		case CuratorGetCurrentLeaderProcedure:
 			curatorGetCurrentLeaderHandler.ServeHTTP(w, r)
+		case CuratorWatchCRLProcedure:
+			curatorWatchCRLHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -306,4 +340,8 @@ func (UnimplementedCuratorHandler) Heartbeat(context.Context, *connect.BidiStrea
 
 func (UnimplementedCuratorHandler) GetCurrentLeader(context.Context, *connect.Request[v1.GetCurrentLeaderRequest], *connect.ServerStream[v1.GetCurrentLeaderResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Curator.GetCurrentLeader is not implemented"))
+}
+
+func (UnimplementedCuratorHandler) WatchCRL(context.Context, *connect.Request[v1.WatchCRLRequest], *connect.ServerStream[v1.WatchCRLResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Curator.WatchCRL is not implemented"))
 }

@@ -64,7 +64,8 @@ type ManagementClient interface {
 	ApproveNode(context.Context, *connect.Request[v1.ApproveNodeRequest]) (*connect.Response[v1.ApproveNodeResponse], error)
 	// UpdateNodeRoles gives or takes roles: etcd membership first, role second.
 	UpdateNodeRoles(context.Context, *connect.Request[v1.UpdateNodeRolesRequest]) (*connect.Response[v1.UpdateNodeRolesResponse], error)
-	// DeleteNode deletes a node and revokes its certificate.
+	// DeleteNode deletes a node, revokes every certificate ever issued to it
+	// that is still valid, and tombstones its id: it never registers again.
 	DeleteNode(context.Context, *connect.Request[v1.DeleteNodeRequest]) (*connect.Response[v1.DeleteNodeResponse], error)
 	// GetClusterInfo describes the cluster.
 	GetClusterInfo(context.Context, *connect.Request[v1.GetClusterInfoRequest]) (*connect.Response[v1.GetClusterInfoResponse], error)
@@ -199,7 +200,8 @@ type ManagementHandler interface {
 	ApproveNode(context.Context, *connect.Request[v1.ApproveNodeRequest]) (*connect.Response[v1.ApproveNodeResponse], error)
 	// UpdateNodeRoles gives or takes roles: etcd membership first, role second.
 	UpdateNodeRoles(context.Context, *connect.Request[v1.UpdateNodeRolesRequest]) (*connect.Response[v1.UpdateNodeRolesResponse], error)
-	// DeleteNode deletes a node and revokes its certificate.
+	// DeleteNode deletes a node, revokes every certificate ever issued to it
+	// that is still valid, and tombstones its id: it never registers again.
 	DeleteNode(context.Context, *connect.Request[v1.DeleteNodeRequest]) (*connect.Response[v1.DeleteNodeResponse], error)
 	// GetClusterInfo describes the cluster.
 	GetClusterInfo(context.Context, *connect.Request[v1.GetClusterInfoRequest]) (*connect.Response[v1.GetClusterInfoResponse], error)

@@ -1,0 +1,111 @@
+package consensus_test
+
+import (
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
+	ct "curia.dev/services/consensus/consensustest"
+)
+
+// TestEtcdRefusesRevoked: once the CRL in etcd lists a certificate, etcd's
+// client port refuses it on a connection opened before (every call is
+// checked) and on new ones (the CRL file), and the peer port refuses new
+// connections; a certificate not listed keeps working. Without the CRL
+// file kept fresh, the new connections get in; without the interceptor,
+// the old connection does.
+func TestEtcdRefusesRevoked(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	nodes, _ := c.Voters(1)
+	n := nodes[0]
+
+	doomed := c.PKI.Issue(t, pki.Principal{Kind: pki.KindCurator}, time.Hour)
+	kept := c.PKI.Issue(t, pki.Principal{Kind: pki.KindCurator}, time.Hour)
+	peerDoomed := c.PKI.Issue(t, pki.Principal{Kind: pki.KindConsensus, Name: ct.NewNodeID(t)}, time.Hour)
+	etcdAs := func(creds *rpc.Credentials) *clientv3.Client {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{n.ClientURL}, TLS: rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindConsensus}), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+		return cli
+	}
+	peerGet := func(creds *rpc.Credentials) error { return httpsGetAs(creds, n.PeerURL+"/members") }
+	open := etcdAs(doomed)
+	if _, err := open.Get(ctx, "/x"); err != nil {
+		t.Fatalf("before the revocation: %v", err)
+	}
+	if err := peerGet(peerDoomed); err != nil {
+		t.Fatalf("peer port before the revocation: %v", err)
+	}
+
+	c.PKI.Revoke(t, c.Etcd(n.ClientURL), doomed.Certificate.Leaf, peerDoomed.Certificate.Leaf)
+	revoked := time.Now()
+
+	ct.Eventually(t, 2*time.Second, func() error {
+		_, err := open.Get(ctx, "/x")
+		if status.Code(err) != codes.Unauthenticated {
+			return errors.New("the connection opened before the revocation still works")
+		}
+		return nil
+	})
+	t.Logf("etcd's client port refuses the revoked certificate on an open connection %v after the CRL was written", time.Since(revoked).Round(time.Millisecond))
+	ct.Eventually(t, 2*time.Second, func() error {
+		if err := httpsGetAs(doomed, n.ClientURL+"/version"); err == nil {
+			return errors.New("a new connection to the client port gets in")
+		}
+		if err := peerGet(peerDoomed); err == nil {
+			return errors.New("a new connection to the peer port gets in")
+		}
+		return nil
+	})
+	t.Logf("etcd's ports refuse new connections of revoked certificates %v after the CRL was written", time.Since(revoked).Round(time.Millisecond))
+
+	if _, err := etcdAs(kept).Get(ctx, "/x"); err != nil {
+		t.Fatalf("a certificate not revoked was refused: %v", err)
+	}
+	if err := peerGet(c.PKI.Issue(t, pki.Principal{Kind: pki.KindConsensus, Name: ct.NewNodeID(t)}, time.Hour)); err != nil {
+		t.Fatalf("a peer certificate not revoked was refused: %v", err)
+	}
+
+	// A member that restarts keeps the list (etcd's ports check it from
+	// the first connection), and joiners get it.
+	n.Stop()
+	n.Start()
+	ct.Eventually(t, 30*time.Second, func() error {
+		if n.Status().State != consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING {
+			return errors.New("not running yet")
+		}
+		return nil
+	})
+	if err := httpsGetAs(doomed, n.ClientURL+"/version"); err == nil {
+		t.Fatal("after a restart, the client port admits the revoked certificate")
+	}
+	if err := peerGet(peerDoomed); err == nil {
+		t.Fatal("after a restart, the peer port admits the revoked certificate")
+	}
+}
+
+// httpsGetAs fetches url with creds on a fresh connection.
+func httpsGetAs(creds *rpc.Credentials, url string) error {
+	tr := &http.Transport{TLSClientConfig: rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindConsensus}), DisableKeepAlives: true}
+	resp, err := (&http.Client{Timeout: 2 * time.Second, Transport: tr}).Get(url)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(resp.Status)
+	}
+	return nil
+}
