@@ -329,7 +329,7 @@ func newEtcd(creds *rpc.Credentials, nodes []local.Node) (*clientv3.Client, erro
 	}
 	return clientv3.New(clientv3.Config{
 		Endpoints:   eps,
-		TLS:         rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindConsensus}),
+		TLS:         rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}),
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
 	})

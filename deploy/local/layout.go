@@ -25,7 +25,12 @@ import (
 //	secrets/reconciler/          the reconcilers' certificate
 //	secrets/<node>/              the node agent's ed25519 key (node.key); the bootstrap node also
 //	                             the node certificate the deployment gives it (bootstrap.crt)
-//	secrets/<node>-consensus/    the node's consensus certificate (tls.crt, tls.key)
+//	secrets/<node>-consensus/    the bootstrap node's consensus key (tls.key) and its consensus and
+//	                             member certificates (tls.crt, member.crt): the first etcd member
+//	                             starts before any curator could issue them. Every other consensus
+//	                             process makes its key in its data directory and gets its
+//	                             certificates from the curator, through its agent: the member
+//	                             certificate only with ConsensusMember.
 //	ticket/ticket                the register ticket, written by init for the agents
 //	data/<node>/<process>/       each process's own data (its key and certificates once it has them)
 //
@@ -36,10 +41,11 @@ const (
 	secretsDir = "secrets"
 	ticketDir  = "ticket"
 
-	tlsCert  = "tls.crt"
-	tlsKey   = "tls.key"
-	nodeKey  = "node.key"
-	bootCert = "bootstrap.crt"
+	tlsCert    = "tls.crt"
+	tlsKey     = "tls.key"
+	memberCert = "member.crt"
+	nodeKey    = "node.key"
+	bootCert   = "bootstrap.crt"
 )
 
 // Identities (directories under secrets/).
@@ -55,9 +61,9 @@ func consensusIdentity(n Node) string { return n.Name + "-consensus" }
 
 // Identities lists every directory under secrets/, for the layout test.
 func (c *Cluster) Identities() []string {
-	out := []string{adminIdentity, curatorIdentity, reconcilerIdentity}
+	out := []string{adminIdentity, curatorIdentity, reconcilerIdentity, consensusIdentity(c.Nodes[0])}
 	for _, n := range c.Nodes {
-		out = append(out, agentIdentity(n), consensusIdentity(n))
+		out = append(out, agentIdentity(n))
 	}
 	return out
 }
@@ -165,10 +171,9 @@ func (c *Cluster) createPKI() error {
 	return err
 }
 
-// newNodeIdentity gives node n a new key (and so a new id): its agent's key
-// (and, for the bootstrap node, its certificate) and its consensus
-// certificate. Workers run a consensus process too, idle, so that any node
-// can become a control-plane node.
+// newNodeIdentity gives node n a new key (and so a new id). The bootstrap
+// node also gets its certificate, and its consensus process a key with its
+// consensus and member certificates.
 func (c *Cluster) newNodeIdentity(ca *pki.CA, n Node, bootstrap bool) error {
 	key, err := pki.NewNodeKey()
 	if err != nil {
@@ -176,25 +181,38 @@ func (c *Cluster) newNodeIdentity(ca *pki.CA, n Node, bootstrap bool) error {
 	}
 	pub := key.Public().(ed25519.PublicKey)
 	id := pki.NodeID(pub)
-	keyPEM, err := pki.MarshalEd25519PEM(key)
-	if err != nil {
-		return err
-	}
 	agent, cons := agentIdentity(n), consensusIdentity(n)
-	if err := pki.WriteFileAtomic(c.secret(agent, nodeKey), keyPEM, pki.KeyFileMode); err != nil {
+	if err := writeKey(c.secret(agent, nodeKey), key); err != nil {
 		return err
 	}
 	if bootstrap {
-		// The bootstrap node's certificate, of its own key; every other
-		// node gets its own from the curator when it enrols.
 		if err := c.issue(ca, agent, bootCert, pki.Principal{Kind: pki.KindNode, Name: id}, pub, n.Host); err != nil {
 			return err
 		}
-	}
-	if err := c.issue(ca, cons, tlsCert, pki.Principal{Kind: pki.KindConsensus, Name: id}, nil, n.Host); err != nil {
-		return err
+		ckey, err := pki.NewNodeKey()
+		if err != nil {
+			return err
+		}
+		if err := writeKey(c.secret(cons, tlsKey), ckey); err != nil {
+			return err
+		}
+		cpub := ckey.Public().(ed25519.PublicKey)
+		if err := c.issue(ca, cons, tlsCert, pki.Principal{Kind: pki.KindConsensus, Name: id}, cpub, n.Host); err != nil {
+			return err
+		}
+		if err := c.issue(ca, cons, memberCert, pki.Principal{Kind: pki.KindMember, Name: id}, cpub, n.Host); err != nil {
+			return err
+		}
 	}
 	return pki.WriteFileAtomic(c.public(n.Name+".id"), []byte(id+"\n"), pki.CertFileMode)
+}
+
+func writeKey(path string, key ed25519.PrivateKey) error {
+	b, err := pki.MarshalEd25519PEM(key)
+	if err != nil {
+		return err
+	}
+	return pki.WriteFileAtomic(path, b, pki.KeyFileMode)
 }
 
 // issue writes a certificate for p into secrets/<dir>/<certName> (and, when

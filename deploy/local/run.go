@@ -92,7 +92,7 @@ func (c *Cluster) processes() []process {
 	add := func(name, host, bin, identity string, args ...string) {
 		out = append(out, process{name: name, host: host, bin: bin, args: args, identity: identity})
 	}
-	ca, crl := c.public(pki.CACertFile), c.public(pki.CRLFile)
+	ca := c.public(pki.CACertFile)
 	tls := func(identity string) []string {
 		f := c.TLSFiles(identity)
 		return []string{"--ca", f.CA, "--cert", f.Cert, "--key", f.Key}
@@ -111,14 +111,23 @@ func (c *Cluster) processes() []process {
 		}
 	}
 	common := func(string) []string { return []string{"--cluster", c.cfg.Cluster, "--log-level", "info"} }
-	for _, n := range c.Nodes {
-		args := append(common(n.Name), "--data-dir", c.path("data", n.Name, "consensus"))
-		args = append(append(args, tls(consensusIdentity(n))...),
-			"--crl", crl, "--curator", strings.Join(c.Curators, ","),
+	for i, n := range c.Nodes {
+		args := append(common(n.Name),
+			"--data-dir", c.path("data", n.Name, "consensus"),
+			"--ca", c.public(pki.CACertFile), "--crl", c.public(pki.CRLFile),
+			"--node-id-file", c.public(n.Name+".id"),
+			"--curator", strings.Join(c.Curators, ","),
 			"--listen", n.ConsensusAPI(),
 			"--listen-peer", strings.TrimPrefix(n.PeerURL(), "https://"),
 			"--listen-client", strings.TrimPrefix(n.ClientURL(), "https://"))
-		add(n.Name+"-consensus", n.Host, "consensus", consensusIdentity(n), args...)
+		identity := ""
+		if i == 0 {
+			// The first member starts before any curator: the deployment
+			// gives it its key and certificates.
+			identity = consensusIdentity(n)
+			args = append(args, "--key", c.secret(identity, tlsKey), "--cert", c.secret(identity, tlsCert), "--member-cert", c.secret(identity, memberCert))
+		}
+		add(n.Name+"-consensus", n.Host, "consensus", identity, args...)
 	}
 	for i, addr := range c.Curators {
 		name := fmt.Sprintf("curator-%d", i+1)

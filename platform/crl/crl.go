@@ -126,10 +126,14 @@ func (w *Watcher) Run(ctx context.Context, cli *clientv3.Client) error {
 }
 
 // Follow follows the curators' WatchCRL stream until ctx ends, opening it
-// again (after a second) whenever it breaks. It fits run.Group.
-func (w *Watcher) Follow(ctx context.Context, cur curatorv1.CuratorClient) error {
+// again (after a second, on the client cur returns then) whenever it
+// breaks. It fits run.Group.
+func (w *Watcher) Follow(ctx context.Context, cur func() (curatorv1.CuratorClient, error)) error {
 	for ctx.Err() == nil {
-		err := w.followOnce(ctx, cur)
+		c, err := cur()
+		if err == nil {
+			err = w.followOnce(ctx, c)
+		}
 		if ctx.Err() != nil {
 			return nil
 		}

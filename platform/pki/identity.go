@@ -15,14 +15,18 @@ import (
 type Kind string
 
 // The principal kinds of DESIGN §2. Consensus is the identity of a node's
-// consensus process: the only node-side identity that etcd's ports accept, so
-// that a worker node's certificate can never reach etcd.
+// consensus process towards curia (its API; every node has one, workers
+// too); etcd's ports refuse it. Member is the identity of a node's etcd
+// member: the only node-side identity that etcd's ports accept, issued by
+// the curator only while the node holds ConsensusMember and revoked when the
+// role goes, so that a worker holds nothing that reaches etcd.
 const (
 	KindAdmin      Kind = "admin"
 	KindCurator    Kind = "curator"
 	KindReconciler Kind = "reconciler"
 	KindNode       Kind = "node"
 	KindConsensus  Kind = "consensus"
+	KindMember     Kind = "member"
 )
 
 // KindEnrolling is a node that has no certificate of the CA yet and
@@ -38,15 +42,16 @@ const (
 const KindEnrolling Kind = "enrolling"
 
 // Named reports whether principals of this kind carry a name
-// (admin/<name>, node/<id>, consensus/<node-id>, enrolling/<node-id>).
+// (admin/<name>, node/<id>, consensus/<node-id>, member/<node-id>,
+// enrolling/<node-id>).
 func (k Kind) Named() bool {
-	return k == KindAdmin || k == KindNode || k == KindConsensus || k == KindEnrolling
+	return k == KindAdmin || k == KindNode || k == KindConsensus || k == KindMember || k == KindEnrolling
 }
 
 // valid reports whether k is a kind of certificate identity.
 func (k Kind) valid() bool {
 	switch k {
-	case KindAdmin, KindCurator, KindReconciler, KindNode, KindConsensus:
+	case KindAdmin, KindCurator, KindReconciler, KindNode, KindConsensus, KindMember:
 		return true
 	}
 	return false
@@ -103,7 +108,7 @@ func (p Principal) Validate() error {
 		return nil
 	}
 	switch p.Kind {
-	case KindNode, KindConsensus:
+	case KindNode, KindConsensus, KindMember:
 		if !nodeIDRE.MatchString(p.Name) {
 			return fmt.Errorf("%s principal: %q is not a node id (node-<32 hex digits>)", p.Kind, p.Name)
 		}

@@ -30,12 +30,14 @@ func SelfSignedCert(key ed25519.PrivateKey, validity time.Duration) (tls.Certifi
 	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: NodeID(pub)},
-		NotBefore:             now.Add(-clockSkew),
-		NotAfter:              now.Add(validity),
-		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: NodeID(pub)},
+		NotBefore:    now.Add(-clockSkew),
+		NotAfter:     now.Add(validity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		// Server too: a process without a certificate of the CA serves
+		// with it (an idle consensus process, to its node's agent).
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true, // and not a CA
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, pub, key)

@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"crypto/x509"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 )
@@ -31,8 +32,9 @@ func TestSelfSignedCert(t *testing.T) {
 	if want := NodeID(key.Public().(ed25519.PublicKey)); leaf.Subject.CommonName != want {
 		t.Errorf("CommonName %q, want the node id %q", leaf.Subject.CommonName, want)
 	}
-	if leaf.IsCA || len(leaf.ExtKeyUsage) != 1 || leaf.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
-		t.Errorf("IsCA %v, ExtKeyUsage %v; want a client certificate", leaf.IsCA, leaf.ExtKeyUsage)
+	// Client and server: an idle consensus process serves with it.
+	if leaf.IsCA || !slices.Equal(leaf.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}) {
+		t.Errorf("IsCA %v, ExtKeyUsage %v; want a client and server certificate, not a CA", leaf.IsCA, leaf.ExtKeyUsage)
 	}
 	if now := time.Now(); now.Before(leaf.NotBefore) || leaf.NotAfter.Before(now.Add(59*time.Minute)) || leaf.NotAfter.After(now.Add(time.Hour)) {
 		t.Errorf("valid %v to %v, want from now for an hour", leaf.NotBefore, leaf.NotAfter)

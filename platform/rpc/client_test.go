@@ -33,7 +33,9 @@ func TestClientChecksServerKind(t *testing.T) {
 
 	// A server certificate from another CA is refused whatever its identity.
 	other := newTestCA(t)
-	foreign := &Credentials{Cluster: testCluster, CAPool: poolOf(other), Certificate: other.keyPair(t, admin.URI(testCluster).String())}
+	foreign := &Credentials{Cluster: testCluster, CAPool: poolOf(other)}
+	kp := other.keyPair(t, admin.URI(testCluster).String())
+	foreign.cert.Store(&kp)
 	conn := env.dialConfig(t, ClientConfig{Credentials: foreign})
 	_, err := callEcho(ctx, conn, echoMethod("Echo"), "hello")
 	wantCode(t, err, codes.Unavailable, "certificate signed by unknown authority")

@@ -1,12 +1,15 @@
 package rpc
 
 import (
+	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"sync/atomic"
+	"time"
 
 	"curia.dev/platform/pki"
 )
@@ -30,13 +33,88 @@ func (f *TLSFiles) AddFlags(fs *flag.FlagSet, prefix string) {
 }
 
 // Credentials is the TLS material of a process, checked against the cluster.
+// Its certificate may be renewed while it is in use (Renew): the TLS
+// configurations built from it present the current one at every handshake.
 type Credentials struct {
-	Cluster     string
-	CAPool      *x509.CertPool
-	CAPEM       []byte
-	Certificate tls.Certificate
-	// Principal is this process's own identity, read from Certificate.
+	Cluster string
+	CAPool  *x509.CertPool
+	CAPEM   []byte
+	// Principal is this process's own identity, read from its certificate
+	// (or, for SelfSigned credentials, the one it waits for). Renewing
+	// never changes it.
 	Principal pki.Principal
+	cert      atomic.Pointer[tls.Certificate]
+	// selfSigned, for NewSelfSignedCredentials, is presented again once
+	// the installed certificate expired: the process is reachable to be
+	// given a new one.
+	selfSigned *tls.Certificate
+}
+
+// Certificate is the certificate handshakes present now.
+func (c *Credentials) Certificate() *tls.Certificate {
+	cert := c.cert.Load()
+	if cert == nil {
+		return &tls.Certificate{} // none: the handshake sends no certificate
+	}
+	if c.selfSigned != nil && time.Now().After(cert.Leaf.NotAfter) {
+		return c.selfSigned
+	}
+	return cert
+}
+
+// Leaf is the parsed certificate handshakes present now.
+func (c *Credentials) Leaf() *x509.Certificate { return c.cert.Load().Leaf }
+
+// SelfSigned reports whether the credentials hold no certificate of the CA
+// yet, only a self-signed one of their key (NewSelfSignedCredentials).
+func (c *Credentials) SelfSigned() bool {
+	_, err := c.verify(c.Certificate())
+	return err != nil
+}
+
+// Renew replaces the certificate with certPEM (and its key keyPEM), which
+// must pass NewCredentials' checks for the same cluster, CA and principal.
+// New handshakes present it; open connections keep the one they began with.
+func (c *Credentials) Renew(certPEM, keyPEM []byte) error {
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return fmt.Errorf("load certificate and key: %w", err)
+	}
+	p, err := c.verify(&cert)
+	if err != nil {
+		return err
+	}
+	if p != c.Principal {
+		return fmt.Errorf("certificate is for %s, these credentials are %s's", p, c.Principal)
+	}
+	c.cert.Store(&cert)
+	return nil
+}
+
+// verify checks that cert chains to the CA, is valid now and carries an
+// identity of the cluster, and returns it.
+func (c *Credentials) verify(cert *tls.Certificate) (pki.Principal, error) {
+	leaf := cert.Leaf
+	intermediates := x509.NewCertPool()
+	for _, der := range cert.Certificate[1:] {
+		ic, err := x509.ParseCertificate(der)
+		if err != nil {
+			return pki.Principal{}, fmt.Errorf("parse intermediate certificate: %w", err)
+		}
+		intermediates.AddCert(ic)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{
+		Roots:         c.CAPool,
+		Intermediates: intermediates,
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+	}); err != nil {
+		return pki.Principal{}, fmt.Errorf("certificate does not verify against the cluster CA: %w", err)
+	}
+	p, err := pki.PrincipalFromCert(leaf, c.Cluster)
+	if err != nil {
+		return pki.Principal{}, fmt.Errorf("certificate identity: %w", err)
+	}
+	return p, nil
 }
 
 // LoadCredentials reads and checks the files named by files.
@@ -60,6 +138,45 @@ func LoadCredentials(cluster string, files TLSFiles) (*Credentials, error) {
 // identity of cluster. A process started with the wrong files fails here, with
 // a reason, rather than at its first handshake.
 func NewCredentials(cluster string, caPEM, certPEM, keyPEM []byte) (*Credentials, error) {
+	c, err := newCredentials(cluster, caPEM)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("load certificate and key: %w", err)
+	}
+	if c.Principal, err = c.verify(&cert); err != nil {
+		return nil, err
+	}
+	c.cert.Store(&cert)
+	return c, nil
+}
+
+// NewSelfSignedCredentials are the credentials of a process that has no
+// certificate of the CA yet: a self-signed certificate of key, until Renew
+// installs one for p. Servers that admit enrolling nodes take it as
+// pki.KindEnrolling; clients that allow it (ClientConfig.AllowSelfSigned)
+// take it as an unverified server. Once a certificate installed by Renew
+// expires, the self-signed one is presented again.
+func NewSelfSignedCredentials(cluster string, caPEM []byte, key ed25519.PrivateKey, p pki.Principal) (*Credentials, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	c, err := newCredentials(cluster, caPEM)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := pki.SelfSignedCert(key, enrollingCertValidity)
+	if err != nil {
+		return nil, err
+	}
+	c.Principal, c.selfSigned = p, &cert
+	c.cert.Store(&cert)
+	return c, nil
+}
+
+func newCredentials(cluster string, caPEM []byte) (*Credentials, error) {
 	if err := pki.ValidateCluster(cluster); err != nil {
 		return nil, err
 	}
@@ -67,35 +184,5 @@ func NewCredentials(cluster string, caPEM, certPEM, keyPEM []byte) (*Credentials
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return nil, errors.New("CA: no PEM certificate found")
 	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("load certificate and key: %w", err)
-	}
-	leaf := cert.Leaf // filled in by X509KeyPair
-	intermediates := x509.NewCertPool()
-	for _, der := range cert.Certificate[1:] {
-		c, err := x509.ParseCertificate(der)
-		if err != nil {
-			return nil, fmt.Errorf("parse intermediate certificate: %w", err)
-		}
-		intermediates.AddCert(c)
-	}
-	if _, err := leaf.Verify(x509.VerifyOptions{
-		Roots:         pool,
-		Intermediates: intermediates,
-		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
-	}); err != nil {
-		return nil, fmt.Errorf("certificate does not verify against the cluster CA: %w", err)
-	}
-	p, err := pki.PrincipalFromCert(leaf, cluster)
-	if err != nil {
-		return nil, fmt.Errorf("certificate identity: %w", err)
-	}
-	return &Credentials{
-		Cluster:     cluster,
-		CAPool:      pool,
-		CAPEM:       caPEM,
-		Certificate: cert,
-		Principal:   p,
-	}, nil
+	return &Credentials{Cluster: cluster, CAPool: pool, CAPEM: caPEM}, nil
 }

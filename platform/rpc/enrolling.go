@@ -31,9 +31,9 @@ const enrollingCertValidity = 365 * 24 * time.Hour
 // certificate of an issuer the server does not name.
 func enrollingServerTLSConfig(creds *Credentials, isRevoked func(*x509.Certificate) bool) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{creds.Certificate},
-		ClientAuth:   tls.RequireAnyClientCert,
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: creds.serverCertificate,
+		ClientAuth:     tls.RequireAnyClientCert,
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			_, err := clientPrincipal(cs.PeerCertificates, creds, isRevoked)
 			if errors.Is(err, pki.ErrNoIdentity) {
@@ -65,21 +65,34 @@ func clientPrincipal(certs []*x509.Certificate, creds *Credentials, isRevoked fu
 	if len(certs) == 0 {
 		return pki.Principal{}, chainErr
 	}
-	leaf := certs[0]
-	if leaf.CheckSignature(leaf.SignatureAlgorithm, leaf.RawTBSCertificate, leaf.Signature) != nil {
+	if certs[0].CheckSignature(certs[0].SignatureAlgorithm, certs[0].RawTBSCertificate, certs[0].Signature) != nil {
 		return pki.Principal{}, chainErr // neither the CA's nor self-signed
 	}
+	pub, err := selfSigned(certs)
+	if err != nil {
+		return pki.Principal{}, err
+	}
+	return pki.Principal{Kind: pki.KindEnrolling, Name: pki.NodeID(pub)}, nil
+}
+
+// selfSigned checks that certs are exactly one self-signed certificate of
+// an ed25519 key, valid now, and returns the key.
+func selfSigned(certs []*x509.Certificate) (ed25519.PublicKey, error) {
 	if len(certs) != 1 {
-		return pki.Principal{}, fmt.Errorf("self-signed client certificate followed by %d more, want it alone", len(certs)-1)
+		return nil, fmt.Errorf("%d certificates, want one self-signed certificate alone", len(certs))
+	}
+	leaf := certs[0]
+	if err := leaf.CheckSignature(leaf.SignatureAlgorithm, leaf.RawTBSCertificate, leaf.Signature); err != nil {
+		return nil, fmt.Errorf("not self-signed: %w", err)
 	}
 	pub, ok := leaf.PublicKey.(ed25519.PublicKey)
 	if !ok {
-		return pki.Principal{}, fmt.Errorf("self-signed client certificate has a %v key, want ed25519", leaf.PublicKeyAlgorithm)
+		return nil, fmt.Errorf("self-signed certificate has a %v key, want ed25519", leaf.PublicKeyAlgorithm)
 	}
 	if now := time.Now(); now.Before(leaf.NotBefore) || now.After(leaf.NotAfter) {
-		return pki.Principal{}, fmt.Errorf("self-signed client certificate is valid from %v to %v, not now", leaf.NotBefore, leaf.NotAfter)
+		return nil, fmt.Errorf("self-signed certificate is valid from %v to %v, not now", leaf.NotBefore, leaf.NotAfter)
 	}
-	return pki.Principal{Kind: pki.KindEnrolling, Name: pki.NodeID(pub)}, nil
+	return pub, nil
 }
 
 // DialEnrolling is Dial for a node without a certificate of the CA: it

@@ -156,7 +156,7 @@ func TestClientPrincipal(t *testing.T) {
 		"revoked":                     {certs: chain(revokedCert), wantErr: "is revoked"},
 		"self-signed ECDSA":           {certs: chain(signed(t, newECDSAKey(t), nil, later)), wantErr: "has a ECDSA key, want ed25519"},
 		"expired":                     {certs: chain(signed(t, key, nil, time.Now().Add(-time.Minute))), wantErr: "not now"},
-		"self-signed with another":    {certs: chain(signed(t, key, nil, later), signed(t, key, nil, later)), wantErr: "followed by 1 more, want it alone"},
+		"self-signed with another":    {certs: chain(signed(t, key, nil, later), signed(t, key, nil, later)), wantErr: "2 certificates, want one self-signed certificate alone"},
 		"ed25519 of another CA":       {certs: chain(signed(t, key, otherCA, later)), wantErr: "certificate signed by unknown authority"},
 		"another CA's, with identity": {certs: chain(otherCA.keyPair(t, admin.URI(testCluster).String())), wantErr: "certificate signed by unknown authority"},
 		"none":                        {wantErr: "no certificate presented"},

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"curia.dev/platform/pki"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -194,6 +195,11 @@ func (a *authorizer) peerPrincipal(ctx context.Context) (pki.Principal, error) {
 		leaf := info.State.VerifiedChains[0][0]
 		if a.isRevoked != nil && a.isRevoked(leaf) {
 			return pki.Principal{}, status.Errorf(codes.Unauthenticated, "client certificate %s is revoked", leaf.SerialNumber.Text(16))
+		}
+		// A connection outlives the certificate it began with no more
+		// than a revocation: the client reconnects with its renewed one.
+		if time.Now().After(leaf.NotAfter) {
+			return pki.Principal{}, status.Errorf(codes.Unauthenticated, "client certificate %s expired at %v: reconnect with a renewed one", leaf.SerialNumber.Text(16), leaf.NotAfter)
 		}
 		who, err = pki.PrincipalFromCert(leaf, a.cluster)
 	case a.enrolling != nil && len(info.State.PeerCertificates) > 0:

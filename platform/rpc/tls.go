@@ -24,10 +24,10 @@ import (
 // uses enrollingServerTLSConfig instead.
 func ServerTLSConfig(creds *Credentials, isRevoked func(*x509.Certificate) bool) *tls.Config {
 	cfg := &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{creds.Certificate},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    creds.CAPool,
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: creds.serverCertificate,
+		ClientAuth:     tls.RequireAndVerifyClientCert,
+		ClientCAs:      creds.CAPool,
 	}
 	if isRevoked != nil {
 		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
@@ -60,14 +60,24 @@ func checkRevoked(leaf *x509.Certificate, isRevoked func(*x509.Certificate) bool
 // it is switched off and VerifyConnection does the full verification instead.
 func ClientTLSConfig(creds *Credentials, serverKinds []pki.Kind) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{creds.Certificate},
+		MinVersion:           tls.VersionTLS13,
+		GetClientCertificate: creds.clientCertificate,
 		// Not insecure: VerifyConnection verifies the chain and identity.
 		InsecureSkipVerify: true, //nolint:gosec // see above
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			return verifyServer(cs.PeerCertificates, creds.CAPool, creds.Cluster, serverKinds)
 		},
 	}
+}
+
+// serverCertificate and clientCertificate present the current certificate
+// (Credentials.Renew) at every handshake.
+func (c *Credentials) serverCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return c.Certificate(), nil
+}
+
+func (c *Credentials) clientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	return c.Certificate(), nil
 }
 
 // verifyServer verifies a server's chain against the cluster CA and its

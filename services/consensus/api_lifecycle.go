@@ -4,13 +4,18 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
 )
 
 func (x *server) Start(ctx context.Context, req *consensusv1.StartRequest) (*consensusv1.StartResponse, error) {
@@ -38,6 +43,9 @@ func (x *server) start(ctx context.Context, req *consensusv1.StartRequest) (*con
 	if m.hasData() {
 		return nil, fmt.Errorf("%w: this node holds data of member %s that is not running (%s): call Leave to wipe it before starting anew",
 			errRefused, types.ID(m.status().MemberId), m.stateReason())
+	}
+	if err := x.checkMemberCert(); err != nil {
+		return nil, err
 	}
 
 	sctx, cancel := context.WithTimeout(ctx, x.s.cfg.StartTimeout)
@@ -85,6 +93,37 @@ func (x *server) start(ctx context.Context, req *consensusv1.StartRequest) (*con
 		return nil, err
 	}
 	return &consensusv1.StartResponse{Status: m.status()}, nil
+}
+
+// checkMemberCert refuses to start a member without a member certificate
+// that names this member's peer host (peers bind it to that address).
+func (x *server) checkMemberCert() error {
+	creds, err := x.s.member.id.memberCreds()
+	if err != nil {
+		return err
+	}
+	u, err := url.Parse(x.s.cfg.AdvertisePeerURL)
+	if err != nil {
+		return err
+	}
+	return coversHost(creds, u.Hostname())
+}
+
+func (x *server) SetCredentials(ctx context.Context, req *consensusv1.SetCredentialsRequest) (*consensusv1.SetCredentialsResponse, error) {
+	id := x.s.member.id
+	for _, c := range []struct {
+		kind pki.Kind
+		pem  []byte
+	}{{pki.KindConsensus, req.GetCertificate()}, {pki.KindMember, req.GetMemberCertificate()}} {
+		if len(c.pem) == 0 {
+			continue
+		}
+		if err := id.set(c.kind, c.pem); err != nil {
+			return nil, toStatus(err)
+		}
+		x.s.log.Info("certificate installed", "kind", string(c.kind), "expires", id.notAfter(c.kind))
+	}
+	return &consensusv1.SetCredentialsResponse{Status: x.s.member.status()}, nil
 }
 
 // validateJoin checks that the join parameters are for this node and cluster.
@@ -165,8 +204,10 @@ func (x *server) leave(ctx context.Context) (*consensusv1.LeaveResponse, error) 
 		}
 		return &consensusv1.LeaveResponse{AlreadyIdle: true}, nil
 	}
-	if err := x.confirmNotMember(ctx); err != nil {
-		return nil, err
+	if !m.removed() {
+		if err := x.confirmNotMember(ctx); err != nil && !m.removed() {
+			return nil, err
+		}
 	}
 	m.stop()
 	if err := m.wipe(); err != nil {
@@ -177,8 +218,9 @@ func (x *server) leave(ctx context.Context) (*consensusv1.LeaveResponse, error) 
 }
 
 // confirmNotMember asks the cluster (through the local client if etcd runs,
-// else through the voters remembered on disk) whether this node still has a
-// member, by member id, name or peer URL.
+// else through the voters remembered on disk, and when etcd refuses this
+// member's revoked certificate, through the curators) whether this node
+// still has a member, by member id, name or peer URL.
 func (x *server) confirmNotMember(ctx context.Context) error {
 	m := x.s.member
 	m.mu.Lock()
@@ -188,37 +230,87 @@ func (x *server) confirmNotMember(ctx context.Context) error {
 	if id == 0 {
 		id = kept.MemberID
 	}
-	var list *clientv3.MemberListResponse
-	if _, cli, err := m.running(); err == nil {
-		if list, err = cli.MemberList(ctx); err != nil {
-			return fmt.Errorf("%w: ask the cluster whether member %s is gone: %v; its data stays", errCannotConfirm, types.ID(id), err)
-		}
-	} else {
-		eps := slices.DeleteFunc(slices.Clone(kept.Endpoints), func(e string) bool { return e == x.s.cfg.AdvertiseClientURL })
-		if len(eps) == 0 {
-			return fmt.Errorf("%w: this node knows no other voter to confirm that member %s is gone; its data stays", errCannotConfirm, types.ID(id))
-		}
-		cli, err := m.dial(eps)
-		if err != nil {
-			return err
-		}
-		defer cli.Close()
-		if list, err = cli.MemberList(ctx); err != nil {
-			return fmt.Errorf("%w: ask the voters %v whether member %s is gone: %v; its data stays", errCannotConfirm, eps, types.ID(id), err)
+	var members []*consensusv1.Member
+	var clusterID uint64
+	err := fmt.Errorf("%w: the member certificate is revoked, etcd refuses it", errCannotConfirm)
+	if !m.id.memberRevoked() {
+		members, clusterID, err = x.askEtcd(ctx, kept, id)
+	}
+	if err != nil && len(x.s.cfg.Curators) > 0 {
+		var cerr error
+		if members, cerr = x.askCurators(ctx); cerr == nil {
+			err, clusterID = nil, 0
+		} else {
+			err = fmt.Errorf("%w; nor could the curators say: %v", err, cerr)
 		}
 	}
-	if list.Header.ClusterId != kept.ClusterID && kept.ClusterID != 0 {
-		return fmt.Errorf("%w: the voters answering belong to cluster %s, not this member's %s; its data stays", errCannotConfirm, types.ID(list.Header.ClusterId), types.ID(kept.ClusterID))
+	if err != nil {
+		return err
 	}
-	for _, mem := range list.Members {
+	if clusterID != kept.ClusterID && kept.ClusterID != 0 && clusterID != 0 {
+		return fmt.Errorf("%w: the voters answering belong to cluster %s, not this member's %s; its data stays", errCannotConfirm, types.ID(clusterID), types.ID(kept.ClusterID))
+	}
+	for _, mem := range members {
 		// The data on disk is member id's: only that member keeps it
 		// alive. Another member of this node (removed and added again:
 		// same name, same peer URL, a new id) cannot use it — etcd never
 		// lets a removed id back —, so it does not hold the data here.
 		// Only when the id is unknown do name and peer URL count.
-		if mem.ID == id || (id == 0 && (mem.Name == x.s.cfg.nodeID || slices.Contains(mem.PeerURLs, x.s.cfg.AdvertisePeerURL))) {
-			return fmt.Errorf("%w: member %s; remove it first (curator: UpdateNodeRoles consensus_member=false)", errStillMember, types.ID(mem.ID))
+		if mem.GetId() == id || (id == 0 && (mem.GetNodeId() == x.s.cfg.nodeID || slices.Contains(mem.GetPeerUrls(), x.s.cfg.AdvertisePeerURL))) {
+			return fmt.Errorf("%w: member %s; remove it first (curator: UpdateNodeRoles consensus_member=false)", errStillMember, types.ID(mem.GetId()))
 		}
 	}
 	return nil
+}
+
+// askEtcd reads the member list with this member's certificate: through
+// the local client if etcd runs, else through the voters remembered on disk.
+func (x *server) askEtcd(ctx context.Context, kept persisted, id uint64) ([]*consensusv1.Member, uint64, error) {
+	m := x.s.member
+	var list *clientv3.MemberListResponse
+	if e, cli, err := m.running(); err == nil {
+		if list, err = cli.MemberList(ctx); err != nil {
+			// etcd may be stopping: it learned that its member was
+			// removed. Once it stopped, its state says whether it was.
+			m.awaitStop(ctx, e)
+			return nil, 0, fmt.Errorf("%w: ask the cluster whether member %s is gone: %v; its data stays", errCannotConfirm, types.ID(id), err)
+		}
+	} else {
+		eps := slices.DeleteFunc(slices.Clone(kept.Endpoints), func(e string) bool { return e == x.s.cfg.AdvertiseClientURL })
+		if len(eps) == 0 {
+			return nil, 0, fmt.Errorf("%w: this node knows no other voter to confirm that member %s is gone; its data stays", errCannotConfirm, types.ID(id))
+		}
+		cli, err := m.dial(eps)
+		if err != nil {
+			return nil, 0, fmt.Errorf("%w: %v", errCannotConfirm, err)
+		}
+		defer cli.Close()
+		if list, err = cli.MemberList(ctx); err != nil {
+			return nil, 0, fmt.Errorf("%w: ask the voters %v whether member %s is gone: %v; its data stays", errCannotConfirm, eps, types.ID(id), err)
+		}
+	}
+	var out []*consensusv1.Member
+	for _, mem := range list.Members {
+		out = append(out, &consensusv1.Member{Id: mem.ID, NodeId: mem.Name, PeerUrls: mem.PeerURLs})
+	}
+	return out, list.Header.ClusterId, nil
+}
+
+// askCurators reads the member list through the curators, with this
+// process's consensus certificate.
+func (x *server) askCurators(ctx context.Context) ([]*consensusv1.Member, error) {
+	// A connection of its own: the shared one may have been opened while
+	// this process had only its self-signed certificate.
+	cc, err := rpc.DialAny(x.s.cfg.Curators, rpc.ClientConfig{Credentials: x.s.creds, ServerKinds: []pki.Kind{pki.KindCurator}})
+	if err != nil {
+		return nil, err
+	}
+	defer cc.Close()
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := curatorv1.NewCuratorClient(cc).GetMembership(cctx, &curatorv1.GetMembershipRequest{})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetMembers().GetMembers(), nil
 }

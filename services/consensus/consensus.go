@@ -25,8 +25,11 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"strings"
 	"time"
 
+	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
@@ -43,10 +46,19 @@ type Config struct {
 	Cluster string
 	// DataDir holds the etcd data and what the service remembers.
 	DataDir string
-	// TLS is this process's identity: a consensus/<node-id> certificate of
-	// the cluster CA, with SANs for the peer and client addresses. It serves
-	// the gRPC API and both etcd ports. The node id comes from it.
+	// TLS names the cluster CA (required) and, optionally, this process's
+	// key and consensus certificate (the deployment's, for the bootstrap
+	// node). Without a key, the process makes one in DataDir; its
+	// certificates come from the curator through the node's agent
+	// (SetCredentials). See identity.go.
 	TLS rpc.TLSFiles
+	// MemberCert optionally names the member certificate the deployment
+	// issued for the key (the bootstrap node's).
+	MemberCert string
+	// NodeID (or NodeIDFile, a file holding it) is the node this process
+	// serves; without either, it is read from TLS.Cert.
+	NodeID     string
+	NodeIDFile string
 
 	// CRL is the cluster CA's revocation list (PEM file) the member starts
 	// with when it has none of its own yet: the deployment's initial list
@@ -67,8 +79,8 @@ type Config struct {
 	// Default: https:// and the listen address.
 	AdvertisePeerURL   string
 	AdvertiseClientURL string
-	// ListenMetrics serves Prometheus metrics over plain HTTP when set
-	// (meant for loopback).
+	// ListenMetrics serves Prometheus metrics (/metrics) and health
+	// (/healthz) over plain HTTP when set (meant for loopback).
 	ListenMetrics string
 
 	// TickInterval and ElectionTimeout are etcd's heartbeat interval and
@@ -116,7 +128,12 @@ func DefaultConfig() Config {
 func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Cluster, "cluster", c.Cluster, "cluster name (trust domain of every identity)")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for etcd data and member state")
-	c.TLS.AddFlags(fs, "")
+	fs.StringVar(&c.TLS.CA, "ca", c.TLS.CA, "path of the cluster CA certificate (PEM)")
+	fs.StringVar(&c.TLS.Key, "key", c.TLS.Key, "this process's ed25519 key (PKCS#8 PEM); default: <data-dir>/identity.key, made on the first start")
+	fs.StringVar(&c.TLS.Cert, "cert", c.TLS.Cert, "consensus/<node-id> certificate of the key, taken on the first start (the bootstrap node's, from the deployment); others come from the curator through the node's agent")
+	fs.StringVar(&c.MemberCert, "member-cert", c.MemberCert, "member/<node-id> certificate of the key, taken on the first start (the bootstrap node's, from the deployment)")
+	fs.StringVar(&c.NodeID, "node-id", c.NodeID, "the node this process serves (default: from --node-id-file or --cert)")
+	fs.StringVar(&c.NodeIDFile, "node-id-file", c.NodeIDFile, "file holding the node id")
 	fs.StringVar(&c.CRL, "crl", c.CRL, "the cluster CA's initial revocation list (PEM, e.g. crl.pem from curia-pki), used until a newer one is known; etcd's ports check revocation only with one")
 	run.ListFlag(fs, "curator", "curator address host:port, to follow the revocation list from while no local member runs", &c.Curators)
 	fs.StringVar(&c.ListenAPI, "listen", c.ListenAPI, "gRPC API address (host:port)")
@@ -124,7 +141,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ListenClient, "listen-client", c.ListenClient, "etcd client address (host:port)")
 	fs.StringVar(&c.AdvertisePeerURL, "advertise-peer-url", c.AdvertisePeerURL, "etcd peer URL others reach this member at (default https://<listen-peer>); must stay fixed")
 	fs.StringVar(&c.AdvertiseClientURL, "advertise-client-url", c.AdvertiseClientURL, "etcd client URL (default https://<listen-client>)")
-	fs.StringVar(&c.ListenMetrics, "listen-metrics", c.ListenMetrics, "plain-HTTP Prometheus metrics address, e.g. 127.0.0.1:9100 (off when empty)")
+	fs.StringVar(&c.ListenMetrics, "listen-metrics", c.ListenMetrics, "plain-HTTP address of Prometheus metrics (/metrics) and health (/healthz), e.g. 127.0.0.1:9100 (off when empty)")
 	fs.DurationVar(&c.TickInterval, "etcd-tick", c.TickInterval, "etcd heartbeat interval")
 	fs.DurationVar(&c.ElectionTimeout, "etcd-election-timeout", c.ElectionTimeout, "etcd election timeout")
 	fs.DurationVar(&c.StartTimeout, "start-timeout", c.StartTimeout, "how long Start waits for etcd to serve")
@@ -142,8 +159,14 @@ func (c *Config) Validate() error {
 	if c.DataDir == "" {
 		return errors.New("--data-dir is required")
 	}
-	if c.TLS.CA == "" || c.TLS.Cert == "" || c.TLS.Key == "" {
-		return errors.New("--ca, --cert and --key are required: a consensus/<node-id> certificate of the cluster CA")
+	if c.TLS.CA == "" {
+		return errors.New("--ca is required: the cluster CA certificate")
+	}
+	if c.NodeID != "" && c.NodeIDFile != "" {
+		return errors.New("--node-id and --node-id-file exclude each other")
+	}
+	if c.NodeID == "" && c.NodeIDFile == "" && c.TLS.Cert == "" {
+		return errors.New("--node-id (or --node-id-file) is required: the node this process serves")
 	}
 	for _, a := range c.Curators {
 		if _, _, err := net.SplitHostPort(a); err != nil {
@@ -196,6 +219,9 @@ type Service struct {
 	member *member
 	rpc    *rpc.Server
 	crl    *crl.Watcher
+	// curators is a connection to the curators (nil without --curator),
+	// with the API's credentials.
+	curators *grpc.ClientConn
 	// pending is when this process first saw each pending change.
 	pending *pendingClock
 }
@@ -205,25 +231,33 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	creds, err := rpc.LoadCredentials(cfg.Cluster, cfg.TLS)
-	if err != nil {
+	var err error
+	if cfg.nodeID, err = nodeID(cfg); err != nil {
 		return nil, err
 	}
-	if creds.Principal.Kind != pki.KindConsensus {
-		return nil, fmt.Errorf("certificate %s is for %s: the consensus service needs a consensus/<node-id> certificate", cfg.TLS.Cert, creds.Principal)
-	}
-	cfg.nodeID = creds.Principal.Name
 	log = log.With("component", "consensus", "node", cfg.nodeID)
-	caCert, err := pki.ParseCertPEM(creds.CAPEM)
+	caPEM, err := os.ReadFile(cfg.TLS.CA)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read --ca: %w", err)
+	}
+	caCert, err := pki.ParseCertPEM(caPEM)
+	if err != nil {
+		return nil, fmt.Errorf("--ca: %w", err)
 	}
 	revocations := crl.New(caCert, log.With("part", "crl"))
-	m, err := newMember(cfg, creds, revocations, log.With("part", "member"))
+	m, err := newMember(cfg, revocations, log.With("part", "member"))
 	if err != nil {
 		return nil, err
 	}
+	creds := m.id.api
 	s := &Service{cfg: cfg, log: log, creds: creds, member: m, crl: revocations, pending: newPendingClock()}
+	if len(cfg.Curators) > 0 {
+		// A process that has no consensus certificate yet presents a
+		// self-signed one, which the curators admit for the CRL alone.
+		if s.curators, err = rpc.DialAny(cfg.Curators, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindCurator}}); err != nil {
+			return nil, fmt.Errorf("dial curators: %w", err)
+		}
+	}
 	srv, err := rpc.NewServer(rpc.ServerConfig{
 		Credentials: creds,
 		Policy:      policy(cfg.nodeID),
@@ -236,6 +270,38 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	consensusv1.RegisterConsensusServer(srv.GRPC(), &server{s: s})
 	s.rpc = srv
 	return s, nil
+}
+
+// nodeID is the node the process serves: --node-id, the file
+// --node-id-file names, or the principal of --cert.
+func nodeID(cfg Config) (string, error) {
+	id := cfg.NodeID
+	switch {
+	case cfg.NodeIDFile != "":
+		b, err := os.ReadFile(cfg.NodeIDFile)
+		if err != nil {
+			return "", fmt.Errorf("--node-id-file: %w", err)
+		}
+		id = strings.TrimSpace(string(b))
+	case id == "":
+		b, err := os.ReadFile(cfg.TLS.Cert)
+		if err != nil {
+			return "", fmt.Errorf("--cert: %w", err)
+		}
+		cert, err := pki.ParseCertPEM(b)
+		if err != nil {
+			return "", fmt.Errorf("--cert: %w", err)
+		}
+		p, err := pki.PrincipalFromCert(cert, cfg.Cluster)
+		if err != nil || p.Kind != pki.KindConsensus {
+			return "", fmt.Errorf("--cert %s is for %v, not a consensus/<node-id> (%v)", cfg.TLS.Cert, p, err)
+		}
+		id = p.Name
+	}
+	if err := (pki.Principal{Kind: pki.KindConsensus, Name: id}).Validate(); err != nil {
+		return "", fmt.Errorf("node id: %w", err)
+	}
+	return id, nil
 }
 
 // NodeID is the node this process serves.
@@ -257,12 +323,17 @@ func (s *Service) Run(ctx context.Context) error {
 	g.Add("member", s.runMember)
 	g.Add("crl", s.followCRL)
 	g.Add("crl-file", s.member.keepCRLFile)
-	if len(s.cfg.Curators) > 0 {
-		g.Add("crl-curators", s.followCuratorCRL)
+	if s.curators != nil {
+		defer s.curators.Close()
+		g.Add("crl-curators", func(ctx context.Context) error {
+			return s.crl.Follow(ctx, func() (curatorv1.CuratorClient, error) { return curatorv1.NewCuratorClient(s.curators), nil })
+		})
 	}
 	g.Add("pending", s.followPending)
 	if s.cfg.ListenMetrics != "" {
-		g.Add("metrics", func(ctx context.Context) error { return serveMetrics(ctx, s.cfg.ListenMetrics, s.rpc.MetricsHandler()) })
+		g.Add("metrics", func(ctx context.Context) error {
+			return serveMetrics(ctx, s.cfg.ListenMetrics, s.rpc.MetricsHandler(), s.healthz)
+		})
 	}
 	s.log.Info("consensus serving", "api", lis.Addr().String(), "peer_url", s.cfg.AdvertisePeerURL, "client_url", s.cfg.AdvertiseClientURL)
 	return g.Run(ctx)
@@ -271,11 +342,20 @@ func (s *Service) Run(ctx context.Context) error {
 // runMember restarts a member found on disk, then keeps etcd until ctx ends.
 func (s *Service) runMember(ctx context.Context) error {
 	s.member.lifeMu.Lock()
-	if s.member.hasData() {
-		sctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
-		err := s.member.start(sctx, modeRestart, "")
+	switch {
+	case !s.member.hasData():
+	case s.member.id.memberRevoked():
+		// The node lost ConsensusMember while this process was down: its
+		// member is (being) removed, and the peers refuse its certificate.
+		s.member.setState(consensusv1.LifecycleState_LIFECYCLE_STATE_STOPPED, "the member certificate is revoked (the node lost ConsensusMember): etcd is not restarted; Leave wipes the data once the member is gone")
+		s.log.Warn("member certificate revoked: etcd not restarted")
+	default:
+		// Not waited for: Start and Leave are not held up while a
+		// member that may never be let back in restarts (its state says
+		// STARTING meanwhile).
+		sctx, cancel := context.WithCancel(ctx)
 		cancel()
-		if err != nil {
+		if err := s.member.start(sctx, modeRestart, ""); err != nil && !errors.Is(err, context.Canceled) {
 			// The API keeps serving so an operator can see why.
 			s.log.Error("restart from disk failed", "err", err)
 		}
@@ -305,21 +385,20 @@ func (s *Service) followCRL(ctx context.Context) error {
 	return nil
 }
 
-// followCuratorCRL follows the revocation list from the curators, so that
-// it stays current while no local member runs (and, with one, is a second
-// source: the watcher never steps back to an older list).
-func (s *Service) followCuratorCRL(ctx context.Context) error {
-	cc, err := rpc.DialAny(s.cfg.Curators, rpc.ClientConfig{Credentials: s.creds, ServerKinds: []pki.Kind{pki.KindCurator}})
-	if err != nil {
-		return fmt.Errorf("dial curators: %w", err)
+// healthz answers 200 while the API serves.
+func (s *Service) healthz(w http.ResponseWriter, r *http.Request) {
+	resp, err := s.rpc.Health().Check(r.Context(), &healthpb.HealthCheckRequest{})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		http.Error(w, fmt.Sprintf("NOT_SERVING %v", err), http.StatusServiceUnavailable)
+		return
 	}
-	defer cc.Close()
-	return s.crl.Follow(ctx, curatorv1.NewCuratorClient(cc))
+	fmt.Fprintln(w, "SERVING")
 }
 
-func serveMetrics(ctx context.Context, addr string, h http.Handler) error {
+func serveMetrics(ctx context.Context, addr string, h http.Handler, health http.HandlerFunc) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", h)
+	mux.Handle("/healthz", health)
 	hs := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()

@@ -3,6 +3,7 @@ package consensus
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -47,11 +48,12 @@ import (
 //	<data-dir>/state.json    what we know about that member (id, voters' client URLs)
 //	<data-dir>/crl.der       the newest revocation list known (DER, as etcd reads it on every new
 //	                         connection to its ports); kept across Leave: it is the cluster's, not the member's
+//	<data-dir>/identity.key, consensus.crt, member.crt   this process's key and certificates (identity.go)
 type member struct {
-	cfg   Config
-	creds *rpc.Credentials
-	log   *slog.Logger
-	zap   *zap.Logger
+	cfg Config
+	id  *identity
+	log *slog.Logger
+	zap *zap.Logger
 	// crl is the newest revocation list known; crlFileMu serialises the
 	// writes of its file.
 	crl       *crl.Watcher
@@ -83,9 +85,14 @@ type persisted struct {
 	MemberID  uint64   `json:"member_id,omitempty"`
 	ClusterID uint64   `json:"cluster_id,omitempty"`
 	Endpoints []string `json:"endpoints,omitempty"`
+	// Removed: the local etcd learned from the cluster that member
+	// MemberID was removed. etcd never lets a removed id back, so this is
+	// proof enough for Leave, also once the member's certificate (revoked
+	// with the role) no longer lets it ask the cluster.
+	Removed bool `json:"removed,omitempty"`
 }
 
-func newMember(cfg Config, creds *rpc.Credentials, revocations *crl.Watcher, log *slog.Logger) (*member, error) {
+func newMember(cfg Config, revocations *crl.Watcher, log *slog.Logger) (*member, error) {
 	zc := zap.NewProductionConfig()
 	zc.Level = zap.NewAtomicLevelAt(zapcore.WarnLevel)
 	zc.OutputPaths = []string{"stderr"}
@@ -94,12 +101,15 @@ func newMember(cfg Config, creds *rpc.Credentials, revocations *crl.Watcher, log
 	if err != nil {
 		return nil, fmt.Errorf("etcd logger: %w", err)
 	}
-	m := &member{cfg: cfg, creds: creds, crl: revocations, log: log, zap: zl.With(zap.String("node", cfg.nodeID)), changes: make(chan struct{}, 1)}
+	m := &member{cfg: cfg, crl: revocations, log: log, zap: zl.With(zap.String("node", cfg.nodeID)), changes: make(chan struct{}, 1)}
 	m.state = consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
 	if err := m.loadCRL(); err != nil {
+		return nil, err
+	}
+	if m.id, err = loadIdentity(cfg, revocations); err != nil {
 		return nil, err
 	}
 	if b, err := os.ReadFile(m.statePath()); err == nil {
@@ -243,6 +253,12 @@ func (m *member) watch(e *embed.Etcd, done chan struct{}) {
 	switch {
 	case removed:
 		reason = fmt.Sprintf("member %s was removed from the cluster; call Leave to wipe its data", types.ID(id))
+		if m.kept.MemberID == id && !m.kept.Removed {
+			m.kept.Removed = true
+			if err := m.save(); err != nil {
+				m.log.Warn("remember the removal", "err", err)
+			}
+		}
 	case strings.HasPrefix(reason, "etcd failed"):
 		state = consensusv1.LifecycleState_LIFECYCLE_STATE_FAILED
 	}
@@ -308,6 +324,30 @@ func (m *member) running() (*embed.Etcd, *clientv3.Client, error) {
 	return m.etcd, m.client, nil
 }
 
+// removed reports whether the local etcd learned that its member was removed.
+func (m *member) removed() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.kept.Removed
+}
+
+// awaitStop waits (until ctx ends) for etcd instance e to have stopped and
+// its state recorded, if it is stopping.
+func (m *member) awaitStop(ctx context.Context, e *embed.Etcd) {
+	select {
+	case <-e.Server.StopNotify():
+	default:
+		return
+	}
+	m.mu.Lock()
+	done := m.done
+	m.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
 // status reports the local member from the embedded server itself, so that
 // it works for learners and without quorum.
 func (m *member) status() *consensusv1.StatusResponse {
@@ -321,7 +361,9 @@ func (m *member) status() *consensusv1.StatusResponse {
 		PeerUrls:    []string{m.cfg.AdvertisePeerURL},
 		ClientUrls:  []string{m.cfg.AdvertiseClientURL},
 		EtcdVersion: version.Version,
+		PublicKey:   m.id.key.Public().(ed25519.PublicKey),
 	}
+	st.Certificate, st.MemberCertificate = m.id.pems()
 	if e := m.etcd; e != nil && m.state == consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING {
 		srv := e.Server
 		st.MemberId = uint64(srv.MemberID())
@@ -349,6 +391,9 @@ func (m *member) wipe() error {
 			return fmt.Errorf("wipe %s: %w", p, err)
 		}
 	}
+	if err := m.id.dropMember(); err != nil {
+		return fmt.Errorf("wipe the member certificate: %w", err)
+	}
 	m.mu.Lock()
 	m.kept = persisted{}
 	m.state, m.reason = consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE, ""
@@ -357,9 +402,10 @@ func (m *member) wipe() error {
 }
 
 // etcdConfig builds the embedded etcd's configuration. etcd's ports use our
-// cluster CA: the client port admits the curator and consensus identities,
-// the peer port only consensus peers (etcd checks the certificate CN, which
-// pki sets to the principal kind).
+// cluster CA and the member certificate: the client port admits the curator
+// and member identities, the peer port only members (etcd checks the
+// certificate CN, which pki sets to the principal kind), whose certificate
+// must name the address they connect from.
 func (m *member) etcdConfig(mode startMode, initialCluster string) (*embed.Config, error) {
 	peer, err := url.Parse(m.cfg.AdvertisePeerURL)
 	if err != nil {
@@ -387,15 +433,17 @@ func (m *member) etcdConfig(mode startMode, initialCluster string) (*embed.Confi
 	ec.Logger = "zap"
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(m.zap)
 
+	if _, err := m.id.memberCreds(); err != nil {
+		return nil, err
+	}
 	base := transport.TLSInfo{
-		CertFile:       m.cfg.TLS.Cert,
-		KeyFile:        m.cfg.TLS.Key,
+		// Read again for every handshake: a renewed certificate is used
+		// at once.
+		CertFile:       m.id.memberCertPath(),
+		KeyFile:        m.id.keyPath,
 		TrustedCAFile:  m.cfg.TLS.CA,
 		ClientCertAuth: true,
 		MinVersion:     tls.VersionTLS13,
-		// Identity is the certificate's principal, not the address it
-		// connects from (containers move); see pki.
-		SkipClientSANVerify: true,
 	}
 	if _, err := os.Stat(m.crlPath()); err == nil {
 		base.CRLFile = m.crlPath()
@@ -409,9 +457,16 @@ func (m *member) etcdConfig(mode startMode, initialCluster string) (*embed.Confi
 		grpc.ChainStreamInterceptor(m.refuseRevokedStream),
 	}
 	ec.ClientTLSInfo = base
-	ec.ClientTLSInfo.AllowedCNs = []string{string(pki.KindCurator), string(pki.KindConsensus)}
+	ec.ClientTLSInfo.AllowedCNs = []string{string(pki.KindCurator), string(pki.KindMember)}
+	// Clients are who their certificate says, from wherever they connect
+	// (curators move; containers change addresses).
+	ec.ClientTLSInfo.SkipClientSANVerify = true
 	ec.PeerTLSInfo = base
-	ec.PeerTLSInfo.AllowedCNs = []string{string(pki.KindConsensus)}
+	ec.PeerTLSInfo.AllowedCNs = []string{string(pki.KindMember)}
+	// A peer's certificate must name the address it connects from (etcd
+	// resolves its DNS names), so a member certificate works only from
+	// its member's host.
+	ec.PeerTLSInfo.SkipClientSANVerify = false
 
 	switch mode {
 	case modeBootstrap:
@@ -484,9 +539,13 @@ func (m *member) followVoters(e *embed.Etcd, cli *clientv3.Client) {
 }
 
 func (m *member) dial(endpoints []string) (*clientv3.Client, error) {
+	creds, err := m.id.memberCreds()
+	if err != nil {
+		return nil, err
+	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:            endpoints,
-		TLS:                  rpc.ClientTLSConfig(m.creds, []pki.Kind{pki.KindConsensus}),
+		TLS:                  rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}),
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/big"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -82,7 +83,7 @@ func TestMutualTLS(t *testing.T) {
 	t.Run("certificate of another CA", func(t *testing.T) {
 		other := ct.NewPKI(t).Creds(t, pki.Principal{Kind: pki.KindAdmin, Name: "test"})
 		cfg := base()
-		cfg.Certificates = []tls.Certificate{other.Certificate}
+		cfg.Certificates = []tls.Certificate{*other.Certificate()}
 		_, err := dialRaw(t, n.API, cfg).Status(ctx, &consensusv1.StatusRequest{})
 		wantCode(t, err, codes.Unavailable, "")
 	})
@@ -94,7 +95,7 @@ func TestMutualTLS(t *testing.T) {
 	})
 	t.Run("a valid certificate works", func(t *testing.T) {
 		cfg := base()
-		cfg.Certificates = []tls.Certificate{admin.Certificate}
+		cfg.Certificates = []tls.Certificate{*admin.Certificate()}
 		if _, err := dialRaw(t, n.API, cfg).Status(ctx, &consensusv1.StatusRequest{}); err != nil {
 			t.Fatal(err)
 		}
@@ -139,36 +140,28 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatalf("denied calls changed membership: %d members", got)
 	}
 
-	// etcd's client port: the curator gets in, a worker node does not.
-	t.Run("etcd client port", func(t *testing.T) {
-		if _, err := c.Etcd(n.ClientURL).Get(ctx, "/x"); err != nil {
-			t.Fatalf("curator refused by etcd: %v", err)
-		}
-		if err := httpsGet(t, c, pki.Principal{Kind: pki.KindCurator}, n.ClientURL+"/version"); err != nil {
-			t.Fatalf("curator refused by etcd's client port: %v", err)
-		}
-		if err := httpsGet(t, c, pki.Principal{Kind: pki.KindNode, Name: other}, n.ClientURL+"/version"); err == nil {
-			t.Fatal("a worker node's certificate reached etcd's client port")
-		}
-	})
-	// etcd's peer port: only consensus peers.
-	t.Run("etcd peer port", func(t *testing.T) {
-		get := func(p pki.Principal) error { return httpsGet(t, c, p, n.PeerURL+"/members") }
-		if err := get(pki.Principal{Kind: pki.KindConsensus, Name: other}); err != nil {
-			t.Fatalf("a consensus peer was refused: %v", err)
-		}
-		for _, p := range []pki.Principal{{Kind: pki.KindCurator}, {Kind: pki.KindNode, Name: other}, {Kind: pki.KindAdmin, Name: "test"}} {
-			if err := get(p); err == nil {
-				t.Fatalf("%s reached etcd's peer port", p)
+	// etcd's ports admit members (and the curator, on the client port)
+	// only: nothing a worker holds — its node certificate, its consensus
+	// process's certificate — gets in.
+	for port, allowed := range map[string][]pki.Kind{n.ClientURL + "/version": {pki.KindCurator, pki.KindMember}, n.PeerURL + "/members": {pki.KindMember}} {
+		t.Run("etcd "+port, func(t *testing.T) {
+			for _, p := range []pki.Principal{{Kind: pki.KindCurator}, {Kind: pki.KindMember, Name: other}, {Kind: pki.KindConsensus, Name: other}, {Kind: pki.KindNode, Name: other}, {Kind: pki.KindAdmin, Name: "test"}, {Kind: pki.KindReconciler}} {
+				err := httpsGet(t, c, p, port)
+				if want := slices.Contains(allowed, p.Kind); (err == nil) != want {
+					t.Errorf("%s: admitted=%v, want %v (%v)", p, err == nil, want, err)
+				}
 			}
-		}
-	})
+		})
+	}
+	if _, err := c.Etcd(n.ClientURL).Get(ctx, "/x"); err != nil {
+		t.Fatalf("curator refused by etcd: %v", err)
+	}
 }
 
 // httpsGet fetches url as principal p.
 func httpsGet(t *testing.T, c *ct.Cluster, p pki.Principal, url string) error {
 	creds := c.PKI.Creds(t, p)
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindConsensus})}}
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}), DisableKeepAlives: true}}
 	resp, err := hc.Get(url)
 	if err != nil {
 		return err

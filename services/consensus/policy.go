@@ -19,7 +19,7 @@ import (
 //	ListMembers, WatchMembership   admin, curator, reconciler, consensus peers
 //	AddNode, PromoteMember, RemoveMember
 //	               curator and reconciler, each with its own fence (checkFence)
-//	Start, Leave   only this node's own agent (roleserve, node/<id>)
+//	Start, Leave, SetCredentials   only this node's own agent (roleserve, node/<id>)
 func policy(nodeID string) rpc.Policy {
 	onlySelf := func(_ context.Context, p pki.Principal, _ any) error {
 		if p.Kind == pki.KindNode && p.Name != nodeID {
@@ -40,6 +40,7 @@ func policy(nodeID string) rpc.Policy {
 		m("RemoveMember"):    {Allow: changers},
 		m("Start"):           self,
 		m("Leave"):           self,
+		m("SetCredentials"):  self,
 	}
 	if len(p) != len(consensusv1.Consensus_ServiceDesc.Methods)+len(consensusv1.Consensus_ServiceDesc.Streams) {
 		panic(fmt.Sprintf("consensus policy lists %d methods, the service has more", len(p)))

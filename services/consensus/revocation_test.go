@@ -31,9 +31,9 @@ func TestEtcdRefusesRevoked(t *testing.T) {
 
 	doomed := c.PKI.Issue(t, pki.Principal{Kind: pki.KindCurator}, time.Hour)
 	kept := c.PKI.Issue(t, pki.Principal{Kind: pki.KindCurator}, time.Hour)
-	peerDoomed := c.PKI.Issue(t, pki.Principal{Kind: pki.KindConsensus, Name: ct.NewNodeID(t)}, time.Hour)
+	peerDoomed := c.PKI.Issue(t, pki.Principal{Kind: pki.KindMember, Name: ct.NewNodeID(t)}, time.Hour)
 	etcdAs := func(creds *rpc.Credentials) *clientv3.Client {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{n.ClientURL}, TLS: rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindConsensus}), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{n.ClientURL}, TLS: rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,7 +49,7 @@ func TestEtcdRefusesRevoked(t *testing.T) {
 		t.Fatalf("peer port before the revocation: %v", err)
 	}
 
-	c.PKI.Revoke(t, c.Etcd(n.ClientURL), doomed.Certificate.Leaf, peerDoomed.Certificate.Leaf)
+	c.PKI.Revoke(t, c.Etcd(n.ClientURL), doomed.Leaf(), peerDoomed.Leaf())
 	revoked := time.Now()
 
 	ct.Eventually(t, 2*time.Second, func() error {
@@ -74,7 +74,7 @@ func TestEtcdRefusesRevoked(t *testing.T) {
 	if _, err := etcdAs(kept).Get(ctx, "/x"); err != nil {
 		t.Fatalf("a certificate not revoked was refused: %v", err)
 	}
-	if err := peerGet(c.PKI.Issue(t, pki.Principal{Kind: pki.KindConsensus, Name: ct.NewNodeID(t)}, time.Hour)); err != nil {
+	if err := peerGet(c.PKI.Issue(t, pki.Principal{Kind: pki.KindMember, Name: ct.NewNodeID(t)}, time.Hour)); err != nil {
 		t.Fatalf("a peer certificate not revoked was refused: %v", err)
 	}
 
@@ -98,7 +98,7 @@ func TestEtcdRefusesRevoked(t *testing.T) {
 
 // httpsGetAs fetches url with creds on a fresh connection.
 func httpsGetAs(creds *rpc.Credentials, url string) error {
-	tr := &http.Transport{TLSClientConfig: rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindConsensus}), DisableKeepAlives: true}
+	tr := &http.Transport{TLSClientConfig: rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}), DisableKeepAlives: true}
 	resp, err := (&http.Client{Timeout: 2 * time.Second, Transport: tr}).Get(url)
 	if err != nil {
 		return err

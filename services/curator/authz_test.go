@@ -75,7 +75,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 	anyCA := c.PKI.Creds(t, cut.Admin)
 	foreign := func() *tls.Config {
 		other := ct.NewPKI(t).Creds(t, cut.Admin)
-		return &tls.Config{RootCAs: anyCA.CAPool, ServerName: "localhost", Certificates: []tls.Certificate{other.Certificate}, MinVersion: tls.VersionTLS13}
+		return &tls.Config{RootCAs: anyCA.CAPool, ServerName: "localhost", Certificates: []tls.Certificate{*other.Certificate()}, MinVersion: tls.VersionTLS13}
 	}
 	callers := []caller{
 		{"admin", c.Conn(cur, cut.Admin)},

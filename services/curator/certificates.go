@@ -2,10 +2,15 @@ package curator
 
 import (
 	"context"
+	"crypto"
+	"crypto/ed25519"
 	"crypto/x509"
 	"fmt"
 	"math/big"
+	"net"
+	"net/url"
 	"slices"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -40,7 +45,112 @@ func recordIssued(n *curatorv1.Node, cert *x509.Certificate, cluster string) {
 		Serial:    cert.SerialNumber.Text(16),
 		Principal: p.String(),
 		NotAfter:  timestamppb.New(cert.NotAfter),
+		Issued:    timestamppb.New(now),
 	})
+}
+
+// issueFor issues n a certificate of principal kind k for pub, with SANs
+// for hosts (a loopback address brings 127.0.0.1 along: the source address
+// of every connection over loopback), and records it on n.
+func (s *Service) issueFor(n *curatorv1.Node, k pki.Kind, pub crypto.PublicKey, hosts ...string) (*pki.Issued, error) {
+	req := pki.IssueRequest{Cluster: s.cfg.Cluster, Principal: pki.Principal{Kind: k, Name: n.Id}, PublicKey: pub, Validity: s.cfg.CertValidity}
+	for _, h := range hosts {
+		if h == "" {
+			continue
+		}
+		if ip := net.ParseIP(h); ip != nil {
+			req.IPs = append(req.IPs, ip)
+			if ip.IsLoopback() && !ip.Equal(net.IPv4(127, 0, 0, 1)) {
+				req.IPs = append(req.IPs, net.IPv4(127, 0, 0, 1))
+			}
+		} else if !slices.Contains(req.DNSNames, h) {
+			req.DNSNames = append(req.DNSNames, h)
+		}
+	}
+	iss, err := s.ca.Issue(req)
+	if err != nil {
+		return nil, fmt.Errorf("issue %s: %w", req.Principal, err)
+	}
+	recordIssued(n, iss.Cert, s.cfg.Cluster)
+	return iss, nil
+}
+
+// consensusKey is the key of n's consensus process, or an error saying the
+// node has not reported one.
+func consensusKey(n *curatorv1.Node) (ed25519.PublicKey, error) {
+	k := n.GetStatus().GetConsensusPublicKey()
+	if len(k) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("%w: node %s has not reported its consensus key (status.consensus_public_key): its agent does once its consensus process runs", errRefused, n.Id)
+	}
+	return ed25519.PublicKey(k), nil
+}
+
+// hostOf is the host of a URL (or host:port), "" if it has none.
+func hostOf(s string) string {
+	if u, err := url.Parse(s); err == nil && u.Host != "" {
+		return u.Hostname()
+	}
+	if h, _, err := net.SplitHostPort(s); err == nil {
+		return h
+	}
+	return ""
+}
+
+// issueMember issues n's member certificate, for its consensus key, naming
+// the hosts of its consensus peer and client URLs (peers bind it to the
+// address they see it connect from).
+func (s *Service) issueMember(n *curatorv1.Node) (*pki.Issued, error) {
+	key, err := consensusKey(n)
+	if err != nil {
+		return nil, err
+	}
+	st := n.GetStatus()
+	return s.issueFor(n, pki.KindMember, key, hostOf(st.GetConsensusPeerUrl()), hostOf(st.GetConsensusClientUrl()))
+}
+
+// withMemberCertificate completes a role write on n (whose roles become
+// roles): a ConsensusMember that is new gets its member certificate, and
+// when the role goes, or names another member than before, every member
+// certificate of n that the new roles do not carry is revoked. A role
+// written for a member whose record had lost it (the reconciler completing
+// "membership ahead of roles") revokes nothing: the running member may use
+// any of them. It returns the CRL write and its guard, if any.
+func (s *Service) withMemberCertificate(ctx context.Context, n *curatorv1.Node, roles *curatorv1.Roles) ([]clientv3.Op, []clientv3.Cmp, error) {
+	cm := roles.GetConsensusMember()
+	old := n.GetRoles().GetConsensusMember()
+	revoking := cm == nil || (old != nil && old.GetJoin().GetMemberId() != cm.GetJoin().GetMemberId())
+	if cm != nil && len(cm.GetMemberCertificate()) == 0 {
+		iss, err := s.issueMember(n)
+		if err != nil {
+			return nil, nil, err
+		}
+		cm = &curatorv1.ConsensusMember{Join: cm.GetJoin(), MemberCertificate: iss.CertPEM}
+		roles.ConsensusMember = cm
+	}
+	var keep string
+	if cm != nil {
+		if c, err := pki.ParseCertPEM(cm.GetMemberCertificate()); err == nil {
+			keep = c.SerialNumber.Text(16)
+		}
+	}
+	var stale []string
+	for _, c := range n.GetCertificates() {
+		if !revoking {
+			break
+		}
+		if strings.HasPrefix(c.GetPrincipal(), string(pki.KindMember)+"/") && !c.GetRevoked() && c.GetSerial() != keep && c.GetNotAfter().AsTime().After(time.Now()) {
+			stale = append(stale, c.GetSerial())
+		}
+	}
+	if len(stale) == 0 {
+		return nil, nil, nil
+	}
+	put, cmp, err := s.revoke(ctx, stale...)
+	if err != nil {
+		return nil, nil, err
+	}
+	markRevoked(n, stale)
+	return []clientv3.Op{put}, []clientv3.Cmp{cmp}, nil
 }
 
 // unrevoked are the serials of n's recorded certificates that are neither
@@ -170,4 +280,106 @@ func (x *curatorServer) WatchCRL(_ *curatorv1.WatchCRLRequest, stream curatorv1.
 		case <-changed:
 		}
 	}
+}
+
+// issueInterval is the least time between two IssueCertificates of a node:
+// each call writes the node's record.
+const issueInterval = 10 * time.Second
+
+func (x *curatorServer) IssueCertificates(ctx context.Context, req *curatorv1.IssueCertificatesRequest) (*curatorv1.IssueCertificatesResponse, error) {
+	resp, err := x.s.issueCertificates(ctx, req)
+	return resp, toStatus(err)
+}
+
+// issueCertificates issues the calling node fresh certificates (renewal, and
+// its consensus process's), records them and, with them, the consensus key
+// they certify. The certificates they renew stay valid until they expire.
+func (s *Service) issueCertificates(ctx context.Context, req *curatorv1.IssueCertificatesRequest) (*curatorv1.IssueCertificatesResponse, error) {
+	id := caller(ctx).Name
+	if k := req.GetConsensusPublicKey(); len(k) != 0 && len(k) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("%w: consensus_public_key must be a %d-byte ed25519 key, got %d bytes", errBadRequest, ed25519.PublicKeySize, len(k))
+	}
+	for {
+		n, err := s.getNode(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if n.State != curatorv1.NodeState_NODE_STATE_UP {
+			return nil, fmt.Errorf("%w: node %s is %s: certificates are for UP nodes", errRefused, id, n.State)
+		}
+		if k := req.GetConsensusPublicKey(); len(k) > 0 {
+			if n.Status == nil {
+				n.Status = &curatorv1.NodeStatus{}
+			}
+			n.Status.ConsensusPublicKey = k
+		}
+		if err := recentlyIssued(n); err != nil {
+			return nil, err
+		}
+		resp := &curatorv1.IssueCertificatesResponse{CaCertificate: s.creds.CAPEM}
+		iss, err := s.issueFor(n, pki.KindNode, ed25519.PublicKey(n.PublicKey))
+		if err != nil {
+			return nil, err
+		}
+		n.CertificateSerial, resp.NodeCertificate = iss.Cert.SerialNumber.Text(16), iss.CertPEM
+		issued := []string{n.CertificateSerial}
+		if key, err := consensusKey(n); err == nil {
+			if iss, err = s.issueFor(n, pki.KindConsensus, key, hostOf(n.GetStatus().GetConsensusApi())); err != nil {
+				return nil, err
+			}
+			resp.ConsensusCertificate = iss.CertPEM
+			issued = append(issued, iss.Cert.SerialNumber.Text(16))
+			if n.GetRoles().GetConsensusMember() != nil {
+				if iss, err = s.issueMember(n); err != nil {
+					return nil, err
+				}
+				resp.MemberCertificate = iss.CertPEM
+				issued = append(issued, iss.Cert.SerialNumber.Text(16))
+			}
+		}
+		_, err = s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, "node.certificates", id, "certificates issued: "+strings.Join(issued, ", ")))
+		if err == errConflict && ctx.Err() == nil {
+			continue // the record changed: decide again
+		}
+		if err != nil {
+			return nil, err
+		}
+		s.log.Info("certificates issued", "node", id, "serials", issued)
+		return resp, nil
+	}
+}
+
+// recentlyIssued refuses an IssueCertificates that would issue only
+// principals the node got a certificate of in the last issueInterval (the
+// node certificate of a commit just made does not stop the first consensus
+// certificate).
+func recentlyIssued(n *curatorv1.Node) error {
+	want := []string{"node/" + n.Id}
+	if _, err := consensusKey(n); err == nil {
+		want = append(want, "consensus/"+n.Id)
+		if n.GetRoles().GetConsensusMember() != nil {
+			want = append(want, "member/"+n.Id)
+		}
+	}
+	var last time.Duration
+	for _, p := range want {
+		recent := false
+		for _, c := range n.GetCertificates() {
+			if since := time.Since(c.GetIssued().AsTime()); c.GetPrincipal() == p && since < issueInterval {
+				recent, last = true, since
+			}
+		}
+		if !recent {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: node %s got these certificates %v ago; retry in %v", errExhausted, n.Id, last.Round(time.Second), (issueInterval - last).Round(time.Second))
+}
+
+func (x *curatorServer) GetMembership(ctx context.Context, _ *curatorv1.GetMembershipRequest) (*curatorv1.GetMembershipResponse, error) {
+	members, err := x.s.consensus.listMembers(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &curatorv1.GetMembershipResponse{Members: members}, nil
 }

@@ -25,7 +25,7 @@ func TestConnect(t *testing.T) {
 	httpClient := func(p pki.Principal) *http.Client {
 		creds := c.PKI.Creds(t, p)
 		return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
-			RootCAs: creds.CAPool, Certificates: []tls.Certificate{creds.Certificate}, ServerName: "localhost", MinVersion: tls.VersionTLS13,
+			RootCAs: creds.CAPool, Certificates: []tls.Certificate{*creds.Certificate()}, ServerName: "localhost", MinVersion: tls.VersionTLS13,
 		}}}
 	}
 	post := func(cl *http.Client, cur *cut.Curator, method, body string) (int, string) {

@@ -80,6 +80,9 @@ type Config struct {
 	// (self-signed certificates) on each replica.
 	EnrolmentRate  float64
 	EnrolmentBurst int
+	// CertValidity is how long the certificates issued to nodes (node,
+	// consensus, member) live; agents renew them after two thirds.
+	CertValidity time.Duration
 }
 
 // DefaultConfig returns the defaults.
@@ -94,6 +97,7 @@ func DefaultConfig() Config {
 		HeartbeatTimeout:  20 * time.Second,
 		EnrolmentRate:     20,
 		EnrolmentBurst:    40,
+		CertValidity:      30 * 24 * time.Hour,
 	}
 }
 
@@ -113,6 +117,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HeartbeatTimeout, "heartbeat-timeout", c.HeartbeatTimeout, "silence after which a node is HEARTBEAT_TIMEOUT")
 	fs.Float64Var(&c.EnrolmentRate, "enrolment-rate", c.EnrolmentRate, "calls per second this replica takes from enrolling nodes (self-signed certificates); more get ResourceExhausted")
 	fs.IntVar(&c.EnrolmentBurst, "enrolment-burst", c.EnrolmentBurst, "how many enrolling calls may come at once before --enrolment-rate applies")
+	fs.DurationVar(&c.CertValidity, "cert-validity", c.CertValidity, "validity of the certificates issued to nodes (node, consensus, member); their agents renew them after two thirds")
 	c.Watch.AddFlags(fs)
 }
 
@@ -142,6 +147,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SessionTTL < time.Second {
 		return fmt.Errorf("--session-ttl %v: at least 1s", c.SessionTTL)
+	}
+	if c.CertValidity < 30*time.Second {
+		return fmt.Errorf("--cert-validity %v: at least 30s (agents renew after two thirds)", c.CertValidity)
 	}
 	if c.EnrolmentRate <= 0 || c.EnrolmentBurst < 1 {
 		return fmt.Errorf("--enrolment-rate %g and --enrolment-burst %d: both must be positive", c.EnrolmentRate, c.EnrolmentBurst)
@@ -212,7 +220,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	log = log.With("component", "curator", "replica", cfg.Name)
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:            cfg.Etcd,
-		TLS:                  rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindConsensus}),
+		TLS:                  rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}),
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,

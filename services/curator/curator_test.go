@@ -176,9 +176,19 @@ func TestDeleteRevokesEveryCertificate(t *testing.T) {
 	ctx := ctxT(t)
 	m := c.Management()
 	boot := c.Voters[0].ID
-	bootSerial := c.BootstrapNode.Certificate.Leaf.SerialNumber.Text(16)
-	if n := getNodes(t, m, "")[boot]; len(n.GetCertificates()) != 1 || n.Certificates[0].Serial != bootSerial || n.Certificates[0].Principal != "node/"+boot {
-		t.Fatalf("bootstrap node's certificates: %v, want its deployment certificate %s", n.GetCertificates(), bootSerial)
+	bootSerial := c.BootstrapNode.Leaf().SerialNumber.Text(16)
+	// The deployment's: the agent's node certificate, its consensus
+	// process's consensus and member certificates (the role carries it).
+	bn := getNodes(t, m, "")[boot]
+	var principals []string
+	for _, c := range bn.GetCertificates() {
+		principals = append(principals, c.Principal)
+	}
+	if want := []string{"node/" + boot, "consensus/" + boot, "member/" + boot}; !slices.Equal(principals, want) || bn.Certificates[0].Serial != bootSerial {
+		t.Fatalf("bootstrap node's certificates: %v, want %v, the first %s", bn.GetCertificates(), want, bootSerial)
+	}
+	if mc, err := pki.ParseCertPEM(bn.GetRoles().GetConsensusMember().GetMemberCertificate()); err != nil || mc.SerialNumber.Text(16) != bn.Certificates[2].Serial {
+		t.Fatalf("the bootstrap node's role carries %v (%v), not its member certificate", mc, err)
 	}
 
 	a := c.NewAgent()
@@ -216,7 +226,7 @@ func TestDeleteRevokesEveryCertificate(t *testing.T) {
 			t.Fatal(err)
 		}
 		deleted := time.Now()
-		last := tc.certs[len(tc.certs)-1].Certificate.Leaf.SerialNumber.Text(16)
+		last := tc.certs[len(tc.certs)-1].Leaf().SerialNumber.Text(16)
 		if !slices.Contains(del.RevokedSerials, last) {
 			t.Fatalf("DeleteNode revoked %v, not %s", del.RevokedSerials, last)
 		}
@@ -225,7 +235,7 @@ func TestDeleteRevokesEveryCertificate(t *testing.T) {
 				// A new connection fails its handshake (Unavailable),
 				// an open one gets Unauthenticated.
 				if err := works(creds, tc.id); err == nil {
-					return fmt.Errorf("certificate %x of deleted node %s still works", creds.Certificate.Leaf.SerialNumber, tc.id)
+					return fmt.Errorf("certificate %x of deleted node %s still works", creds.Leaf().SerialNumber, tc.id)
 				}
 				return nil
 			})

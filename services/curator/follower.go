@@ -28,6 +28,7 @@ var localMethods = map[string]bool{
 	"/curia.curator.v1.Curator/GetCurrentLeader": true,
 	"/curia.curator.v1.Curator/Watch":            true, // every replica has its own watch hub (watch.go)
 	"/curia.curator.v1.Curator/WatchCRL":         true, // every replica follows the CRL in etcd (certificates.go)
+	"/curia.curator.v1.Curator/GetMembership":    true, // every replica reaches the consensus services
 }
 
 func forwarded(method string) bool {

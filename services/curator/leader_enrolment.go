@@ -7,7 +7,6 @@ import (
 	"crypto/subtle"
 	"fmt"
 	"regexp"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -25,9 +24,6 @@ type curatorServer struct {
 	curatorv1.UnimplementedCuratorServer
 	s *Service
 }
-
-// nodeCertValidity is how long a node certificate lives.
-const nodeCertValidity = 365 * 24 * time.Hour
 
 // becameLeader prepares what a leader needs: the register ticket, and no
 // lease of an earlier term.
@@ -151,10 +147,15 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 		},
 		Status: req.GetStatus(),
 	}
-	for _, c := range certs {
+	for i, c := range certs {
 		recordIssued(n, c, s.cfg.Cluster)
-		if p, _ := pki.PrincipalFromCert(c, s.cfg.Cluster); p.Kind == pki.KindNode {
+		switch p, _ := pki.PrincipalFromCert(c, s.cfg.Cluster); p.Kind {
+		case pki.KindNode:
 			n.CertificateSerial = c.SerialNumber.Text(16)
+		case pki.KindMember:
+			// The member the deployment made: the role carries its
+			// certificate, as a role given later would.
+			n.Roles.ConsensusMember.MemberCertificate = req.GetCertificates()[i]
 		}
 	}
 	noTomb, _ := tombstone(id)
@@ -283,7 +284,7 @@ func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse
 		Cluster:   s.cfg.Cluster,
 		Principal: pki.Principal{Kind: pki.KindNode, Name: id},
 		PublicKey: ed25519.PublicKey(n.PublicKey),
-		Validity:  nodeCertValidity,
+		Validity:  s.cfg.CertValidity,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("issue node certificate: %w", err)

@@ -532,9 +532,16 @@ func (x *leasesServer) reconcileNodeRoles(ctx context.Context, req *curatorv1.Re
 			// one write. KubernetesWorker stays.
 			roles.ConsensusMember, roles.KubernetesController = nil, nil
 		}
+		var crlOps []clientv3.Op
+		var crlCmps []clientv3.Cmp
+		if refused == nil && !protoEqual(roles, cloneRoles(n.GetRoles())) {
+			// Refused after the fence check, like every refusal.
+			crlOps, crlCmps, refused = s.withMemberCertificate(ctx, n, roles)
+		}
 		if refused == nil && !protoEqual(roles, cloneRoles(n.GetRoles())) {
 			n.Roles = roles
-			ops = append(ops, putNode(n), audit.Put(&auditv1.Event{
+			extra = append(extra, crlCmps...)
+			ops = append(crlOps, putNode(n), audit.Put(&auditv1.Event{
 				Actor:      caller(ctx).String(),
 				RecordedBy: "curator/" + s.cfg.Name,
 				Action:     action,

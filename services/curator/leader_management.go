@@ -111,6 +111,11 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 		if peerURL == "" {
 			return nil, fmt.Errorf("%w: node %s has not reported a consensus peer URL (status.consensus_peer_url); its agent reports one when the node can run consensus", errRefused, n.Id)
 		}
+		// The role carries a member certificate of this key: checked
+		// before etcd membership changes.
+		if _, err := consensusKey(n); err != nil {
+			return nil, err
+		}
 		err = s.consensus.do(ctx, "add "+n.Id+" to etcd", func(c consensusv1.ConsensusClient) error {
 			resp, err := c.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: n.Id, PeerUrl: peerURL, Fence: fenced})
 			join, epoch = resp.GetJoin(), resp.GetMembershipEpoch()
@@ -176,8 +181,13 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 			return n, nil
 		}
 		action := fmt.Sprintf("roles.update consensus_member=%v kubernetes_controller=%v kubernetes_worker=%v", roles.GetConsensusMember() != nil, roles.GetKubernetesController() != nil, roles.GetKubernetesWorker() != nil)
+		crlOps, crlCmps, err := s.withMemberCertificate(ctx, n, roles)
+		if err != nil {
+			return nil, err
+		}
 		n.Roles = roles
-		_, err = s.lead.txn(ctx, append([]clientv3.Cmp{unchanged(n)}, guard...), putNode(n), s.auditOp(ctx, action, n.Id, reason))
+		cmps := append(append([]clientv3.Cmp{unchanged(n)}, guard...), crlCmps...)
+		_, err = s.lead.txn(ctx, cmps, append(crlOps, putNode(n), s.auditOp(ctx, action, n.Id, reason))...)
 		if err == nil {
 			s.log.Info("roles updated", "node", n.Id, "roles", roleNames(roles), "by", caller(ctx).String())
 			return s.getNode(ctx, n.Id)
@@ -249,13 +259,14 @@ func validRoles(n *curatorv1.Node, want roleSet) error {
 }
 
 // desiredRoles is what UpdateNodeRoles writes on the record n: the roles of
-// want, ConsensusMember carrying join when the etcd step gave new join
-// parameters and the record's otherwise.
+// want, ConsensusMember carrying join when the etcd step gave other join
+// parameters than the record's (withMemberCertificate then issues its
+// certificate), and the record's otherwise.
 func desiredRoles(n *curatorv1.Node, want roleSet, join *consensusv1.JoinParameters) (*curatorv1.Roles, error) {
 	out := &curatorv1.Roles{}
 	if want.cm {
 		out.ConsensusMember = n.GetRoles().GetConsensusMember()
-		if join != nil {
+		if join != nil && !protoEqual(join, out.ConsensusMember.GetJoin()) {
 			out.ConsensusMember = &curatorv1.ConsensusMember{Join: join}
 		}
 		if out.ConsensusMember == nil {

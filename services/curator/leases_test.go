@@ -196,6 +196,10 @@ func TestLeaseNewCuratorTerm(t *testing.T) {
 	boot := leaseNodeNow(t, c, c.Voters[0].ID)
 	ag := c.NewAgent()
 	ag.Enrol(ctx)
+	agKey := cut.ConsensusKey(t)
+	if _, err := ag.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: ag.ID, Status: &curatorv1.NodeStatus{Address: "127.0.0.9", ConsensusPublicKey: agKey}}); err != nil {
+		t.Fatal(err)
+	}
 
 	old := c.Leader()
 	a := leaseAcquire(t, leasesAs(c, old, leaseReconciler), "reconciler", "a", 60)
@@ -309,6 +313,10 @@ func TestReconcileNodeRoles(t *testing.T) {
 
 	ag := c.NewAgent()
 	ag.Enrol(ctx)
+	agKey := cut.ConsensusKey(t)
+	if _, err := ag.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: ag.ID, Status: &curatorv1.NodeStatus{Address: "127.0.0.9", ConsensusPublicKey: agKey}}); err != nil {
+		t.Fatal(err)
+	}
 
 	// The reconciler reads the epoch, then adds the node's member (a real
 	// membership change, which moves the epoch).
@@ -367,7 +375,7 @@ func TestReconcileNodeRoles(t *testing.T) {
 	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e0), NodeId: ag.ID, NodeRevision: rev0, Change: add})
 	wantCode(t, err, codes.Aborted, "membership epoch")
 	// So is one made before the node changed.
-	if _, err := ag.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: ag.ID, Status: &curatorv1.NodeStatus{Address: "127.0.0.9"}}); err != nil {
+	if _, err := ag.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: ag.ID, Status: &curatorv1.NodeStatus{Address: "127.0.0.10", ConsensusPublicKey: agKey}}); err != nil {
 		t.Fatal(err)
 	}
 	rev1 := leaseNodeNow(t, c, ag.ID).Revision

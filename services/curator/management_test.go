@@ -156,7 +156,7 @@ func TestGetConsensusStatus(t *testing.T) {
 	a := c.NewAgent()
 	a.Enrol(ctx)
 	peerURL := "https://" + proctest.FreeAddr(t)
-	if _, err := a.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: &curatorv1.NodeStatus{ConsensusPeerUrl: peerURL}}); err != nil {
+	if _, err := a.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: &curatorv1.NodeStatus{ConsensusPeerUrl: peerURL, ConsensusPublicKey: cut.ConsensusKey(t)}}); err != nil {
 		t.Fatal(err)
 	}
 	mgmtRetryUnavailable(t, func() error {

@@ -18,6 +18,8 @@ import (
 //	            GetCurrentLeader   every cluster identity
 //	            WatchCRL           every cluster identity and enrolling nodes:
 //	                               the list is public, signed by the CA
+//	            IssueCertificates  nodes, for themselves
+//	            GetMembership      consensus processes
 //	Management  everything         admin
 //	Leases      everything         reconciler
 func policy() rpc.Policy {
@@ -31,6 +33,8 @@ func policy() rpc.Policy {
 	p[method(cur, "UpdateNodeStatus")] = rpc.Rule{Allow: []pki.Kind{pki.KindNode}}
 	p[method(cur, "Heartbeat")] = rpc.Rule{Allow: []pki.Kind{pki.KindNode}}
 	p[method(cur, "GetCurrentLeader")] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindNode, pki.KindConsensus}}
+	p[method(cur, "IssueCertificates")] = rpc.Rule{Allow: []pki.Kind{pki.KindNode}}
+	p[method(cur, "GetMembership")] = rpc.Rule{Allow: []pki.Kind{pki.KindConsensus}}
 	p[method(cur, "WatchCRL")] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindNode, pki.KindConsensus, pki.KindEnrolling}}
 	for _, m := range curatorv1.Management_ServiceDesc.Methods {
 		p[method(curatorv1.Management_ServiceDesc.ServiceName, m.MethodName)] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin}}

@@ -87,6 +87,9 @@ func validateStatus(st *curatorv1.NodeStatus) error {
 			return fmt.Errorf("%w: status.consensus_api %q: want host:port", errBadRequest, a)
 		}
 	}
+	if k := st.GetConsensusPublicKey(); len(k) != 0 && len(k) != 32 {
+		return fmt.Errorf("%w: status.consensus_public_key must be a 32-byte ed25519 key, got %d bytes", errBadRequest, len(k))
+	}
 	if len(st.GetAddress()) > 253 || len(st.GetVersion()) > 128 || len(st.GetRunningServices()) > 32 {
 		return fmt.Errorf("%w: status too large (address ≤253, version ≤128 characters, ≤32 services)", errBadRequest)
 	}

@@ -268,7 +268,9 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	g.Add("watch", r.watchNodes)
 	g.Add("watch-membership", r.watchMembership)
 	g.Add("loop", r.loop)
-	g.Add("crl", func(ctx context.Context) error { return r.crl.Follow(ctx, curatorv1.NewCuratorClient(r.curator)) })
+	g.Add("crl", func(ctx context.Context) error {
+		return r.crl.Follow(ctx, func() (curatorv1.CuratorClient, error) { return curatorv1.NewCuratorClient(r.curator), nil })
+	})
 	r.log.Info("reconciler serving", "listen", lis.Addr().String())
 	return g.Run(ctx)
 }

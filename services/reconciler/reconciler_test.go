@@ -601,7 +601,7 @@ func TestAPIRefusesRevoked(t *testing.T) {
 		_, err := r.statusAs(t, doomed)
 		return err
 	})
-	c.PKI.Revoke(t, c.Etcd(c.Voters[0].ClientURL), doomed.Certificate.Leaf)
+	c.PKI.Revoke(t, c.Etcd(c.Voters[0].ClientURL), doomed.Leaf())
 	revoked := time.Now()
 	proctest.Eventually(t, 2*time.Second, func() error {
 		if _, err := r.statusAs(t, doomed); err == nil {

@@ -228,13 +228,14 @@ func (e *enroller) bootstrap(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	s.connMu.Lock()
-	nodeCert := pki.EncodeCertPEM(s.creds.Certificate.Certificate[0])
+	nodeCert := pki.EncodeCertPEM(s.creds.Certificate().Certificate[0])
 	s.connMu.Unlock()
 	resp, err := cur.BootstrapCluster(cctx, &curatorv1.BootstrapClusterRequest{
 		PublicKey: s.key.Public().(ed25519.PublicKey),
 		Status:    s.statusFrom(st),
-		// Recorded, so that deleting this node revokes them too.
-		Certificates: [][]byte{nodeCert},
+		// Recorded, so that deleting this node revokes them too; the
+		// member certificate goes into the role.
+		Certificates: nonEmpty(nodeCert, st.GetCertificate(), st.GetMemberCertificate()),
 	})
 	if err != nil {
 		err = fmt.Errorf("bootstrap the cluster on the curator: %w", err)
@@ -504,6 +505,17 @@ func (e *enroller) commit(ctx context.Context) error {
 	s.setCreds(c.creds)
 	s.log.Info("node committed: it has its certificate", "serial", resp.GetNode().GetCertificateSerial())
 	return nil
+}
+
+// nonEmpty drops the empty ones.
+func nonEmpty(bs ...[]byte) [][]byte {
+	var out [][]byte
+	for _, b := range bs {
+		if len(b) > 0 {
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 // roleNames renders roles for logs.

@@ -190,6 +190,7 @@ func (s *Service) statusFrom(cs *consensusv1.StatusResponse) *curatorv1.NodeStat
 	if len(cs.GetClientUrls()) > 0 {
 		st.ConsensusClientUrl = cs.GetClientUrls()[0]
 	}
+	st.ConsensusPublicKey = cs.GetPublicKey()
 	if cs.GetState() == consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING {
 		st.RunningServices = []string{"consensus"}
 	}

@@ -230,6 +230,7 @@ type localConsensus interface {
 	Status(context.Context, *consensusv1.StatusRequest, ...grpc.CallOption) (*consensusv1.StatusResponse, error)
 	Start(context.Context, *consensusv1.StartRequest, ...grpc.CallOption) (*consensusv1.StartResponse, error)
 	Leave(context.Context, *consensusv1.LeaveRequest, ...grpc.CallOption) (*consensusv1.LeaveResponse, error)
+	SetCredentials(context.Context, *consensusv1.SetCredentialsRequest, ...grpc.CallOption) (*consensusv1.SetCredentialsResponse, error)
 }
 
 // localConsensus is the local consensus service's API with the node
@@ -281,6 +282,11 @@ func (s *Service) startJoin(ctx context.Context) (bool, error) {
 	d := s.decisionInForce()
 	if !d.Run || d.Join == nil {
 		return true, status.Error(codes.FailedPrecondition, "no join parameters in force")
+	}
+	// The member certificate that came with the role, before the member
+	// starts.
+	if err := s.installRoleMember(ctx, st); err != nil {
+		return true, err
 	}
 	cons, err := s.localConsensus()
 	if err != nil {

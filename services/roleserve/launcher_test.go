@@ -77,6 +77,11 @@ func (f *fakeConsensus) Leave(context.Context, *consensusv1.LeaveRequest, ...grp
 	return &consensusv1.LeaveResponse{}, nil
 }
 
+func (f *fakeConsensus) SetCredentials(context.Context, *consensusv1.SetCredentialsRequest, ...grpc.CallOption) (*consensusv1.SetCredentialsResponse, error) {
+	f.calls = append(f.calls, "set-credentials")
+	return &consensusv1.SetCredentialsResponse{Status: f.st}, nil
+}
+
 // TestJoinAs: the launcher's join acts on the member id the role names: a
 // local consensus holding another member's data leaves first (and nothing
 // starts while consensus refuses that), the desired member is left alone.

@@ -103,6 +103,7 @@ func (s *Service) setNode(n *curatorv1.Node) error {
 	s.mu.Unlock()
 	if first || !proto.Equal(old.GetRoles(), n.GetRoles()) {
 		s.log.Info("roles from the curator", "roles", roleNames(n.GetRoles()), "state", n.GetState().String(), "revision", n.GetRevision())
+		signal(s.certKick)
 	}
 	signal(s.kick)
 	return nil

@@ -97,6 +97,9 @@ type Config struct {
 	StatusInterval time.Duration
 	// RetryMax is the longest wait between attempts of a failing step.
 	RetryMax time.Duration
+	// RenewCheck is how often the certificates are checked for renewal
+	// (certificates.go).
+	RenewCheck time.Duration
 }
 
 // DefaultConfig returns the defaults.
@@ -108,6 +111,7 @@ func DefaultConfig() Config {
 		HeartbeatInterval: 5 * time.Second,
 		StatusInterval:    2 * time.Second,
 		RetryMax:          10 * time.Second,
+		RenewCheck:        10 * time.Second,
 	}
 }
 
@@ -142,6 +146,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "heartbeat interval until the curator names its own")
 	fs.DurationVar(&c.StatusInterval, "status-interval", c.StatusInterval, "how often the local consensus is checked for the status reported to the curator")
 	fs.DurationVar(&c.RetryMax, "retry-max", c.RetryMax, "longest wait between attempts of a failing step")
+	fs.DurationVar(&c.RenewCheck, "renew-check", c.RenewCheck, "how often the node's and its consensus process's certificates are checked; they are renewed after two thirds of their life")
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -194,8 +199,8 @@ func (c *Config) Validate() error {
 		}
 		c.Address = host
 	}
-	if c.HeartbeatInterval <= 0 || c.StatusInterval <= 0 || c.RetryMax <= 0 {
-		return errors.New("--heartbeat-interval, --status-interval and --retry-max must be positive")
+	if c.HeartbeatInterval <= 0 || c.StatusInterval <= 0 || c.RetryMax <= 0 || c.RenewCheck <= 0 {
+		return errors.New("--heartbeat-interval, --status-interval, --retry-max and --renew-check must be positive")
 	}
 	return nil
 }
@@ -236,6 +241,8 @@ type Service struct {
 	// status report now.
 	kick       chan struct{}
 	statusKick chan struct{}
+	// certKick asks for a certificate check now (the roles changed).
+	certKick chan struct{}
 
 	connMu    sync.Mutex
 	creds     *rpc.Credentials
@@ -306,6 +313,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		credsReady: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
 		statusKick: make(chan struct{}, 1),
+		certKick:   make(chan struct{}, 1),
 		crl:        crl.New(caCert, log.With("part", "crl")),
 	}
 	s.st.launcher.phase = phaseNone
@@ -361,6 +369,7 @@ func (s *Service) Run(ctx context.Context) error {
 	g.Add("heartbeat", s.heartbeat)
 	g.Add("status", s.reportStatus)
 	g.Add("crl", s.followCRL)
+	g.Add("certificates", s.certificates)
 	return g.Run(ctx)
 }
 
@@ -370,11 +379,7 @@ func (s *Service) followCRL(ctx context.Context) error {
 	if !waitFor(ctx, s.credsReady) {
 		return nil
 	}
-	cur, err := s.curatorClient()
-	if err != nil {
-		return err
-	}
-	return s.crl.Follow(ctx, cur)
+	return s.crl.Follow(ctx, s.curatorClient)
 }
 
 // setCreds makes the node certificate the agent's identity from now on.
@@ -404,7 +409,11 @@ func (s *Service) conns() (cur, cons *grpc.ClientConn, err error) {
 		}
 	}
 	if s.consensus == nil && s.cfg.Consensus != "" {
-		s.consensus, err = rpc.Dial(s.cfg.Consensus, rpc.ClientConfig{Credentials: s.creds, ServerKinds: []pki.Kind{pki.KindConsensus}})
+		// A consensus process that has no certificate yet serves with a
+		// self-signed one: the agent installs its first (certificates.go).
+		// Nothing secret goes to it, and consensusStatus checks it is this
+		// node's.
+		s.consensus, err = rpc.Dial(s.cfg.Consensus, rpc.ClientConfig{Credentials: s.creds, ServerKinds: []pki.Kind{pki.KindConsensus}, AllowSelfSignedServer: true})
 		if err != nil {
 			return nil, nil, fmt.Errorf("dial local consensus: %w", err)
 		}

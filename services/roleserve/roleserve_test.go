@@ -324,11 +324,12 @@ func TestJoinLeaveRestart(t *testing.T) {
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
-		// The revocation list stays: it is the cluster's, not the
-		// member's.
+		// The revocation list stays (it is the cluster's), and so do the
+		// process's key and consensus certificate (its identity); the
+		// member's data and its member certificate go.
 		var names []string
 		for _, e := range entries {
-			if e.Name() != "crl.der" {
+			if !slices.Contains([]string{"crl.der", "identity.key", "consensus.crt"}, e.Name()) {
 				names = append(names, e.Name())
 			}
 		}
@@ -462,7 +463,7 @@ func TestBootstrap(t *testing.T) {
 	if _, err := rs2.statusAs(t, doomed); err != nil {
 		t.Fatal(err)
 	}
-	cc.PKI.Revoke(t, etcd, doomed.Certificate.Leaf)
+	cc.PKI.Revoke(t, etcd, doomed.Leaf())
 	revoked := time.Now()
 	proctest.Eventually(t, 2*time.Second, func() error {
 		if _, err := rs2.statusAs(t, doomed); err == nil {

@@ -244,10 +244,11 @@ func runInit(args []string, stdout, stderr io.Writer) error {
 }
 
 func runIssue(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("issue", "--dir DIR --kind KIND [--name NAME] [--san HOST|IP]... [--out BASE] [--force]", stderr)
+	fs := newFlagSet("issue", "--dir DIR --kind KIND [--name NAME] [--key KEYFILE] [--san HOST|IP]... [--out BASE] [--force]", stderr)
 	dir := fs.String("dir", "", "PKI directory holding the CA (required)")
-	kind := fs.String("kind", "", "principal kind: admin, curator, reconciler, node or consensus (required)")
+	kind := fs.String("kind", "", "principal kind: admin, curator, reconciler, node, consensus or member (required)")
 	name := fs.String("name", "", "admin name or node id; for node and consensus, empty generates a new node key")
+	keyFile := fs.String("key", "", "certify the public key of this private key (PEM) instead of making a new key; no key file is written")
 	out := fs.String("out", "", "base name of the written files (default from kind and name)")
 	force := fs.Bool("force", false, "overwrite existing certificate and key files")
 	validity := fs.Duration("validity", defaultCertValidity, "validity of the certificate")
@@ -296,7 +297,10 @@ func runIssue(args []string, stdout, stderr io.Writer) error {
 	if err := pki.ValidateFileBase(base); err != nil {
 		return usageErrorf("--out: %v", err)
 	}
-	targets := []string{pki.CertFile(base), pki.KeyFile(base)}
+	targets := []string{pki.CertFile(base)}
+	if *keyFile == "" {
+		targets = append(targets, pki.KeyFile(base))
+	}
 	if nodeKeyPEM != nil {
 		targets = append(targets, pki.NodeKeyFile(p.Name))
 	}
@@ -311,6 +315,17 @@ func runIssue(args []string, stdout, stderr io.Writer) error {
 	}
 
 	req := pki.IssueRequest{Cluster: cluster, Principal: p, Validity: *validity}
+	if *keyFile != "" {
+		b, err := os.ReadFile(*keyFile)
+		if err != nil {
+			return err
+		}
+		key, err := pki.ParsePrivateKeyPEM(b)
+		if err != nil {
+			return fmt.Errorf("--key %s: %w", *keyFile, err)
+		}
+		req.PublicKey = key.Public()
+	}
 	if p.Kind != pki.KindAdmin {
 		req.DNSNames, req.IPs = sans.withLocal()
 	}
@@ -326,6 +341,12 @@ func runIssue(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		written = append(written, path)
+	}
+	if issued.KeyPEM == nil {
+		path := filepath.Join(*dir, pki.CertFile(base))
+		err = pki.WriteFileAtomic(path, issued.CertPEM, pki.CertFileMode)
+		printWritten(stdout, append(written, path))
+		return err
 	}
 	paths, err := pki.WritePair(*dir, base, issued.CertPEM, issued.KeyPEM)
 	written = append(written, paths...)

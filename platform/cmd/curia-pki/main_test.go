@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"crypto"
 	"crypto/ed25519"
 	"crypto/x509"
 	"io/fs"
@@ -329,5 +330,40 @@ func TestExitCodes(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(empty); len(entries) != 0 {
 		t.Errorf("failed commands wrote into %s: %v", empty, entries)
+	}
+}
+
+// TestIssueWithKey: the bootstrap node's consensus and member certificates
+// certify one key, the consensus process's: --key certifies a key that
+// exists and writes no key.
+func TestIssueWithKey(t *testing.T) {
+	dir := t.TempDir()
+	mustRun(t, "init", "--dir", dir, "--cluster", "c1")
+	r := mustRun(t, "issue", "--dir", dir, "--kind", "consensus")
+	id := strings.TrimPrefix(strings.SplitN(r.stdout, "\n", 2)[0], "node-id ")
+	consKey := filepath.Join(dir, pki.KeyFile(pki.FileBase(pki.Principal{Kind: pki.KindConsensus, Name: id})))
+	r = mustRun(t, "issue", "--dir", dir, "--kind", "member", "--name", id, "--key", consKey)
+	member := pki.Principal{Kind: pki.KindMember, Name: id}
+	base := pki.FileBase(member)
+	c := loadCert(t, filepath.Join(dir, pki.CertFile(base)))
+	if p, err := pki.PrincipalFromCert(c, "c1"); err != nil || p != member {
+		t.Errorf("principal %v, %v; want %v", p, err, member)
+	}
+	keyPEM, err := os.ReadFile(consKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := pki.ParsePrivateKeyPEM(keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !key.Public().(interface{ Equal(crypto.PublicKey) bool }).Equal(c.PublicKey) {
+		t.Error("the member certificate is not of the given key")
+	}
+	if _, err := os.Stat(filepath.Join(dir, pki.KeyFile(base))); err == nil {
+		t.Error("--key wrote a key file")
+	}
+	if n := strings.Count(r.stdout, "wrote "); n != 1 {
+		t.Errorf("wrote %d files, want the certificate alone:\n%s", n, r.stdout)
 	}
 }

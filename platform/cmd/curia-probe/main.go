@@ -4,10 +4,16 @@
 // when it answers anything else or cannot be reached in time, and 2 when the
 // probe itself is misconfigured (flags, unreadable or foreign certificates).
 //
+// With --http it asks a plain-HTTP health endpoint on loopback instead
+// (consensus --listen-metrics serves /healthz), for a process whose
+// container holds no certificate a server of the CA would take: a node's
+// idle consensus process, which has none until its agent installs one.
+//
 // It is what the compose cluster's health checks run: its images are FROM
 // scratch, without a shell or curl.
 //
 //	curia-probe --addr 127.0.0.1:7200 --ca ca.crt --cert curator.crt --key curator.key
+//	curia-probe --http http://127.0.0.1:9100/healthz
 package main
 
 import (
@@ -16,6 +22,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"time"
 
@@ -38,8 +45,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", 3*time.Second, "give up after this long")
 	service := fs.String("service", "", "health service name to check (empty: the server as a whole)")
 	quiet := fs.Bool("quiet", false, "print nothing when the server is SERVING")
+	httpURL := fs.String("http", "", "ask this plain-HTTP health URL (loopback) instead of gRPC health over mTLS")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *httpURL != "" {
+		return probeHTTP(*httpURL, *timeout, *quiet, stdout, stderr)
 	}
 	if *addr == "" || fs.NArg() > 0 {
 		fmt.Fprintln(stderr, "curia-probe: --addr is required, and nothing else is accepted")
@@ -72,6 +83,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if !*quiet {
 		fmt.Fprintf(stdout, "%s: %s\n", *addr, resp.GetStatus())
+	}
+	return 0
+}
+
+// probeHTTP asks a plain-HTTP health endpoint: 200 is SERVING.
+func probeHTTP(url string, timeout time.Duration, quiet bool, stdout, stderr io.Writer) int {
+	resp, err := (&http.Client{Timeout: timeout}).Get(url)
+	if err != nil {
+		fmt.Fprintf(stderr, "curia-probe: %v\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(stderr, "curia-probe: %s: %s %s\n", url, resp.Status, body)
+		return 1
+	}
+	if !quiet {
+		fmt.Fprintf(stdout, "%s: %s\n", url, body)
 	}
 	return 0
 }

@@ -6,6 +6,7 @@ package consensustest
 
 import (
 	"context"
+	"crypto"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/x509"
@@ -104,6 +105,17 @@ func (k *PKI) Issue(t testing.TB, p pki.Principal, validity time.Duration) *rpc.
 	return creds
 }
 
+// IssueFor issues a certificate for p of the public key pub (with
+// loopback SANs) and returns it as PEM.
+func (k *PKI) IssueFor(t testing.TB, p pki.Principal, pub crypto.PublicKey) []byte {
+	t.Helper()
+	iss, err := k.CA.Issue(pki.IssueRequest{Cluster: k.Cluster, Principal: p, PublicKey: pub, Validity: 24 * time.Hour, DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return iss.CertPEM
+}
+
 // Revoke writes a CRL into etcd (through cli) that lists certs besides
 // whatever the one there lists, numbered above it: what the curator does on
 // DeleteNode, without a node to delete. It returns when etcd has it.
@@ -183,28 +195,62 @@ type Node struct {
 	PeerURL   string
 	ClientURL string
 	DataDir   string
-	TLS       rpc.TLSFiles
+	// TLS are the consensus process's files, as the deployment gives them
+	// to the bootstrap node: its key, its consensus certificate (TLS.Cert)
+	// and its member certificate (MemberCert), both of the key; a bare
+	// node has only TLS.CA.
+	TLS        rpc.TLSFiles
+	MemberCert string
 	*proctest.Proc
 }
 
 // NewNode allocates a node (id, ports, certificates, data dir) and starts
-// its process, idle.
-func (c *Cluster) NewNode() *Node {
+// its process, idle. The process has a key and its consensus and member
+// certificates from the start, as the deployment gives the bootstrap node.
+func (c *Cluster) NewNode() *Node { return c.newNode(true) }
+
+// NewBareNode is NewNode for a node like every one but the bootstrap node:
+// its consensus process makes its own key and has no certificate until the
+// node's agent installs one (SetCredentials). flags go to the process (e.g.
+// --curator).
+func (c *Cluster) NewBareNode(flags ...string) *Node { return c.newNode(false, flags...) }
+
+func (c *Cluster) newNode(certified bool, flags ...string) *Node {
 	t := c.t
 	t.Helper()
 	key, id := NewNodeKey(t)
+	dir := t.TempDir()
 	n := &Node{
 		c: c, ID: id, Key: key,
 		API:       proctest.FreeAddr(t),
 		PeerURL:   "https://" + proctest.FreeAddr(t),
 		ClientURL: "https://" + proctest.FreeAddr(t),
-		DataDir:   filepath.Join(t.TempDir(), "data"),
-		TLS:       c.PKI.Files(t, pki.Principal{Kind: pki.KindConsensus, Name: id}),
+		DataDir:   filepath.Join(dir, "data"),
+		TLS:       rpc.TLSFiles{CA: filepath.Join(c.PKI.Dir, pki.CACertFile)},
 	}
-	n.Proc = proctest.New(t, id, Binary(t),
+	args := []string{
 		"--cluster", c.PKI.Cluster,
 		"--data-dir", n.DataDir,
-		"--ca", n.TLS.CA, "--cert", n.TLS.Cert, "--key", n.TLS.Key,
+		"--ca", n.TLS.CA, "--node-id", id,
+	}
+	if certified {
+		n.TLS.Key, n.TLS.Cert, n.MemberCert = filepath.Join(dir, "consensus.key"), filepath.Join(dir, "consensus.crt"), filepath.Join(dir, "member.crt")
+		consensusKey, _ := NewNodeKey(t)
+		keyPEM, err := pki.MarshalEd25519PEM(consensusKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(n.TLS.Key, keyPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for path, k := range map[string]pki.Kind{n.TLS.Cert: pki.KindConsensus, n.MemberCert: pki.KindMember} {
+			if err := os.WriteFile(path, c.PKI.IssueFor(t, pki.Principal{Kind: k, Name: id}, consensusKey.Public()), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		args = append(args, "--cert", n.TLS.Cert, "--key", n.TLS.Key, "--member-cert", n.MemberCert)
+	}
+	args = append(args,
 		"--crl", filepath.Join(c.PKI.Dir, pki.CRLFile),
 		"--listen", n.API,
 		"--listen-peer", strings.TrimPrefix(n.PeerURL, "https://"),
@@ -218,6 +264,7 @@ func (c *Cluster) NewNode() *Node {
 		"--unsafe-no-strict-reconfig",
 		"--log-level", "debug",
 	)
+	n.Proc = proctest.New(t, id, Binary(t), append(args, flags...)...)
 	c.Nodes = append(c.Nodes, n)
 	n.Start()
 	return n
@@ -250,7 +297,9 @@ func (n *Node) Conn(p pki.Principal) *grpc.ClientConn {
 	if cc, ok := conns[key]; ok {
 		return cc
 	}
-	cc, err := rpc.Dial(n.API, rpc.ClientConfig{Credentials: n.c.PKI.Creds(t, p), ServerKinds: []pki.Kind{pki.KindConsensus}})
+	// A bare node serves with a self-signed certificate until its agent
+	// installs one.
+	cc, err := rpc.Dial(n.API, rpc.ClientConfig{Credentials: n.c.PKI.Creds(t, p), ServerKinds: []pki.Kind{pki.KindConsensus}, AllowSelfSignedServer: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +346,7 @@ func (c *Cluster) Etcd(endpoints ...string) *clientv3.Client {
 	creds := c.PKI.Creds(t, pki.Principal{Kind: pki.KindCurator})
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
-		TLS:         rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindConsensus}),
+		TLS:         rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}),
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
 	})
@@ -378,10 +427,29 @@ func (c *Cluster) Join(via, n *Node, f fence.Fence) uint64 {
 		}
 		return nil
 	})
+	// The member certificate comes with the role: a node that left
+	// dropped the one it had.
+	n.InstallMemberCert()
 	if _, err := n.Self().Start(ctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: added.Join}}); err != nil {
 		t.Fatalf("start %s as learner: %v", n.ID, err)
 	}
 	return added.Join.MemberId
+}
+
+// InstallMemberCert installs the node's member certificate (MemberCert), as
+// its agent does when the node gets ConsensusMember.
+func (n *Node) InstallMemberCert() {
+	t := n.c.t
+	t.Helper()
+	b, err := os.ReadFile(n.MemberCert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := n.Self().SetCredentials(ctx, &consensusv1.SetCredentialsRequest{MemberCertificate: b}); err != nil {
+		t.Fatalf("install the member certificate of %s: %v", n.ID, err)
+	}
 }
 
 // Promote promotes member id through via, retrying while etcd says the

@@ -70,10 +70,11 @@ func New(t testing.TB, curators int, flags ...string) *Cluster {
 		_, err = c.Management().GetRegisterTicket(ctx, &curatorv1.GetRegisterTicketRequest{})
 	}
 	c.BootstrapNode = c.PKI.Creds(t, pki.Principal{Kind: pki.KindNode, Name: v.ID})
+	st := v.Status()
 	_, err = curatorv1.NewCuratorClient(c.Conn(c.Curators[0], pki.Principal{Kind: pki.KindAdmin, Name: "test"})).BootstrapCluster(ctx, &curatorv1.BootstrapClusterRequest{
 		PublicKey:    v.Key.Public().(ed25519.PublicKey),
 		Status:       VoterStatus(v),
-		Certificates: [][]byte{pki.EncodeCertPEM(c.BootstrapNode.Certificate.Certificate[0])},
+		Certificates: [][]byte{pki.EncodeCertPEM(c.BootstrapNode.Certificate().Certificate[0]), st.GetCertificate(), st.GetMemberCertificate()},
 	})
 	if err != nil {
 		t.Fatalf("bootstrap cluster: %v", err)
@@ -88,8 +89,18 @@ func VoterStatus(n *ct.Node) *curatorv1.NodeStatus {
 		ConsensusApi:       n.API,
 		ConsensusPeerUrl:   n.PeerURL,
 		ConsensusClientUrl: n.ClientURL,
+		ConsensusPublicKey: n.Status().GetPublicKey(),
 		RunningServices:    []string{"consensus"},
 	}
+}
+
+// ConsensusKey is a fresh ed25519 public key, for the status of a node that
+// plays having a consensus process (the curator certifies its key when the
+// node gets ConsensusMember).
+func ConsensusKey(t testing.TB) []byte {
+	t.Helper()
+	key, _ := ct.NewNodeKey(t)
+	return key.Public().(ed25519.PublicKey)
 }
 
 // Binary builds the curator command, with failpoints (off unless
@@ -236,6 +247,18 @@ func (c *Cluster) NewAgent() *Agent {
 // of its node (same key), able to become a consensus member.
 func (c *Cluster) NewConsensusAgent() (*Agent, *ct.Node) {
 	n := c.NewNode()
+	return &Agent{c: c, ID: n.ID, Key: n.Key}, n
+}
+
+// NewBareConsensusAgent is NewConsensusAgent for a node like every one but
+// the bootstrap node: its consensus process has no certificate until the
+// agent installs one, and follows the curators.
+func (c *Cluster) NewBareConsensusAgent() (*Agent, *ct.Node) {
+	var addrs []string
+	for _, cur := range c.Curators {
+		addrs = append(addrs, cur.Addr)
+	}
+	n := c.NewBareNode("--curator", strings.Join(addrs, ","))
 	return &Agent{c: c, ID: n.ID, Key: n.Key}, n
 }
 

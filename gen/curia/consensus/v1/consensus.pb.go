@@ -330,9 +330,17 @@ type StatusResponse struct {
 	// This member's peer URLs.
 	PeerUrls []string `protobuf:"bytes,13,rep,name=peer_urls,json=peerUrls,proto3" json:"peer_urls,omitempty"`
 	// This member's client URLs.
-	ClientUrls    []string `protobuf:"bytes,14,rep,name=client_urls,json=clientUrls,proto3" json:"client_urls,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ClientUrls []string `protobuf:"bytes,14,rep,name=client_urls,json=clientUrls,proto3" json:"client_urls,omitempty"`
+	// This process's public key (ed25519): certificates for it come from the
+	// curator, through the node's agent (SetCredentials).
+	PublicKey []byte `protobuf:"bytes,15,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	// PEM consensus certificate this API serves with; empty while it has
+	// none (it then serves with a self-signed certificate of public_key).
+	Certificate []byte `protobuf:"bytes,16,opt,name=certificate,proto3" json:"certificate,omitempty"`
+	// PEM member certificate (etcd's ports), empty while it has none.
+	MemberCertificate []byte `protobuf:"bytes,17,opt,name=member_certificate,json=memberCertificate,proto3" json:"member_certificate,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -459,6 +467,27 @@ func (x *StatusResponse) GetPeerUrls() []string {
 func (x *StatusResponse) GetClientUrls() []string {
 	if x != nil {
 		return x.ClientUrls
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetPublicKey() []byte {
+	if x != nil {
+		return x.PublicKey
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetMemberCertificate() []byte {
+	if x != nil {
+		return x.MemberCertificate
 	}
 	return nil
 }
@@ -1749,6 +1778,108 @@ func (x *LeaveResponse) GetAlreadyIdle() bool {
 	return false
 }
 
+// SetCredentialsRequest carries certificates to install; an empty field
+// leaves that certificate as it is.
+type SetCredentialsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// PEM consensus/<node-id> certificate of this process's key.
+	Certificate []byte `protobuf:"bytes,1,opt,name=certificate,proto3" json:"certificate,omitempty"`
+	// PEM member/<node-id> certificate of this process's key.
+	MemberCertificate []byte `protobuf:"bytes,2,opt,name=member_certificate,json=memberCertificate,proto3" json:"member_certificate,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *SetCredentialsRequest) Reset() {
+	*x = SetCredentialsRequest{}
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetCredentialsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetCredentialsRequest) ProtoMessage() {}
+
+func (x *SetCredentialsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetCredentialsRequest.ProtoReflect.Descriptor instead.
+func (*SetCredentialsRequest) Descriptor() ([]byte, []int) {
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *SetCredentialsRequest) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+func (x *SetCredentialsRequest) GetMemberCertificate() []byte {
+	if x != nil {
+		return x.MemberCertificate
+	}
+	return nil
+}
+
+// SetCredentialsResponse reports what is installed.
+type SetCredentialsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The local member's status after the call.
+	Status        *StatusResponse `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetCredentialsResponse) Reset() {
+	*x = SetCredentialsResponse{}
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetCredentialsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetCredentialsResponse) ProtoMessage() {}
+
+func (x *SetCredentialsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetCredentialsResponse.ProtoReflect.Descriptor instead.
+func (*SetCredentialsResponse) Descriptor() ([]byte, []int) {
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *SetCredentialsResponse) GetStatus() *StatusResponse {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
 var File_curia_consensus_v1_consensus_proto protoreflect.FileDescriptor
 
 const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
@@ -1762,7 +1893,7 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\x0eFenceCondition\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
 	"\x0fcreate_revision\x18\x02 \x01(\x03R\x0ecreateRevision\"\x0f\n" +
-	"\rStatusRequest\"\xc7\x03\n" +
+	"\rStatusRequest\"\xb7\x04\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\x04R\bmemberId\x128\n" +
@@ -1781,7 +1912,11 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"cluster_id\x18\f \x01(\x04R\tclusterId\x12\x1b\n" +
 	"\tpeer_urls\x18\r \x03(\tR\bpeerUrls\x12\x1f\n" +
 	"\vclient_urls\x18\x0e \x03(\tR\n" +
-	"clientUrls\"\x14\n" +
+	"clientUrls\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x0f \x01(\fR\tpublicKey\x12 \n" +
+	"\vcertificate\x18\x10 \x01(\fR\vcertificate\x12-\n" +
+	"\x12member_certificate\x18\x11 \x01(\fR\x11memberCertificate\"\x14\n" +
 	"\x12ListMembersRequest\"\x18\n" +
 	"\x16WatchMembershipRequest\"D\n" +
 	"\x17WatchMembershipResponse\x12)\n" +
@@ -1862,7 +1997,12 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\x0falready_started\x18\x02 \x01(\bR\x0ealreadyStarted\"\x0e\n" +
 	"\fLeaveRequest\"2\n" +
 	"\rLeaveResponse\x12!\n" +
-	"\falready_idle\x18\x01 \x01(\bR\valreadyIdle*\xbf\x01\n" +
+	"\falready_idle\x18\x01 \x01(\bR\valreadyIdle\"h\n" +
+	"\x15SetCredentialsRequest\x12 \n" +
+	"\vcertificate\x18\x01 \x01(\fR\vcertificate\x12-\n" +
+	"\x12member_certificate\x18\x02 \x01(\fR\x11memberCertificate\"T\n" +
+	"\x16SetCredentialsResponse\x12:\n" +
+	"\x06status\x18\x01 \x01(\v2\".curia.consensus.v1.StatusResponseR\x06status*\xbf\x01\n" +
 	"\x0eLifecycleState\x12\x1f\n" +
 	"\x1bLIFECYCLE_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14LIFECYCLE_STATE_IDLE\x10\x01\x12\x1c\n" +
@@ -1874,7 +2014,7 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	" MEMBERSHIP_OPERATION_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18MEMBERSHIP_OPERATION_ADD\x10\x01\x12 \n" +
 	"\x1cMEMBERSHIP_OPERATION_PROMOTE\x10\x02\x12\x1f\n" +
-	"\x1bMEMBERSHIP_OPERATION_REMOVE\x10\x032\xe3\x05\n" +
+	"\x1bMEMBERSHIP_OPERATION_REMOVE\x10\x032\xcc\x06\n" +
 	"\tConsensus\x12O\n" +
 	"\x06Status\x12!.curia.consensus.v1.StatusRequest\x1a\".curia.consensus.v1.StatusResponse\x12^\n" +
 	"\vListMembers\x12&.curia.consensus.v1.ListMembersRequest\x1a'.curia.consensus.v1.ListMembersResponse\x12l\n" +
@@ -1883,7 +2023,8 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\rPromoteMember\x12(.curia.consensus.v1.PromoteMemberRequest\x1a).curia.consensus.v1.PromoteMemberResponse\x12a\n" +
 	"\fRemoveMember\x12'.curia.consensus.v1.RemoveMemberRequest\x1a(.curia.consensus.v1.RemoveMemberResponse\x12L\n" +
 	"\x05Start\x12 .curia.consensus.v1.StartRequest\x1a!.curia.consensus.v1.StartResponse\x12L\n" +
-	"\x05Leave\x12 .curia.consensus.v1.LeaveRequest\x1a!.curia.consensus.v1.LeaveResponseB\xc0\x01\n" +
+	"\x05Leave\x12 .curia.consensus.v1.LeaveRequest\x1a!.curia.consensus.v1.LeaveResponse\x12g\n" +
+	"\x0eSetCredentials\x12).curia.consensus.v1.SetCredentialsRequest\x1a*.curia.consensus.v1.SetCredentialsResponseB\xc0\x01\n" +
 	"\x16com.curia.consensus.v1B\x0eConsensusProtoP\x01Z,curia.dev/gen/curia/consensus/v1;consensusv1\xa2\x02\x03CCX\xaa\x02\x12Curia.Consensus.V1\xca\x02\x12Curia\\Consensus\\V1\xe2\x02\x1eCuria\\Consensus\\V1\\GPBMetadata\xea\x02\x14Curia::Consensus::V1b\x06proto3"
 
 var (
@@ -1899,7 +2040,7 @@ func file_curia_consensus_v1_consensus_proto_rawDescGZIP() []byte {
 }
 
 var file_curia_consensus_v1_consensus_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_curia_consensus_v1_consensus_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_curia_consensus_v1_consensus_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_curia_consensus_v1_consensus_proto_goTypes = []any{
 	(LifecycleState)(0),             // 0: curia.consensus.v1.LifecycleState
 	(MembershipOperation)(0),        // 1: curia.consensus.v1.MembershipOperation
@@ -1926,8 +2067,10 @@ var file_curia_consensus_v1_consensus_proto_goTypes = []any{
 	(*StartResponse)(nil),           // 22: curia.consensus.v1.StartResponse
 	(*LeaveRequest)(nil),            // 23: curia.consensus.v1.LeaveRequest
 	(*LeaveResponse)(nil),           // 24: curia.consensus.v1.LeaveResponse
-	(*timestamppb.Timestamp)(nil),   // 25: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 26: google.protobuf.Duration
+	(*SetCredentialsRequest)(nil),   // 25: curia.consensus.v1.SetCredentialsRequest
+	(*SetCredentialsResponse)(nil),  // 26: curia.consensus.v1.SetCredentialsResponse
+	(*timestamppb.Timestamp)(nil),   // 27: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 28: google.protobuf.Duration
 }
 var file_curia_consensus_v1_consensus_proto_depIdxs = []int32{
 	3,  // 0: curia.consensus.v1.Fence.conditions:type_name -> curia.consensus.v1.FenceCondition
@@ -1935,8 +2078,8 @@ var file_curia_consensus_v1_consensus_proto_depIdxs = []int32{
 	9,  // 2: curia.consensus.v1.ListMembersResponse.members:type_name -> curia.consensus.v1.Member
 	11, // 3: curia.consensus.v1.ListMembersResponse.pending:type_name -> curia.consensus.v1.PendingChange
 	1,  // 4: curia.consensus.v1.PendingChange.operation:type_name -> curia.consensus.v1.MembershipOperation
-	25, // 5: curia.consensus.v1.PendingChange.started:type_name -> google.protobuf.Timestamp
-	26, // 6: curia.consensus.v1.PendingChange.deadline:type_name -> google.protobuf.Duration
+	27, // 5: curia.consensus.v1.PendingChange.started:type_name -> google.protobuf.Timestamp
+	28, // 6: curia.consensus.v1.PendingChange.deadline:type_name -> google.protobuf.Duration
 	2,  // 7: curia.consensus.v1.AddNodeRequest.fence:type_name -> curia.consensus.v1.Fence
 	13, // 8: curia.consensus.v1.JoinParameters.voters:type_name -> curia.consensus.v1.Peer
 	14, // 9: curia.consensus.v1.AddNodeResponse.join:type_name -> curia.consensus.v1.JoinParameters
@@ -1945,27 +2088,30 @@ var file_curia_consensus_v1_consensus_proto_depIdxs = []int32{
 	21, // 12: curia.consensus.v1.StartRequest.bootstrap:type_name -> curia.consensus.v1.Bootstrap
 	14, // 13: curia.consensus.v1.StartRequest.join:type_name -> curia.consensus.v1.JoinParameters
 	5,  // 14: curia.consensus.v1.StartResponse.status:type_name -> curia.consensus.v1.StatusResponse
-	4,  // 15: curia.consensus.v1.Consensus.Status:input_type -> curia.consensus.v1.StatusRequest
-	6,  // 16: curia.consensus.v1.Consensus.ListMembers:input_type -> curia.consensus.v1.ListMembersRequest
-	7,  // 17: curia.consensus.v1.Consensus.WatchMembership:input_type -> curia.consensus.v1.WatchMembershipRequest
-	12, // 18: curia.consensus.v1.Consensus.AddNode:input_type -> curia.consensus.v1.AddNodeRequest
-	16, // 19: curia.consensus.v1.Consensus.PromoteMember:input_type -> curia.consensus.v1.PromoteMemberRequest
-	18, // 20: curia.consensus.v1.Consensus.RemoveMember:input_type -> curia.consensus.v1.RemoveMemberRequest
-	20, // 21: curia.consensus.v1.Consensus.Start:input_type -> curia.consensus.v1.StartRequest
-	23, // 22: curia.consensus.v1.Consensus.Leave:input_type -> curia.consensus.v1.LeaveRequest
-	5,  // 23: curia.consensus.v1.Consensus.Status:output_type -> curia.consensus.v1.StatusResponse
-	10, // 24: curia.consensus.v1.Consensus.ListMembers:output_type -> curia.consensus.v1.ListMembersResponse
-	8,  // 25: curia.consensus.v1.Consensus.WatchMembership:output_type -> curia.consensus.v1.WatchMembershipResponse
-	15, // 26: curia.consensus.v1.Consensus.AddNode:output_type -> curia.consensus.v1.AddNodeResponse
-	17, // 27: curia.consensus.v1.Consensus.PromoteMember:output_type -> curia.consensus.v1.PromoteMemberResponse
-	19, // 28: curia.consensus.v1.Consensus.RemoveMember:output_type -> curia.consensus.v1.RemoveMemberResponse
-	22, // 29: curia.consensus.v1.Consensus.Start:output_type -> curia.consensus.v1.StartResponse
-	24, // 30: curia.consensus.v1.Consensus.Leave:output_type -> curia.consensus.v1.LeaveResponse
-	23, // [23:31] is the sub-list for method output_type
-	15, // [15:23] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	5,  // 15: curia.consensus.v1.SetCredentialsResponse.status:type_name -> curia.consensus.v1.StatusResponse
+	4,  // 16: curia.consensus.v1.Consensus.Status:input_type -> curia.consensus.v1.StatusRequest
+	6,  // 17: curia.consensus.v1.Consensus.ListMembers:input_type -> curia.consensus.v1.ListMembersRequest
+	7,  // 18: curia.consensus.v1.Consensus.WatchMembership:input_type -> curia.consensus.v1.WatchMembershipRequest
+	12, // 19: curia.consensus.v1.Consensus.AddNode:input_type -> curia.consensus.v1.AddNodeRequest
+	16, // 20: curia.consensus.v1.Consensus.PromoteMember:input_type -> curia.consensus.v1.PromoteMemberRequest
+	18, // 21: curia.consensus.v1.Consensus.RemoveMember:input_type -> curia.consensus.v1.RemoveMemberRequest
+	20, // 22: curia.consensus.v1.Consensus.Start:input_type -> curia.consensus.v1.StartRequest
+	23, // 23: curia.consensus.v1.Consensus.Leave:input_type -> curia.consensus.v1.LeaveRequest
+	25, // 24: curia.consensus.v1.Consensus.SetCredentials:input_type -> curia.consensus.v1.SetCredentialsRequest
+	5,  // 25: curia.consensus.v1.Consensus.Status:output_type -> curia.consensus.v1.StatusResponse
+	10, // 26: curia.consensus.v1.Consensus.ListMembers:output_type -> curia.consensus.v1.ListMembersResponse
+	8,  // 27: curia.consensus.v1.Consensus.WatchMembership:output_type -> curia.consensus.v1.WatchMembershipResponse
+	15, // 28: curia.consensus.v1.Consensus.AddNode:output_type -> curia.consensus.v1.AddNodeResponse
+	17, // 29: curia.consensus.v1.Consensus.PromoteMember:output_type -> curia.consensus.v1.PromoteMemberResponse
+	19, // 30: curia.consensus.v1.Consensus.RemoveMember:output_type -> curia.consensus.v1.RemoveMemberResponse
+	22, // 31: curia.consensus.v1.Consensus.Start:output_type -> curia.consensus.v1.StartResponse
+	24, // 32: curia.consensus.v1.Consensus.Leave:output_type -> curia.consensus.v1.LeaveResponse
+	26, // 33: curia.consensus.v1.Consensus.SetCredentials:output_type -> curia.consensus.v1.SetCredentialsResponse
+	25, // [25:34] is the sub-list for method output_type
+	16, // [16:25] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_curia_consensus_v1_consensus_proto_init() }
@@ -1987,7 +2133,7 @@ func file_curia_consensus_v1_consensus_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_consensus_v1_consensus_proto_rawDesc), len(file_curia_consensus_v1_consensus_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

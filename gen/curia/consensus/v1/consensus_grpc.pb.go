@@ -27,6 +27,7 @@ const (
 	Consensus_RemoveMember_FullMethodName    = "/curia.consensus.v1.Consensus/RemoveMember"
 	Consensus_Start_FullMethodName           = "/curia.consensus.v1.Consensus/Start"
 	Consensus_Leave_FullMethodName           = "/curia.consensus.v1.Consensus/Leave"
+	Consensus_SetCredentials_FullMethodName  = "/curia.consensus.v1.Consensus/SetCredentials"
 )
 
 // ConsensusClient is the client API for Consensus service.
@@ -77,6 +78,13 @@ type ConsensusClient interface {
 	// Leave stops the local member and wipes its data directory. It is refused
 	// while this node is still an etcd member. Only the node itself may call it.
 	Leave(ctx context.Context, in *LeaveRequest, opts ...grpc.CallOption) (*LeaveResponse, error)
+	// SetCredentials installs certificates of this process's own key, which
+	// the node's agent got from the curator: the consensus certificate (this
+	// API's identity) and, while the node holds ConsensusMember, the member
+	// certificate (the only one etcd's ports accept). Each must be of the
+	// cluster CA, valid, not revoked, for this node and of this process's key;
+	// new connections use it at once. Only the node itself may call it.
+	SetCredentials(ctx context.Context, in *SetCredentialsRequest, opts ...grpc.CallOption) (*SetCredentialsResponse, error)
 }
 
 type consensusClient struct {
@@ -176,6 +184,16 @@ func (c *consensusClient) Leave(ctx context.Context, in *LeaveRequest, opts ...g
 	return out, nil
 }
 
+func (c *consensusClient) SetCredentials(ctx context.Context, in *SetCredentialsRequest, opts ...grpc.CallOption) (*SetCredentialsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetCredentialsResponse)
+	err := c.cc.Invoke(ctx, Consensus_SetCredentials_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ConsensusServer is the server API for Consensus service.
 // All implementations must embed UnimplementedConsensusServer
 // for forward compatibility.
@@ -224,6 +242,13 @@ type ConsensusServer interface {
 	// Leave stops the local member and wipes its data directory. It is refused
 	// while this node is still an etcd member. Only the node itself may call it.
 	Leave(context.Context, *LeaveRequest) (*LeaveResponse, error)
+	// SetCredentials installs certificates of this process's own key, which
+	// the node's agent got from the curator: the consensus certificate (this
+	// API's identity) and, while the node holds ConsensusMember, the member
+	// certificate (the only one etcd's ports accept). Each must be of the
+	// cluster CA, valid, not revoked, for this node and of this process's key;
+	// new connections use it at once. Only the node itself may call it.
+	SetCredentials(context.Context, *SetCredentialsRequest) (*SetCredentialsResponse, error)
 	mustEmbedUnimplementedConsensusServer()
 }
 
@@ -257,6 +282,9 @@ func (UnimplementedConsensusServer) Start(context.Context, *StartRequest) (*Star
 }
 func (UnimplementedConsensusServer) Leave(context.Context, *LeaveRequest) (*LeaveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Leave not implemented")
+}
+func (UnimplementedConsensusServer) SetCredentials(context.Context, *SetCredentialsRequest) (*SetCredentialsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetCredentials not implemented")
 }
 func (UnimplementedConsensusServer) mustEmbedUnimplementedConsensusServer() {}
 func (UnimplementedConsensusServer) testEmbeddedByValue()                   {}
@@ -416,6 +444,24 @@ func _Consensus_Leave_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Consensus_SetCredentials_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetCredentialsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ConsensusServer).SetCredentials(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Consensus_SetCredentials_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ConsensusServer).SetCredentials(ctx, req.(*SetCredentialsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Consensus_ServiceDesc is the grpc.ServiceDesc for Consensus service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -450,6 +496,10 @@ var Consensus_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Leave",
 			Handler:    _Consensus_Leave_Handler,
+		},
+		{
+			MethodName: "SetCredentials",
+			Handler:    _Consensus_SetCredentials_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

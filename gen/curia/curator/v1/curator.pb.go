@@ -7,6 +7,7 @@
 package curatorv1
 
 import (
+	v1 "curia.dev/gen/curia/consensus/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -936,11 +937,216 @@ func (x *WatchCRLResponse) GetNumber() string {
 	return ""
 }
 
+// IssueCertificatesRequest asks for certificates.
+type IssueCertificatesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The ed25519 public key of the node's consensus process (its Status):
+	// recorded as NodeStatus.consensus_public_key and certified. Empty for a
+	// node without a consensus process.
+	ConsensusPublicKey []byte `protobuf:"bytes,1,opt,name=consensus_public_key,json=consensusPublicKey,proto3" json:"consensus_public_key,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *IssueCertificatesRequest) Reset() {
+	*x = IssueCertificatesRequest{}
+	mi := &file_curia_curator_v1_curator_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssueCertificatesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssueCertificatesRequest) ProtoMessage() {}
+
+func (x *IssueCertificatesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_curator_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssueCertificatesRequest.ProtoReflect.Descriptor instead.
+func (*IssueCertificatesRequest) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_curator_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *IssueCertificatesRequest) GetConsensusPublicKey() []byte {
+	if x != nil {
+		return x.ConsensusPublicKey
+	}
+	return nil
+}
+
+// IssueCertificatesResponse carries the certificates (PEM).
+type IssueCertificatesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node/<id> for the node's key.
+	NodeCertificate []byte `protobuf:"bytes,1,opt,name=node_certificate,json=nodeCertificate,proto3" json:"node_certificate,omitempty"`
+	// consensus/<id> for the consensus key; empty without one.
+	ConsensusCertificate []byte `protobuf:"bytes,2,opt,name=consensus_certificate,json=consensusCertificate,proto3" json:"consensus_certificate,omitempty"`
+	// member/<id> for the consensus key; empty unless the node holds
+	// ConsensusMember.
+	MemberCertificate []byte `protobuf:"bytes,3,opt,name=member_certificate,json=memberCertificate,proto3" json:"member_certificate,omitempty"`
+	// The cluster CA certificate.
+	CaCertificate []byte `protobuf:"bytes,4,opt,name=ca_certificate,json=caCertificate,proto3" json:"ca_certificate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IssueCertificatesResponse) Reset() {
+	*x = IssueCertificatesResponse{}
+	mi := &file_curia_curator_v1_curator_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssueCertificatesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssueCertificatesResponse) ProtoMessage() {}
+
+func (x *IssueCertificatesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_curator_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssueCertificatesResponse.ProtoReflect.Descriptor instead.
+func (*IssueCertificatesResponse) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_curator_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *IssueCertificatesResponse) GetNodeCertificate() []byte {
+	if x != nil {
+		return x.NodeCertificate
+	}
+	return nil
+}
+
+func (x *IssueCertificatesResponse) GetConsensusCertificate() []byte {
+	if x != nil {
+		return x.ConsensusCertificate
+	}
+	return nil
+}
+
+func (x *IssueCertificatesResponse) GetMemberCertificate() []byte {
+	if x != nil {
+		return x.MemberCertificate
+	}
+	return nil
+}
+
+func (x *IssueCertificatesResponse) GetCaCertificate() []byte {
+	if x != nil {
+		return x.CaCertificate
+	}
+	return nil
+}
+
+// GetMembershipRequest asks for the member list.
+type GetMembershipRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMembershipRequest) Reset() {
+	*x = GetMembershipRequest{}
+	mi := &file_curia_curator_v1_curator_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMembershipRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMembershipRequest) ProtoMessage() {}
+
+func (x *GetMembershipRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_curator_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMembershipRequest.ProtoReflect.Descriptor instead.
+func (*GetMembershipRequest) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_curator_proto_rawDescGZIP(), []int{18}
+}
+
+// GetMembershipResponse carries it.
+type GetMembershipResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The member list, as a consensus service answered the curator.
+	Members       *v1.ListMembersResponse `protobuf:"bytes,1,opt,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMembershipResponse) Reset() {
+	*x = GetMembershipResponse{}
+	mi := &file_curia_curator_v1_curator_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMembershipResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMembershipResponse) ProtoMessage() {}
+
+func (x *GetMembershipResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_curator_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMembershipResponse.ProtoReflect.Descriptor instead.
+func (*GetMembershipResponse) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_curator_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *GetMembershipResponse) GetMembers() *v1.ListMembersResponse {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
 var File_curia_curator_v1_curator_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_curator_proto_rawDesc = "" +
 	"\n" +
-	"\x1ecuria/curator/v1/curator.proto\x12\x10curia.curator.v1\x1a\x1bcuria/curator/v1/node.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\x01\n" +
+	"\x1ecuria/curator/v1/curator.proto\x12\x10curia.curator.v1\x1a\"curia/consensus/v1/consensus.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\x01\n" +
 	"\x17BootstrapClusterRequest\x12\x1d\n" +
 	"\n" +
 	"public_key\x18\x01 \x01(\fR\tpublicKey\x124\n" +
@@ -994,7 +1200,17 @@ const file_curia_curator_v1_curator_proto_rawDesc = "" +
 	"\x0fWatchCRLRequest\"<\n" +
 	"\x10WatchCRLResponse\x12\x10\n" +
 	"\x03crl\x18\x01 \x01(\fR\x03crl\x12\x16\n" +
-	"\x06number\x18\x02 \x01(\tR\x06number2\xff\x05\n" +
+	"\x06number\x18\x02 \x01(\tR\x06number\"L\n" +
+	"\x18IssueCertificatesRequest\x120\n" +
+	"\x14consensus_public_key\x18\x01 \x01(\fR\x12consensusPublicKey\"\xd1\x01\n" +
+	"\x19IssueCertificatesResponse\x12)\n" +
+	"\x10node_certificate\x18\x01 \x01(\fR\x0fnodeCertificate\x123\n" +
+	"\x15consensus_certificate\x18\x02 \x01(\fR\x14consensusCertificate\x12-\n" +
+	"\x12member_certificate\x18\x03 \x01(\fR\x11memberCertificate\x12%\n" +
+	"\x0eca_certificate\x18\x04 \x01(\fR\rcaCertificate\"\x16\n" +
+	"\x14GetMembershipRequest\"Z\n" +
+	"\x15GetMembershipResponse\x12A\n" +
+	"\amembers\x18\x01 \x01(\v2'.curia.consensus.v1.ListMembersResponseR\amembers2\xcf\a\n" +
 	"\aCurator\x12i\n" +
 	"\x10BootstrapCluster\x12).curia.curator.v1.BootstrapClusterRequest\x1a*.curia.curator.v1.BootstrapClusterResponse\x12]\n" +
 	"\fRegisterNode\x12%.curia.curator.v1.RegisterNodeRequest\x1a&.curia.curator.v1.RegisterNodeResponse\x12W\n" +
@@ -1003,7 +1219,9 @@ const file_curia_curator_v1_curator_proto_rawDesc = "" +
 	"\x05Watch\x12\x1e.curia.curator.v1.WatchRequest\x1a\x1f.curia.curator.v1.WatchResponse0\x01\x12i\n" +
 	"\x10UpdateNodeStatus\x12).curia.curator.v1.UpdateNodeStatusRequest\x1a*.curia.curator.v1.UpdateNodeStatusResponse\x12X\n" +
 	"\tHeartbeat\x12\".curia.curator.v1.HeartbeatRequest\x1a#.curia.curator.v1.HeartbeatResponse(\x010\x01\x12k\n" +
-	"\x10GetCurrentLeader\x12).curia.curator.v1.GetCurrentLeaderRequest\x1a*.curia.curator.v1.GetCurrentLeaderResponse0\x01\x12S\n" +
+	"\x10GetCurrentLeader\x12).curia.curator.v1.GetCurrentLeaderRequest\x1a*.curia.curator.v1.GetCurrentLeaderResponse0\x01\x12l\n" +
+	"\x11IssueCertificates\x12*.curia.curator.v1.IssueCertificatesRequest\x1a+.curia.curator.v1.IssueCertificatesResponse\x12`\n" +
+	"\rGetMembership\x12&.curia.curator.v1.GetMembershipRequest\x1a'.curia.curator.v1.GetMembershipResponse\x12S\n" +
 	"\bWatchCRL\x12!.curia.curator.v1.WatchCRLRequest\x1a\".curia.curator.v1.WatchCRLResponse0\x01B\xb0\x01\n" +
 	"\x14com.curia.curator.v1B\fCuratorProtoP\x01Z(curia.dev/gen/curia/curator/v1;curatorv1\xa2\x02\x03CCX\xaa\x02\x10Curia.Curator.V1\xca\x02\x10Curia\\Curator\\V1\xe2\x02\x1cCuria\\Curator\\V1\\GPBMetadata\xea\x02\x12Curia::Curator::V1b\x06proto3"
 
@@ -1019,59 +1237,69 @@ func file_curia_curator_v1_curator_proto_rawDescGZIP() []byte {
 	return file_curia_curator_v1_curator_proto_rawDescData
 }
 
-var file_curia_curator_v1_curator_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_curia_curator_v1_curator_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_curia_curator_v1_curator_proto_goTypes = []any{
-	(*BootstrapClusterRequest)(nil),  // 0: curia.curator.v1.BootstrapClusterRequest
-	(*BootstrapClusterResponse)(nil), // 1: curia.curator.v1.BootstrapClusterResponse
-	(*RegisterNodeRequest)(nil),      // 2: curia.curator.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),     // 3: curia.curator.v1.RegisterNodeResponse
-	(*CommitNodeRequest)(nil),        // 4: curia.curator.v1.CommitNodeRequest
-	(*CommitNodeResponse)(nil),       // 5: curia.curator.v1.CommitNodeResponse
-	(*WatchRequest)(nil),             // 6: curia.curator.v1.WatchRequest
-	(*WatchResponse)(nil),            // 7: curia.curator.v1.WatchResponse
-	(*UpdateNodeStatusRequest)(nil),  // 8: curia.curator.v1.UpdateNodeStatusRequest
-	(*UpdateNodeStatusResponse)(nil), // 9: curia.curator.v1.UpdateNodeStatusResponse
-	(*HeartbeatRequest)(nil),         // 10: curia.curator.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),        // 11: curia.curator.v1.HeartbeatResponse
-	(*GetCurrentLeaderRequest)(nil),  // 12: curia.curator.v1.GetCurrentLeaderRequest
-	(*GetCurrentLeaderResponse)(nil), // 13: curia.curator.v1.GetCurrentLeaderResponse
-	(*WatchCRLRequest)(nil),          // 14: curia.curator.v1.WatchCRLRequest
-	(*WatchCRLResponse)(nil),         // 15: curia.curator.v1.WatchCRLResponse
-	nil,                              // 16: curia.curator.v1.RegisterNodeRequest.LabelsEntry
-	(*NodeStatus)(nil),               // 17: curia.curator.v1.NodeStatus
-	(*Node)(nil),                     // 18: curia.curator.v1.Node
-	(*timestamppb.Timestamp)(nil),    // 19: google.protobuf.Timestamp
+	(*BootstrapClusterRequest)(nil),   // 0: curia.curator.v1.BootstrapClusterRequest
+	(*BootstrapClusterResponse)(nil),  // 1: curia.curator.v1.BootstrapClusterResponse
+	(*RegisterNodeRequest)(nil),       // 2: curia.curator.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),      // 3: curia.curator.v1.RegisterNodeResponse
+	(*CommitNodeRequest)(nil),         // 4: curia.curator.v1.CommitNodeRequest
+	(*CommitNodeResponse)(nil),        // 5: curia.curator.v1.CommitNodeResponse
+	(*WatchRequest)(nil),              // 6: curia.curator.v1.WatchRequest
+	(*WatchResponse)(nil),             // 7: curia.curator.v1.WatchResponse
+	(*UpdateNodeStatusRequest)(nil),   // 8: curia.curator.v1.UpdateNodeStatusRequest
+	(*UpdateNodeStatusResponse)(nil),  // 9: curia.curator.v1.UpdateNodeStatusResponse
+	(*HeartbeatRequest)(nil),          // 10: curia.curator.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 11: curia.curator.v1.HeartbeatResponse
+	(*GetCurrentLeaderRequest)(nil),   // 12: curia.curator.v1.GetCurrentLeaderRequest
+	(*GetCurrentLeaderResponse)(nil),  // 13: curia.curator.v1.GetCurrentLeaderResponse
+	(*WatchCRLRequest)(nil),           // 14: curia.curator.v1.WatchCRLRequest
+	(*WatchCRLResponse)(nil),          // 15: curia.curator.v1.WatchCRLResponse
+	(*IssueCertificatesRequest)(nil),  // 16: curia.curator.v1.IssueCertificatesRequest
+	(*IssueCertificatesResponse)(nil), // 17: curia.curator.v1.IssueCertificatesResponse
+	(*GetMembershipRequest)(nil),      // 18: curia.curator.v1.GetMembershipRequest
+	(*GetMembershipResponse)(nil),     // 19: curia.curator.v1.GetMembershipResponse
+	nil,                               // 20: curia.curator.v1.RegisterNodeRequest.LabelsEntry
+	(*NodeStatus)(nil),                // 21: curia.curator.v1.NodeStatus
+	(*Node)(nil),                      // 22: curia.curator.v1.Node
+	(*timestamppb.Timestamp)(nil),     // 23: google.protobuf.Timestamp
+	(*v1.ListMembersResponse)(nil),    // 24: curia.consensus.v1.ListMembersResponse
 }
 var file_curia_curator_v1_curator_proto_depIdxs = []int32{
-	17, // 0: curia.curator.v1.BootstrapClusterRequest.status:type_name -> curia.curator.v1.NodeStatus
-	18, // 1: curia.curator.v1.BootstrapClusterResponse.node:type_name -> curia.curator.v1.Node
-	16, // 2: curia.curator.v1.RegisterNodeRequest.labels:type_name -> curia.curator.v1.RegisterNodeRequest.LabelsEntry
-	18, // 3: curia.curator.v1.RegisterNodeResponse.node:type_name -> curia.curator.v1.Node
-	18, // 4: curia.curator.v1.CommitNodeResponse.node:type_name -> curia.curator.v1.Node
-	18, // 5: curia.curator.v1.WatchResponse.nodes:type_name -> curia.curator.v1.Node
-	17, // 6: curia.curator.v1.UpdateNodeStatusRequest.status:type_name -> curia.curator.v1.NodeStatus
-	19, // 7: curia.curator.v1.GetCurrentLeaderResponse.since:type_name -> google.protobuf.Timestamp
-	0,  // 8: curia.curator.v1.Curator.BootstrapCluster:input_type -> curia.curator.v1.BootstrapClusterRequest
-	2,  // 9: curia.curator.v1.Curator.RegisterNode:input_type -> curia.curator.v1.RegisterNodeRequest
-	4,  // 10: curia.curator.v1.Curator.CommitNode:input_type -> curia.curator.v1.CommitNodeRequest
-	6,  // 11: curia.curator.v1.Curator.Watch:input_type -> curia.curator.v1.WatchRequest
-	8,  // 12: curia.curator.v1.Curator.UpdateNodeStatus:input_type -> curia.curator.v1.UpdateNodeStatusRequest
-	10, // 13: curia.curator.v1.Curator.Heartbeat:input_type -> curia.curator.v1.HeartbeatRequest
-	12, // 14: curia.curator.v1.Curator.GetCurrentLeader:input_type -> curia.curator.v1.GetCurrentLeaderRequest
-	14, // 15: curia.curator.v1.Curator.WatchCRL:input_type -> curia.curator.v1.WatchCRLRequest
-	1,  // 16: curia.curator.v1.Curator.BootstrapCluster:output_type -> curia.curator.v1.BootstrapClusterResponse
-	3,  // 17: curia.curator.v1.Curator.RegisterNode:output_type -> curia.curator.v1.RegisterNodeResponse
-	5,  // 18: curia.curator.v1.Curator.CommitNode:output_type -> curia.curator.v1.CommitNodeResponse
-	7,  // 19: curia.curator.v1.Curator.Watch:output_type -> curia.curator.v1.WatchResponse
-	9,  // 20: curia.curator.v1.Curator.UpdateNodeStatus:output_type -> curia.curator.v1.UpdateNodeStatusResponse
-	11, // 21: curia.curator.v1.Curator.Heartbeat:output_type -> curia.curator.v1.HeartbeatResponse
-	13, // 22: curia.curator.v1.Curator.GetCurrentLeader:output_type -> curia.curator.v1.GetCurrentLeaderResponse
-	15, // 23: curia.curator.v1.Curator.WatchCRL:output_type -> curia.curator.v1.WatchCRLResponse
-	16, // [16:24] is the sub-list for method output_type
-	8,  // [8:16] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	21, // 0: curia.curator.v1.BootstrapClusterRequest.status:type_name -> curia.curator.v1.NodeStatus
+	22, // 1: curia.curator.v1.BootstrapClusterResponse.node:type_name -> curia.curator.v1.Node
+	20, // 2: curia.curator.v1.RegisterNodeRequest.labels:type_name -> curia.curator.v1.RegisterNodeRequest.LabelsEntry
+	22, // 3: curia.curator.v1.RegisterNodeResponse.node:type_name -> curia.curator.v1.Node
+	22, // 4: curia.curator.v1.CommitNodeResponse.node:type_name -> curia.curator.v1.Node
+	22, // 5: curia.curator.v1.WatchResponse.nodes:type_name -> curia.curator.v1.Node
+	21, // 6: curia.curator.v1.UpdateNodeStatusRequest.status:type_name -> curia.curator.v1.NodeStatus
+	23, // 7: curia.curator.v1.GetCurrentLeaderResponse.since:type_name -> google.protobuf.Timestamp
+	24, // 8: curia.curator.v1.GetMembershipResponse.members:type_name -> curia.consensus.v1.ListMembersResponse
+	0,  // 9: curia.curator.v1.Curator.BootstrapCluster:input_type -> curia.curator.v1.BootstrapClusterRequest
+	2,  // 10: curia.curator.v1.Curator.RegisterNode:input_type -> curia.curator.v1.RegisterNodeRequest
+	4,  // 11: curia.curator.v1.Curator.CommitNode:input_type -> curia.curator.v1.CommitNodeRequest
+	6,  // 12: curia.curator.v1.Curator.Watch:input_type -> curia.curator.v1.WatchRequest
+	8,  // 13: curia.curator.v1.Curator.UpdateNodeStatus:input_type -> curia.curator.v1.UpdateNodeStatusRequest
+	10, // 14: curia.curator.v1.Curator.Heartbeat:input_type -> curia.curator.v1.HeartbeatRequest
+	12, // 15: curia.curator.v1.Curator.GetCurrentLeader:input_type -> curia.curator.v1.GetCurrentLeaderRequest
+	16, // 16: curia.curator.v1.Curator.IssueCertificates:input_type -> curia.curator.v1.IssueCertificatesRequest
+	18, // 17: curia.curator.v1.Curator.GetMembership:input_type -> curia.curator.v1.GetMembershipRequest
+	14, // 18: curia.curator.v1.Curator.WatchCRL:input_type -> curia.curator.v1.WatchCRLRequest
+	1,  // 19: curia.curator.v1.Curator.BootstrapCluster:output_type -> curia.curator.v1.BootstrapClusterResponse
+	3,  // 20: curia.curator.v1.Curator.RegisterNode:output_type -> curia.curator.v1.RegisterNodeResponse
+	5,  // 21: curia.curator.v1.Curator.CommitNode:output_type -> curia.curator.v1.CommitNodeResponse
+	7,  // 22: curia.curator.v1.Curator.Watch:output_type -> curia.curator.v1.WatchResponse
+	9,  // 23: curia.curator.v1.Curator.UpdateNodeStatus:output_type -> curia.curator.v1.UpdateNodeStatusResponse
+	11, // 24: curia.curator.v1.Curator.Heartbeat:output_type -> curia.curator.v1.HeartbeatResponse
+	13, // 25: curia.curator.v1.Curator.GetCurrentLeader:output_type -> curia.curator.v1.GetCurrentLeaderResponse
+	17, // 26: curia.curator.v1.Curator.IssueCertificates:output_type -> curia.curator.v1.IssueCertificatesResponse
+	19, // 27: curia.curator.v1.Curator.GetMembership:output_type -> curia.curator.v1.GetMembershipResponse
+	15, // 28: curia.curator.v1.Curator.WatchCRL:output_type -> curia.curator.v1.WatchCRLResponse
+	19, // [19:29] is the sub-list for method output_type
+	9,  // [9:19] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_curator_proto_init() }
@@ -1090,7 +1318,7 @@ func file_curia_curator_v1_curator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_curator_proto_rawDesc), len(file_curia_curator_v1_curator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

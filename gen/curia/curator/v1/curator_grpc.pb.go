@@ -19,14 +19,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Curator_BootstrapCluster_FullMethodName = "/curia.curator.v1.Curator/BootstrapCluster"
-	Curator_RegisterNode_FullMethodName     = "/curia.curator.v1.Curator/RegisterNode"
-	Curator_CommitNode_FullMethodName       = "/curia.curator.v1.Curator/CommitNode"
-	Curator_Watch_FullMethodName            = "/curia.curator.v1.Curator/Watch"
-	Curator_UpdateNodeStatus_FullMethodName = "/curia.curator.v1.Curator/UpdateNodeStatus"
-	Curator_Heartbeat_FullMethodName        = "/curia.curator.v1.Curator/Heartbeat"
-	Curator_GetCurrentLeader_FullMethodName = "/curia.curator.v1.Curator/GetCurrentLeader"
-	Curator_WatchCRL_FullMethodName         = "/curia.curator.v1.Curator/WatchCRL"
+	Curator_BootstrapCluster_FullMethodName  = "/curia.curator.v1.Curator/BootstrapCluster"
+	Curator_RegisterNode_FullMethodName      = "/curia.curator.v1.Curator/RegisterNode"
+	Curator_CommitNode_FullMethodName        = "/curia.curator.v1.Curator/CommitNode"
+	Curator_Watch_FullMethodName             = "/curia.curator.v1.Curator/Watch"
+	Curator_UpdateNodeStatus_FullMethodName  = "/curia.curator.v1.Curator/UpdateNodeStatus"
+	Curator_Heartbeat_FullMethodName         = "/curia.curator.v1.Curator/Heartbeat"
+	Curator_GetCurrentLeader_FullMethodName  = "/curia.curator.v1.Curator/GetCurrentLeader"
+	Curator_IssueCertificates_FullMethodName = "/curia.curator.v1.Curator/IssueCertificates"
+	Curator_GetMembership_FullMethodName     = "/curia.curator.v1.Curator/GetMembership"
+	Curator_WatchCRL_FullMethodName          = "/curia.curator.v1.Curator/WatchCRL"
 )
 
 // CuratorClient is the client API for Curator service.
@@ -58,6 +60,20 @@ type CuratorClient interface {
 	Heartbeat(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HeartbeatRequest, HeartbeatResponse], error)
 	// GetCurrentLeader streams who leads, now and on every change.
 	GetCurrentLeader(ctx context.Context, in *GetCurrentLeaderRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetCurrentLeaderResponse], error)
+	// IssueCertificates issues the calling node fresh certificates: its node
+	// certificate (renewal, same key), the consensus certificate of its
+	// consensus process's key, and, while the node holds ConsensusMember, the
+	// member certificate etcd's ports accept. Every one is recorded on the
+	// node (DeleteNode revokes them); the ones they renew stay valid until
+	// they expire. At most one call per node in 10 seconds
+	// (RESOURCE_EXHAUSTED).
+	IssueCertificates(ctx context.Context, in *IssueCertificatesRequest, opts ...grpc.CallOption) (*IssueCertificatesResponse, error)
+	// GetMembership lists the etcd members, as the consensus services do, to
+	// a node's consensus process that etcd no longer admits (its member was
+	// removed and its member certificate revoked with the role): it asks here
+	// whether its member is gone before it wipes the member's data. Consensus
+	// identities only. Served by every replica.
+	GetMembership(ctx context.Context, in *GetMembershipRequest, opts ...grpc.CallOption) (*GetMembershipResponse, error)
 	// WatchCRL streams the cluster CA's certificate revocation list: the
 	// current one, then every newer one. Every curia server that has no etcd
 	// access enforces it. The list is public (signed by the CA; receivers
@@ -165,6 +181,26 @@ func (c *curatorClient) GetCurrentLeader(ctx context.Context, in *GetCurrentLead
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Curator_GetCurrentLeaderClient = grpc.ServerStreamingClient[GetCurrentLeaderResponse]
 
+func (c *curatorClient) IssueCertificates(ctx context.Context, in *IssueCertificatesRequest, opts ...grpc.CallOption) (*IssueCertificatesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(IssueCertificatesResponse)
+	err := c.cc.Invoke(ctx, Curator_IssueCertificates_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *curatorClient) GetMembership(ctx context.Context, in *GetMembershipRequest, opts ...grpc.CallOption) (*GetMembershipResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetMembershipResponse)
+	err := c.cc.Invoke(ctx, Curator_GetMembership_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *curatorClient) WatchCRL(ctx context.Context, in *WatchCRLRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchCRLResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Curator_ServiceDesc.Streams[3], Curator_WatchCRL_FullMethodName, cOpts...)
@@ -213,6 +249,20 @@ type CuratorServer interface {
 	Heartbeat(grpc.BidiStreamingServer[HeartbeatRequest, HeartbeatResponse]) error
 	// GetCurrentLeader streams who leads, now and on every change.
 	GetCurrentLeader(*GetCurrentLeaderRequest, grpc.ServerStreamingServer[GetCurrentLeaderResponse]) error
+	// IssueCertificates issues the calling node fresh certificates: its node
+	// certificate (renewal, same key), the consensus certificate of its
+	// consensus process's key, and, while the node holds ConsensusMember, the
+	// member certificate etcd's ports accept. Every one is recorded on the
+	// node (DeleteNode revokes them); the ones they renew stay valid until
+	// they expire. At most one call per node in 10 seconds
+	// (RESOURCE_EXHAUSTED).
+	IssueCertificates(context.Context, *IssueCertificatesRequest) (*IssueCertificatesResponse, error)
+	// GetMembership lists the etcd members, as the consensus services do, to
+	// a node's consensus process that etcd no longer admits (its member was
+	// removed and its member certificate revoked with the role): it asks here
+	// whether its member is gone before it wipes the member's data. Consensus
+	// identities only. Served by every replica.
+	GetMembership(context.Context, *GetMembershipRequest) (*GetMembershipResponse, error)
 	// WatchCRL streams the cluster CA's certificate revocation list: the
 	// current one, then every newer one. Every curia server that has no etcd
 	// access enforces it. The list is public (signed by the CA; receivers
@@ -249,6 +299,12 @@ func (UnimplementedCuratorServer) Heartbeat(grpc.BidiStreamingServer[HeartbeatRe
 }
 func (UnimplementedCuratorServer) GetCurrentLeader(*GetCurrentLeaderRequest, grpc.ServerStreamingServer[GetCurrentLeaderResponse]) error {
 	return status.Error(codes.Unimplemented, "method GetCurrentLeader not implemented")
+}
+func (UnimplementedCuratorServer) IssueCertificates(context.Context, *IssueCertificatesRequest) (*IssueCertificatesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method IssueCertificates not implemented")
+}
+func (UnimplementedCuratorServer) GetMembership(context.Context, *GetMembershipRequest) (*GetMembershipResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetMembership not implemented")
 }
 func (UnimplementedCuratorServer) WatchCRL(*WatchCRLRequest, grpc.ServerStreamingServer[WatchCRLResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchCRL not implemented")
@@ -375,6 +431,42 @@ func _Curator_GetCurrentLeader_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Curator_GetCurrentLeaderServer = grpc.ServerStreamingServer[GetCurrentLeaderResponse]
 
+func _Curator_IssueCertificates_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(IssueCertificatesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CuratorServer).IssueCertificates(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Curator_IssueCertificates_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CuratorServer).IssueCertificates(ctx, req.(*IssueCertificatesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Curator_GetMembership_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetMembershipRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CuratorServer).GetMembership(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Curator_GetMembership_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CuratorServer).GetMembership(ctx, req.(*GetMembershipRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Curator_WatchCRL_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchCRLRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -408,6 +500,14 @@ var Curator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UpdateNodeStatus",
 			Handler:    _Curator_UpdateNodeStatus_Handler,
+		},
+		{
+			MethodName: "IssueCertificates",
+			Handler:    _Curator_IssueCertificates_Handler,
+		},
+		{
+			MethodName: "GetMembership",
+			Handler:    _Curator_GetMembership_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

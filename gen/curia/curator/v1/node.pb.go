@@ -146,9 +146,13 @@ func (NodeHealth) EnumDescriptor() ([]byte, []int) {
 type ConsensusMember struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Join parameters from the consensus service's AddNode.
-	Join          *v1.JoinParameters `protobuf:"bytes,1,opt,name=join,proto3" json:"join,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Join *v1.JoinParameters `protobuf:"bytes,1,opt,name=join,proto3" json:"join,omitempty"`
+	// PEM member/<node-id> certificate for the node's consensus key
+	// (NodeStatus.consensus_public_key), issued with the role and revoked when
+	// it goes: the only certificate of the node that etcd's ports accept.
+	MemberCertificate []byte `protobuf:"bytes,2,opt,name=member_certificate,json=memberCertificate,proto3" json:"member_certificate,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ConsensusMember) Reset() {
@@ -184,6 +188,13 @@ func (*ConsensusMember) Descriptor() ([]byte, []int) {
 func (x *ConsensusMember) GetJoin() *v1.JoinParameters {
 	if x != nil {
 		return x.Join
+	}
+	return nil
+}
+
+func (x *ConsensusMember) GetMemberCertificate() []byte {
+	if x != nil {
+		return x.MemberCertificate
 	}
 	return nil
 }
@@ -342,6 +353,9 @@ type NodeStatus struct {
 	ConsensusPeerUrl string `protobuf:"bytes,5,opt,name=consensus_peer_url,json=consensusPeerUrl,proto3" json:"consensus_peer_url,omitempty"`
 	// etcd client URL of the node's consensus (https://host:port).
 	ConsensusClientUrl string `protobuf:"bytes,6,opt,name=consensus_client_url,json=consensusClientUrl,proto3" json:"consensus_client_url,omitempty"`
+	// The ed25519 public key of the node's consensus process: the curator
+	// certifies it (Curator/IssueCertificates, and with ConsensusMember).
+	ConsensusPublicKey []byte `protobuf:"bytes,7,opt,name=consensus_public_key,json=consensusPublicKey,proto3" json:"consensus_public_key,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
 }
@@ -416,6 +430,13 @@ func (x *NodeStatus) GetConsensusClientUrl() string {
 		return x.ConsensusClientUrl
 	}
 	return ""
+}
+
+func (x *NodeStatus) GetConsensusPublicKey() []byte {
+	if x != nil {
+		return x.ConsensusPublicKey
+	}
+	return nil
 }
 
 // Node is a node of the cluster.
@@ -578,7 +599,9 @@ type IssuedCertificate struct {
 	// When it expires.
 	NotAfter *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
 	// Set once it is revoked.
-	Revoked       bool `protobuf:"varint,4,opt,name=revoked,proto3" json:"revoked,omitempty"`
+	Revoked bool `protobuf:"varint,4,opt,name=revoked,proto3" json:"revoked,omitempty"`
+	// When it was issued.
+	Issued        *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=issued,proto3" json:"issued,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -641,19 +664,27 @@ func (x *IssuedCertificate) GetRevoked() bool {
 	return false
 }
 
+func (x *IssuedCertificate) GetIssued() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Issued
+	}
+	return nil
+}
+
 var File_curia_curator_v1_node_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1bcuria/curator/v1/node.proto\x12\x10curia.curator.v1\x1a\"curia/consensus/v1/consensus.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"I\n" +
+	"\x1bcuria/curator/v1/node.proto\x12\x10curia.curator.v1\x1a\"curia/consensus/v1/consensus.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"x\n" +
 	"\x0fConsensusMember\x126\n" +
-	"\x04join\x18\x01 \x01(\v2\".curia.consensus.v1.JoinParametersR\x04join\"\x16\n" +
+	"\x04join\x18\x01 \x01(\v2\".curia.consensus.v1.JoinParametersR\x04join\x12-\n" +
+	"\x12member_certificate\x18\x02 \x01(\fR\x11memberCertificate\"\x16\n" +
 	"\x14KubernetesController\"\x12\n" +
 	"\x10KubernetesWorker\"\x83\x02\n" +
 	"\x05Roles\x12L\n" +
 	"\x10consensus_member\x18\x01 \x01(\v2!.curia.curator.v1.ConsensusMemberR\x0fconsensusMember\x12[\n" +
 	"\x15kubernetes_controller\x18\x02 \x01(\v2&.curia.curator.v1.KubernetesControllerR\x14kubernetesController\x12O\n" +
-	"\x11kubernetes_worker\x18\x03 \x01(\v2\".curia.curator.v1.KubernetesWorkerR\x10kubernetesWorker\"\xf0\x01\n" +
+	"\x11kubernetes_worker\x18\x03 \x01(\v2\".curia.curator.v1.KubernetesWorkerR\x10kubernetesWorker\"\xa2\x02\n" +
 	"\n" +
 	"NodeStatus\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
@@ -661,7 +692,8 @@ const file_curia_curator_v1_node_proto_rawDesc = "" +
 	"\x10running_services\x18\x03 \x03(\tR\x0frunningServices\x12#\n" +
 	"\rconsensus_api\x18\x04 \x01(\tR\fconsensusApi\x12,\n" +
 	"\x12consensus_peer_url\x18\x05 \x01(\tR\x10consensusPeerUrl\x120\n" +
-	"\x14consensus_client_url\x18\x06 \x01(\tR\x12consensusClientUrl\"\xf1\x04\n" +
+	"\x14consensus_client_url\x18\x06 \x01(\tR\x12consensusClientUrl\x120\n" +
+	"\x14consensus_public_key\x18\a \x01(\fR\x12consensusPublicKey\"\xf1\x04\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -681,12 +713,13 @@ const file_curia_curator_v1_node_proto_rawDesc = "" +
 	"\fcertificates\x18\f \x03(\v2#.curia.curator.v1.IssuedCertificateR\fcertificates\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9c\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd0\x01\n" +
 	"\x11IssuedCertificate\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x1c\n" +
 	"\tprincipal\x18\x02 \x01(\tR\tprincipal\x127\n" +
 	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12\x18\n" +
-	"\arevoked\x18\x04 \x01(\bR\arevoked*\x85\x01\n" +
+	"\arevoked\x18\x04 \x01(\bR\arevoked\x122\n" +
+	"\x06issued\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x06issued*\x85\x01\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNODE_STATE_NEW\x10\x01\x12\x16\n" +
@@ -742,11 +775,12 @@ var file_curia_curator_v1_node_proto_depIdxs = []int32{
 	11, // 9: curia.curator.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
 	8,  // 10: curia.curator.v1.Node.certificates:type_name -> curia.curator.v1.IssuedCertificate
 	11, // 11: curia.curator.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	11, // 12: curia.curator.v1.IssuedCertificate.issued:type_name -> google.protobuf.Timestamp
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_node_proto_init() }

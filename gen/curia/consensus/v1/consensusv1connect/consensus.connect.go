@@ -50,6 +50,9 @@ const (
 	ConsensusStartProcedure = "/curia.consensus.v1.Consensus/Start"
 	// ConsensusLeaveProcedure is the fully-qualified name of the Consensus's Leave RPC.
 	ConsensusLeaveProcedure = "/curia.consensus.v1.Consensus/Leave"
+	// ConsensusSetCredentialsProcedure is the fully-qualified name of the Consensus's SetCredentials
+	// RPC.
+	ConsensusSetCredentialsProcedure = "/curia.consensus.v1.Consensus/SetCredentials"
 )
 
 // ConsensusClient is a client for the curia.consensus.v1.Consensus service.
@@ -83,6 +86,13 @@ type ConsensusClient interface {
 	// Leave stops the local member and wipes its data directory. It is refused
 	// while this node is still an etcd member. Only the node itself may call it.
 	Leave(context.Context, *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error)
+	// SetCredentials installs certificates of this process's own key, which
+	// the node's agent got from the curator: the consensus certificate (this
+	// API's identity) and, while the node holds ConsensusMember, the member
+	// certificate (the only one etcd's ports accept). Each must be of the
+	// cluster CA, valid, not revoked, for this node and of this process's key;
+	// new connections use it at once. Only the node itself may call it.
+	SetCredentials(context.Context, *connect.Request[v1.SetCredentialsRequest]) (*connect.Response[v1.SetCredentialsResponse], error)
 }
 
 // NewConsensusClient constructs a client for the curia.consensus.v1.Consensus service. By default,
@@ -144,6 +154,12 @@ func NewConsensusClient(httpClient connect.HTTPClient, baseURL string, opts ...c
 			connect.WithSchema(consensusMethods.ByName("Leave")),
 			connect.WithClientOptions(opts...),
 		),
+		setCredentials: connect.NewClient[v1.SetCredentialsRequest, v1.SetCredentialsResponse](
+			httpClient,
+			baseURL+ConsensusSetCredentialsProcedure,
+			connect.WithSchema(consensusMethods.ByName("SetCredentials")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -157,6 +173,7 @@ type consensusClient struct {
 	removeMember    *connect.Client[v1.RemoveMemberRequest, v1.RemoveMemberResponse]
 	start           *connect.Client[v1.StartRequest, v1.StartResponse]
 	leave           *connect.Client[v1.LeaveRequest, v1.LeaveResponse]
+	setCredentials  *connect.Client[v1.SetCredentialsRequest, v1.SetCredentialsResponse]
 }
 
 // Status calls curia.consensus.v1.Consensus.Status.
@@ -199,6 +216,11 @@ func (c *consensusClient) Leave(ctx context.Context, req *connect.Request[v1.Lea
 	return c.leave.CallUnary(ctx, req)
 }
 
+// SetCredentials calls curia.consensus.v1.Consensus.SetCredentials.
+func (c *consensusClient) SetCredentials(ctx context.Context, req *connect.Request[v1.SetCredentialsRequest]) (*connect.Response[v1.SetCredentialsResponse], error) {
+	return c.setCredentials.CallUnary(ctx, req)
+}
+
 // ConsensusHandler is an implementation of the curia.consensus.v1.Consensus service.
 type ConsensusHandler interface {
 	// Status reports this node's member: lifecycle, learner or voter, leader,
@@ -230,6 +252,13 @@ type ConsensusHandler interface {
 	// Leave stops the local member and wipes its data directory. It is refused
 	// while this node is still an etcd member. Only the node itself may call it.
 	Leave(context.Context, *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error)
+	// SetCredentials installs certificates of this process's own key, which
+	// the node's agent got from the curator: the consensus certificate (this
+	// API's identity) and, while the node holds ConsensusMember, the member
+	// certificate (the only one etcd's ports accept). Each must be of the
+	// cluster CA, valid, not revoked, for this node and of this process's key;
+	// new connections use it at once. Only the node itself may call it.
+	SetCredentials(context.Context, *connect.Request[v1.SetCredentialsRequest]) (*connect.Response[v1.SetCredentialsResponse], error)
 }
 
 // NewConsensusHandler builds an HTTP handler from the service implementation. It returns the path
@@ -287,6 +316,12 @@ func NewConsensusHandler(svc ConsensusHandler, opts ...connect.HandlerOption) (s
 		connect.WithSchema(consensusMethods.ByName("Leave")),
 		connect.WithHandlerOptions(opts...),
 	)
+	consensusSetCredentialsHandler := connect.NewUnaryHandler(
+		ConsensusSetCredentialsProcedure,
+		svc.SetCredentials,
+		connect.WithSchema(consensusMethods.ByName("SetCredentials")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/curia.consensus.v1.Consensus/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ConsensusStatusProcedure:
@@ -305,6 +340,8 @@ func NewConsensusHandler(svc ConsensusHandler, opts ...connect.HandlerOption) (s
 			consensusStartHandler.ServeHTTP(w, r)
 		case ConsensusLeaveProcedure:
 			consensusLeaveHandler.ServeHTTP(w, r)
+		case ConsensusSetCredentialsProcedure:
+			consensusSetCredentialsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -344,4 +381,8 @@ func (UnimplementedConsensusHandler) Start(context.Context, *connect.Request[v1.
 
 func (UnimplementedConsensusHandler) Leave(context.Context, *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.consensus.v1.Consensus.Leave is not implemented"))
+}
+
+func (UnimplementedConsensusHandler) SetCredentials(context.Context, *connect.Request[v1.SetCredentialsRequest]) (*connect.Response[v1.SetCredentialsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.consensus.v1.Consensus.SetCredentials is not implemented"))
 }

@@ -50,6 +50,11 @@ const (
 	// CuratorGetCurrentLeaderProcedure is the fully-qualified name of the Curator's GetCurrentLeader
 	// RPC.
 	CuratorGetCurrentLeaderProcedure = "/curia.curator.v1.Curator/GetCurrentLeader"
+	// CuratorIssueCertificatesProcedure is the fully-qualified name of the Curator's IssueCertificates
+	// RPC.
+	CuratorIssueCertificatesProcedure = "/curia.curator.v1.Curator/IssueCertificates"
+	// CuratorGetMembershipProcedure is the fully-qualified name of the Curator's GetMembership RPC.
+	CuratorGetMembershipProcedure = "/curia.curator.v1.Curator/GetMembership"
 	// CuratorWatchCRLProcedure is the fully-qualified name of the Curator's WatchCRL RPC.
 	CuratorWatchCRLProcedure = "/curia.curator.v1.Curator/WatchCRL"
 )
@@ -78,6 +83,20 @@ type CuratorClient interface {
 	Heartbeat(context.Context) *connect.BidiStreamForClient[v1.HeartbeatRequest, v1.HeartbeatResponse]
 	// GetCurrentLeader streams who leads, now and on every change.
 	GetCurrentLeader(context.Context, *connect.Request[v1.GetCurrentLeaderRequest]) (*connect.ServerStreamForClient[v1.GetCurrentLeaderResponse], error)
+	// IssueCertificates issues the calling node fresh certificates: its node
+	// certificate (renewal, same key), the consensus certificate of its
+	// consensus process's key, and, while the node holds ConsensusMember, the
+	// member certificate etcd's ports accept. Every one is recorded on the
+	// node (DeleteNode revokes them); the ones they renew stay valid until
+	// they expire. At most one call per node in 10 seconds
+	// (RESOURCE_EXHAUSTED).
+	IssueCertificates(context.Context, *connect.Request[v1.IssueCertificatesRequest]) (*connect.Response[v1.IssueCertificatesResponse], error)
+	// GetMembership lists the etcd members, as the consensus services do, to
+	// a node's consensus process that etcd no longer admits (its member was
+	// removed and its member certificate revoked with the role): it asks here
+	// whether its member is gone before it wipes the member's data. Consensus
+	// identities only. Served by every replica.
+	GetMembership(context.Context, *connect.Request[v1.GetMembershipRequest]) (*connect.Response[v1.GetMembershipResponse], error)
 	// WatchCRL streams the cluster CA's certificate revocation list: the
 	// current one, then every newer one. Every curia server that has no etcd
 	// access enforces it. The list is public (signed by the CA; receivers
@@ -139,6 +158,18 @@ func NewCuratorClient(httpClient connect.HTTPClient, baseURL string, opts ...con
 			connect.WithSchema(curatorMethods.ByName("GetCurrentLeader")),
 			connect.WithClientOptions(opts...),
 		),
+		issueCertificates: connect.NewClient[v1.IssueCertificatesRequest, v1.IssueCertificatesResponse](
+			httpClient,
+			baseURL+CuratorIssueCertificatesProcedure,
+			connect.WithSchema(curatorMethods.ByName("IssueCertificates")),
+			connect.WithClientOptions(opts...),
+		),
+		getMembership: connect.NewClient[v1.GetMembershipRequest, v1.GetMembershipResponse](
+			httpClient,
+			baseURL+CuratorGetMembershipProcedure,
+			connect.WithSchema(curatorMethods.ByName("GetMembership")),
+			connect.WithClientOptions(opts...),
+		),
 		watchCRL: connect.NewClient[v1.WatchCRLRequest, v1.WatchCRLResponse](
 			httpClient,
 			baseURL+CuratorWatchCRLProcedure,
@@ -150,14 +181,16 @@ func NewCuratorClient(httpClient connect.HTTPClient, baseURL string, opts ...con
 
 // curatorClient implements CuratorClient.
 type curatorClient struct {
-	bootstrapCluster *connect.Client[v1.BootstrapClusterRequest, v1.BootstrapClusterResponse]
-	registerNode     *connect.Client[v1.RegisterNodeRequest, v1.RegisterNodeResponse]
-	commitNode       *connect.Client[v1.CommitNodeRequest, v1.CommitNodeResponse]
-	watch            *connect.Client[v1.WatchRequest, v1.WatchResponse]
-	updateNodeStatus *connect.Client[v1.UpdateNodeStatusRequest, v1.UpdateNodeStatusResponse]
-	heartbeat        *connect.Client[v1.HeartbeatRequest, v1.HeartbeatResponse]
-	getCurrentLeader *connect.Client[v1.GetCurrentLeaderRequest, v1.GetCurrentLeaderResponse]
-	watchCRL         *connect.Client[v1.WatchCRLRequest, v1.WatchCRLResponse]
+	bootstrapCluster  *connect.Client[v1.BootstrapClusterRequest, v1.BootstrapClusterResponse]
+	registerNode      *connect.Client[v1.RegisterNodeRequest, v1.RegisterNodeResponse]
+	commitNode        *connect.Client[v1.CommitNodeRequest, v1.CommitNodeResponse]
+	watch             *connect.Client[v1.WatchRequest, v1.WatchResponse]
+	updateNodeStatus  *connect.Client[v1.UpdateNodeStatusRequest, v1.UpdateNodeStatusResponse]
+	heartbeat         *connect.Client[v1.HeartbeatRequest, v1.HeartbeatResponse]
+	getCurrentLeader  *connect.Client[v1.GetCurrentLeaderRequest, v1.GetCurrentLeaderResponse]
+	issueCertificates *connect.Client[v1.IssueCertificatesRequest, v1.IssueCertificatesResponse]
+	getMembership     *connect.Client[v1.GetMembershipRequest, v1.GetMembershipResponse]
+	watchCRL          *connect.Client[v1.WatchCRLRequest, v1.WatchCRLResponse]
 }
 
 // BootstrapCluster calls curia.curator.v1.Curator.BootstrapCluster.
@@ -195,6 +228,16 @@ func (c *curatorClient) GetCurrentLeader(ctx context.Context, req *connect.Reque
 	return c.getCurrentLeader.CallServerStream(ctx, req)
 }
 
+// IssueCertificates calls curia.curator.v1.Curator.IssueCertificates.
+func (c *curatorClient) IssueCertificates(ctx context.Context, req *connect.Request[v1.IssueCertificatesRequest]) (*connect.Response[v1.IssueCertificatesResponse], error) {
+	return c.issueCertificates.CallUnary(ctx, req)
+}
+
+// GetMembership calls curia.curator.v1.Curator.GetMembership.
+func (c *curatorClient) GetMembership(ctx context.Context, req *connect.Request[v1.GetMembershipRequest]) (*connect.Response[v1.GetMembershipResponse], error) {
+	return c.getMembership.CallUnary(ctx, req)
+}
+
 // WatchCRL calls curia.curator.v1.Curator.WatchCRL.
 func (c *curatorClient) WatchCRL(ctx context.Context, req *connect.Request[v1.WatchCRLRequest]) (*connect.ServerStreamForClient[v1.WatchCRLResponse], error) {
 	return c.watchCRL.CallServerStream(ctx, req)
@@ -224,6 +267,20 @@ type CuratorHandler interface {
 	Heartbeat(context.Context, *connect.BidiStream[v1.HeartbeatRequest, v1.HeartbeatResponse]) error
 	// GetCurrentLeader streams who leads, now and on every change.
 	GetCurrentLeader(context.Context, *connect.Request[v1.GetCurrentLeaderRequest], *connect.ServerStream[v1.GetCurrentLeaderResponse]) error
+	// IssueCertificates issues the calling node fresh certificates: its node
+	// certificate (renewal, same key), the consensus certificate of its
+	// consensus process's key, and, while the node holds ConsensusMember, the
+	// member certificate etcd's ports accept. Every one is recorded on the
+	// node (DeleteNode revokes them); the ones they renew stay valid until
+	// they expire. At most one call per node in 10 seconds
+	// (RESOURCE_EXHAUSTED).
+	IssueCertificates(context.Context, *connect.Request[v1.IssueCertificatesRequest]) (*connect.Response[v1.IssueCertificatesResponse], error)
+	// GetMembership lists the etcd members, as the consensus services do, to
+	// a node's consensus process that etcd no longer admits (its member was
+	// removed and its member certificate revoked with the role): it asks here
+	// whether its member is gone before it wipes the member's data. Consensus
+	// identities only. Served by every replica.
+	GetMembership(context.Context, *connect.Request[v1.GetMembershipRequest]) (*connect.Response[v1.GetMembershipResponse], error)
 	// WatchCRL streams the cluster CA's certificate revocation list: the
 	// current one, then every newer one. Every curia server that has no etcd
 	// access enforces it. The list is public (signed by the CA; receivers
@@ -281,6 +338,18 @@ func NewCuratorHandler(svc CuratorHandler, opts ...connect.HandlerOption) (strin
 		connect.WithSchema(curatorMethods.ByName("GetCurrentLeader")),
 		connect.WithHandlerOptions(opts...),
 	)
+	curatorIssueCertificatesHandler := connect.NewUnaryHandler(
+		CuratorIssueCertificatesProcedure,
+		svc.IssueCertificates,
+		connect.WithSchema(curatorMethods.ByName("IssueCertificates")),
+		connect.WithHandlerOptions(opts...),
+	)
+	curatorGetMembershipHandler := connect.NewUnaryHandler(
+		CuratorGetMembershipProcedure,
+		svc.GetMembership,
+		connect.WithSchema(curatorMethods.ByName("GetMembership")),
+		connect.WithHandlerOptions(opts...),
+	)
 	curatorWatchCRLHandler := connect.NewServerStreamHandler(
 		CuratorWatchCRLProcedure,
 		svc.WatchCRL,
@@ -303,6 +372,10 @@ func NewCuratorHandler(svc CuratorHandler, opts ...connect.HandlerOption) (strin
 			curatorHeartbeatHandler.ServeHTTP(w, r)
 		case CuratorGetCurrentLeaderProcedure:
 			curatorGetCurrentLeaderHandler.ServeHTTP(w, r)
+		case CuratorIssueCertificatesProcedure:
+			curatorIssueCertificatesHandler.ServeHTTP(w, r)
+		case CuratorGetMembershipProcedure:
+			curatorGetMembershipHandler.ServeHTTP(w, r)
 		case CuratorWatchCRLProcedure:
 			curatorWatchCRLHandler.ServeHTTP(w, r)
 		default:
@@ -340,6 +413,14 @@ func (UnimplementedCuratorHandler) Heartbeat(context.Context, *connect.BidiStrea
 
 func (UnimplementedCuratorHandler) GetCurrentLeader(context.Context, *connect.Request[v1.GetCurrentLeaderRequest], *connect.ServerStream[v1.GetCurrentLeaderResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Curator.GetCurrentLeader is not implemented"))
+}
+
+func (UnimplementedCuratorHandler) IssueCertificates(context.Context, *connect.Request[v1.IssueCertificatesRequest]) (*connect.Response[v1.IssueCertificatesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Curator.IssueCertificates is not implemented"))
+}
+
+func (UnimplementedCuratorHandler) GetMembership(context.Context, *connect.Request[v1.GetMembershipRequest]) (*connect.Response[v1.GetMembershipResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Curator.GetMembership is not implemented"))
 }
 
 func (UnimplementedCuratorHandler) WatchCRL(context.Context, *connect.Request[v1.WatchCRLRequest], *connect.ServerStream[v1.WatchCRLResponse]) error {

@@ -1,0 +1,198 @@
+package roleserve
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/x509"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/pki"
+)
+
+// The agent keeps the node's certificates fresh (DESIGN §2): its own node
+// certificate, and its consensus process's, which that process cannot get
+// itself: it holds no identity the curators know until the agent installs
+// one. Every check (each --renew-check, and when the roles change):
+//
+//	role names a member certificate newer than the local one  → install it (SetCredentials)
+//	consensus certificate missing, of another key, or 2/3 of its life gone,
+//	node certificate 2/3 gone, member certificate (with the role) 2/3 gone
+//	                                → Curator/IssueCertificates with the consensus process's key,
+//	                                  then use the node certificate and install the others
+//
+// A renewed certificate is used by every new connection at once (TLS
+// certificate getters); the one it replaces stays valid until it expires.
+
+// renewDue reports whether two thirds of c's life are gone.
+func renewDue(c *x509.Certificate, now time.Time) bool {
+	return now.After(c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3))
+}
+
+// certificates keeps the certificates fresh until ctx ends.
+func (s *Service) certificates(ctx context.Context) error {
+	if !waitFor(ctx, s.enrolled) {
+		return nil
+	}
+	log := s.log.With("part", "certificates")
+	bo := newBackoff(retryMin, s.cfg.RetryMax)
+	var lastErr string
+	for {
+		wait := s.cfg.RenewCheck
+		if err := s.keepCertificates(ctx); err != nil {
+			if err.Error() != lastErr {
+				log.Warn("certificates not renewed; retrying", "err", err)
+				lastErr = err.Error()
+			}
+			wait = min(wait, bo.next())
+		} else {
+			lastErr = ""
+			bo = newBackoff(retryMin, s.cfg.RetryMax)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		case <-s.certKick:
+		}
+	}
+}
+
+// keepCertificates does one check.
+func (s *Service) keepCertificates(ctx context.Context) error {
+	now := time.Now()
+	s.connMu.Lock()
+	creds := s.creds
+	s.connMu.Unlock()
+	need := renewDue(creds.Leaf(), now)
+	var st *consensusv1.StatusResponse
+	if s.cfg.Consensus != "" {
+		var err error
+		if st, err = s.localConsensusStatus(ctx); err != nil {
+			return err
+		}
+		if err := s.installRoleMember(ctx, st); err != nil {
+			return err
+		}
+		if st, err = s.localConsensusStatus(ctx); err != nil {
+			return err
+		}
+		api, _ := pki.ParseCertPEM(st.GetCertificate())
+		need = need || api == nil || !ofKey(api, st.GetPublicKey()) || renewDue(api, now)
+		if s.roles().GetConsensusMember() != nil {
+			member, _ := pki.ParseCertPEM(st.GetMemberCertificate())
+			need = need || member == nil || renewDue(member, now)
+		}
+	}
+	if !need {
+		return nil
+	}
+	cur, err := s.curatorClient()
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	resp, err := cur.IssueCertificates(cctx, &curatorv1.IssueCertificatesRequest{ConsensusPublicKey: st.GetPublicKey()})
+	if status.Code(err) == codes.ResourceExhausted {
+		return nil // issued a moment ago; the next check installs what is due
+	}
+	if err != nil {
+		return fmt.Errorf("issue certificates: %w", err)
+	}
+	if err := s.renewNodeCertificate(resp.GetNodeCertificate()); err != nil {
+		return err
+	}
+	if st == nil || len(resp.GetConsensusCertificate()) == 0 {
+		return nil
+	}
+	return s.install(ctx, &consensusv1.SetCredentialsRequest{Certificate: resp.GetConsensusCertificate(), MemberCertificate: resp.GetMemberCertificate()})
+}
+
+// renewNodeCertificate makes certPEM the agent's node certificate: stored,
+// and presented by every new connection.
+func (s *Service) renewNodeCertificate(certPEM []byte) error {
+	keyPEM, err := pki.MarshalEd25519PEM(s.key)
+	if err != nil {
+		return err
+	}
+	c, err := checkNodeCreds(s.cfg.Cluster, s.caPEM, certPEM, keyPEM, s.id)
+	if err != nil {
+		return fmt.Errorf("the node certificate IssueCertificates issued: %w", err)
+	}
+	if err := s.files.storeNodeCreds(c); err != nil {
+		return err
+	}
+	s.connMu.Lock()
+	if err := s.creds.Renew(certPEM, keyPEM); err != nil {
+		s.connMu.Unlock()
+		return err
+	}
+	// Open connections keep the certificate they began with, which
+	// servers refuse once it expires: the next call dials anew.
+	old := []*grpc.ClientConn{s.curator, s.consensus}
+	s.curator, s.consensus = nil, nil
+	s.connMu.Unlock()
+	for _, cc := range old {
+		if cc != nil {
+			cc.Close()
+		}
+	}
+	s.log.Info("node certificate renewed", "serial", c.creds.Leaf().SerialNumber.Text(16), "expires", c.creds.Leaf().NotAfter)
+	return nil
+}
+
+// installRoleMember installs the member certificate the ConsensusMember role
+// carries when the local consensus (status st) has none of its key, or an
+// older one: the certificate issued with the role, before the member
+// starts.
+func (s *Service) installRoleMember(ctx context.Context, st *consensusv1.StatusResponse) error {
+	roleCert := s.roles().GetConsensusMember().GetMemberCertificate()
+	if len(roleCert) == 0 || bytes.Equal(roleCert, st.GetMemberCertificate()) {
+		return nil
+	}
+	fromRole, err := pki.ParseCertPEM(roleCert)
+	if err != nil || !ofKey(fromRole, st.GetPublicKey()) || time.Now().After(fromRole.NotAfter) {
+		return nil // for another key (a consensus process made anew) or too old: IssueCertificates
+	}
+	if have, err := pki.ParseCertPEM(st.GetMemberCertificate()); err == nil && ofKey(have, st.GetPublicKey()) && !have.NotAfter.Before(fromRole.NotAfter) {
+		return nil
+	}
+	return s.install(ctx, &consensusv1.SetCredentialsRequest{MemberCertificate: roleCert})
+}
+
+// install hands certificates to the local consensus.
+func (s *Service) install(ctx context.Context, req *consensusv1.SetCredentialsRequest) error {
+	cons, err := s.localConsensus()
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if _, err := cons.SetCredentials(cctx, req); err != nil {
+		return fmt.Errorf("install certificates in the local consensus: %w", err)
+	}
+	s.log.Info("certificates installed in the local consensus", "consensus", len(req.GetCertificate()) > 0, "member", len(req.GetMemberCertificate()) > 0)
+	signal(s.statusKick)
+	return nil
+}
+
+// roles are the node's roles as last seen.
+func (s *Service) roles() *curatorv1.Roles {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.st.node.GetRoles()
+}
+
+// ofKey reports whether c certifies pub.
+func ofKey(c *x509.Certificate, pub []byte) bool {
+	k, ok := c.PublicKey.(ed25519.PublicKey)
+	return ok && bytes.Equal(k, pub)
+}
