@@ -35,7 +35,7 @@ var ErrOlder = errors.New("CRL older than the one held")
 
 // Watcher holds the newest valid CRL seen.
 type Watcher struct {
-	ca  *x509.Certificate
+	cas []*x509.Certificate
 	log *slog.Logger
 
 	mu      sync.RWMutex
@@ -43,13 +43,25 @@ type Watcher struct {
 	number  *big.Int
 	pem     []byte
 	der     []byte
+	issuer  *x509.Certificate
 	// changed is closed (and replaced) whenever a newer list is loaded.
 	changed chan struct{}
 }
 
-// New returns a watcher that trusts CRLs signed by ca.
-func New(ca *x509.Certificate, log *slog.Logger) *Watcher {
-	return &Watcher{ca: ca, log: log, revoked: map[string]bool{}, changed: make(chan struct{})}
+// New returns a watcher that trusts CRLs signed by any of cas (the trust
+// bundle: during a CA rotation, the old CA and the new). A list of either
+// revokes by serial (serials are random, 128 bits); the issuing CA re-signs
+// the list when it changes, so it carries the old CA's revocations over.
+func New(cas []*x509.Certificate, log *slog.Logger) *Watcher {
+	return &Watcher{cas: cas, log: log, revoked: map[string]bool{}, changed: make(chan struct{})}
+}
+
+// Issuer is the CA that signed the list held (nil before any): the CA the
+// curators issue with (roleserve renews certificates of another).
+func (w *Watcher) Issuer() *x509.Certificate {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return w.issuer
 }
 
 // IsRevoked reports whether cert is on the current list. It fits
@@ -64,7 +76,7 @@ func (w *Watcher) IsRevoked(cert *x509.Certificate) bool {
 // older than the one held, is refused and the held one stays. It reports
 // whether the list is newer than the one held.
 func (w *Watcher) Set(pemCRL []byte) (bool, error) {
-	list, err := pki.VerifyCRL(pemCRL, w.ca)
+	list, issuer, err := pki.VerifyCRLOf(pemCRL, w.cas)
 	if err != nil {
 		return false, fmt.Errorf("CRL: %w", err)
 	}
@@ -82,7 +94,7 @@ func (w *Watcher) Set(pemCRL []byte) (bool, error) {
 			return false, nil
 		}
 	}
-	w.revoked, w.number, w.pem, w.der = revoked, list.Number, pemCRL, list.Raw
+	w.revoked, w.number, w.pem, w.der, w.issuer = revoked, list.Number, pemCRL, list.Raw, issuer
 	close(w.changed)
 	w.changed = make(chan struct{})
 	return true, nil

@@ -36,7 +36,7 @@ func TestWatcherSet(t *testing.T) {
 		}
 		return pem
 	}
-	w := New(ca.Cert, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	w := New([]*x509.Certificate{ca.Cert}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if w.IsRevoked(gone) {
 		t.Fatal("revoked before any CRL")
 	}

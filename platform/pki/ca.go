@@ -70,16 +70,23 @@ func NewCA(cluster string, validity time.Duration) (*CA, error) {
 }
 
 // LoadCA loads a CA from its certificate and private key (PKCS#8, or SEC 1 for
-// EC keys). It refuses a certificate that is not a CA or whose public key does
-// not belong to the private key.
+// EC keys). certPEM may be a trust bundle (during a CA rotation): the CA is
+// the certificate of the key. It refuses a certificate that is not a CA or a
+// key that belongs to none.
 func LoadCA(certPEM, keyPEM []byte) (*CA, error) {
-	cert, err := ParseCertPEM(certPEM)
+	certs, err := ParseCertsPEM(certPEM)
 	if err != nil {
 		return nil, fmt.Errorf("CA certificate: %w", err)
 	}
 	key, err := ParsePrivateKeyPEM(keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("CA key: %w", err)
+	}
+	cert := certs[0]
+	for _, c := range certs {
+		if publicKeysEqual(c.PublicKey, key.Public()) {
+			cert = c
+		}
 	}
 	ca := &CA{Cert: cert, CertPEM: EncodeCertPEM(cert.Raw), Key: key}
 	if err := ca.check(); err != nil {

@@ -103,3 +103,52 @@ func TestLoadCA(t *testing.T) {
 		})
 	}
 }
+
+// TestLoadCABundle: during a CA rotation --ca is a bundle of two CAs; the
+// CA that issues is the one of the key, and a CRL of either verifies.
+func TestLoadCABundle(t *testing.T) {
+	old, err := NewCA(testCluster, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := NewCA(testCluster, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := append(append([]byte{}, old.CertPEM...), next.CertPEM...)
+	key, err := next.KeyPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := LoadCA(bundle, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ca.Cert.Equal(next.Cert) {
+		t.Fatal("LoadCA took the bundle's other CA")
+	}
+	certs, err := ParseCertsPEM(bundle)
+	if err != nil || len(certs) != 2 || !SharesCert(certs, []*x509.Certificate{old.Cert}) || SharesCert(certs[1:], []*x509.Certificate{old.Cert}) {
+		t.Fatalf("ParseCertsPEM: %d certificates, %v", len(certs), err)
+	}
+	for _, signer := range []*CA{old, next} {
+		crl, err := signer.InitialCRL()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, issuer, err := VerifyCRLOf(crl, certs); err != nil || !issuer.Equal(signer.Cert) {
+			t.Fatalf("a CRL of one of the bundle's CAs: issuer %v, %v", issuer, err)
+		}
+	}
+	stranger, err := NewCA(testCluster, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crl, err := stranger.InitialCRL()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := VerifyCRLOf(crl, certs); err == nil {
+		t.Fatal("a CRL of a CA outside the bundle verified")
+	}
+}

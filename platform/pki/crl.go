@@ -80,6 +80,20 @@ func VerifyCRL(crlPEM []byte, ca *x509.Certificate) (*x509.RevocationList, error
 	return crl, nil
 }
 
+// VerifyCRLOf is VerifyCRL against a trust bundle: it returns the list and
+// the CA of cas that signed it.
+func VerifyCRLOf(crlPEM []byte, cas []*x509.Certificate) (*x509.RevocationList, *x509.Certificate, error) {
+	var errs []error
+	for _, ca := range cas {
+		crl, err := VerifyCRL(crlPEM, ca)
+		if err == nil {
+			return crl, ca, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, nil, errors.Join(errs...)
+}
+
 // Revoked reports whether crl lists cert. The caller has verified the CRL with
 // VerifyCRL against cert's issuer: serials are unique only per issuer.
 func Revoked(crl *x509.RevocationList, cert *x509.Certificate) bool {

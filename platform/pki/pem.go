@@ -50,6 +50,43 @@ func ParseCertPEM(data []byte) (*x509.Certificate, error) {
 	return cert, nil
 }
 
+// ParseCertsPEM parses every certificate of a PEM file (a trust bundle:
+// during a CA rotation, the old CA and the new one); at least one.
+func ParseCertsPEM(data []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for rest := data; ; {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		if b.Type != pemCertificate {
+			continue
+		}
+		cert, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("parse certificate %d: %w", len(out)+1, err)
+		}
+		out = append(out, cert)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no CERTIFICATE block in PEM data")
+	}
+	return out, nil
+}
+
+// SharesCert reports whether two bundles have a certificate in common.
+func SharesCert(a, b []*x509.Certificate) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if x.Equal(y) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // CertPool builds a pool from every certificate in a PEM file. Unlike
 // x509.CertPool.AppendCertsFromPEM it fails on an empty or broken file rather
 // than yielding a pool that silently trusts nothing.

@@ -223,17 +223,34 @@ func (p *Proc) LogContains(s string) bool {
 // FreeAddr returns a loopback address with a port free right now. Ports
 // come from below the kernel's ephemeral range: a port picked from that
 // range (":0") can be taken by the client side of any connection before
-// the service binds it.
+// the service binds it. A port is also reserved for the test's life with a
+// lock file, so that test binaries running side by side (go test runs
+// packages in parallel) never hand out the same port between its pick
+// and its bind.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
 	low := ephemeralLow()
+	dir := filepath.Join(os.TempDir(), "curia-proctest-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
 	for range 1000 {
 		port := 10000 + rand.IntN(low-10000)
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
 		if err != nil {
 			continue
 		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close() // another test holds it
+			continue
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			f.Close()
+			continue
+		}
 		l.Close()
+		t.Cleanup(func() { f.Close() }) // (closing releases the lock)
 		return l.Addr().String()
 	}
 	t.Fatal("no free port below the ephemeral range")

@@ -1,7 +1,6 @@
 package consensus
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/url"
@@ -128,8 +127,14 @@ func (x *server) SetCredentials(ctx context.Context, req *consensusv1.SetCredent
 
 // validateJoin checks that the join parameters are for this node and cluster.
 func (x *server) validateJoin(j *consensusv1.JoinParameters) error {
-	if len(j.GetCaCertificate()) > 0 && !bytes.Equal(bytes.TrimSpace(j.GetCaCertificate()), bytes.TrimSpace(x.s.creds.CAPEM)) {
-		return fmt.Errorf("%w: join parameters carry another cluster CA than this node's: they are for another cluster", errBadRequest)
+	if len(j.GetCaCertificate()) > 0 {
+		// Bundles may differ while a CA rotation rolls out; one CA in
+		// common says it is this cluster.
+		theirs, err := pki.ParseCertsPEM(j.GetCaCertificate())
+		ours, oerr := pki.ParseCertsPEM(x.s.creds.CAPEM)
+		if err != nil || oerr != nil || !pki.SharesCert(theirs, ours) {
+			return fmt.Errorf("%w: join parameters carry another cluster CA than this node's: they are for another cluster", errBadRequest)
+		}
 	}
 	if j.GetPeerUrl() != x.s.cfg.AdvertisePeerURL {
 		return fmt.Errorf("%w: join parameters are for peer URL %q but this node advertises %q: add the node again with its real peer URL", errBadRequest, j.GetPeerUrl(), x.s.cfg.AdvertisePeerURL)

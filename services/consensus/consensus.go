@@ -240,11 +240,11 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read --ca: %w", err)
 	}
-	caCert, err := pki.ParseCertPEM(caPEM)
+	cas, err := pki.ParseCertsPEM(caPEM)
 	if err != nil {
 		return nil, fmt.Errorf("--ca: %w", err)
 	}
-	revocations := crl.New(caCert, log.With("part", "crl"))
+	revocations := crl.New(cas, log.With("part", "crl"))
 	m, err := newMember(cfg, revocations, log.With("part", "member"))
 	if err != nil {
 		return nil, err

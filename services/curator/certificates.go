@@ -213,7 +213,7 @@ func (s *Service) revoke(ctx context.Context, serials ...string) (clientv3.Op, c
 	var rev int64
 	if len(resp.Kvs) > 0 {
 		rev = resp.Kvs[0].ModRevision
-		crl, err := pki.VerifyCRL(resp.Kvs[0].Value, s.ca.Cert)
+		crl, _, err := pki.VerifyCRLOf(resp.Kvs[0].Value, s.trusted)
 		if err != nil {
 			return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("stored CRL: %w", err)
 		}
@@ -234,6 +234,32 @@ func (s *Service) revoke(ctx context.Context, serials ...string) (clientv3.Op, c
 		return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("sign CRL: %w", err)
 	}
 	return clientv3.OpPut(keys.CRL, string(pem)), clientv3.Compare(clientv3.ModRevision(keys.CRL), "=", rev), nil
+}
+
+// resignCRL signs the CRL again with this curator's CA when another CA of
+// the bundle signed the one in etcd (or there is none): after a CA rotation
+// switched the curators to the new CA, the list carries the old CA's
+// revocations over, and its new issuer tells the agents to renew their
+// certificates (roleserve: certificates.go). The write is the leader's.
+func (s *Service) resignCRL(ctx context.Context) error {
+	resp, err := s.etcd.Get(ctx, keys.CRL)
+	if err != nil {
+		return fmt.Errorf("read CRL: %w", err)
+	}
+	if len(resp.Kvs) > 0 {
+		if _, issuer, err := pki.VerifyCRLOf(resp.Kvs[0].Value, s.trusted); err == nil && issuer.Equal(s.ca.Cert) {
+			return nil
+		}
+	}
+	put, cmp, err := s.revoke(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := s.lead.txn(ctx, []clientv3.Cmp{cmp}, put); err != nil && err != errConflict {
+		return err
+	}
+	s.log.Info("CRL signed by this curator's CA", "ca", s.ca.Cert.Subject.String())
+	return nil
 }
 
 // notTombstoned refuses a node id that was deleted.

@@ -24,6 +24,7 @@ package curator
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -185,10 +186,14 @@ func advertiseAddr(listen string) (string, error) {
 
 // Service is one curator replica.
 type Service struct {
-	cfg       Config
-	log       *slog.Logger
-	creds     *rpc.Credentials
+	cfg   Config
+	log   *slog.Logger
+	creds *rpc.Credentials
+	// ca issues node certificates and signs the CRL: the certificate of
+	// the trust bundle (--ca) whose key --ca-key holds; trusted is the
+	// whole bundle (two CAs during a rotation).
 	ca        *pki.CA
+	trusted   []*x509.Certificate
 	etcd      *clientv3.Client
 	rpc       *rpc.Server
 	lead      *leadership
@@ -238,7 +243,10 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	}
 	cancel()
 	s := &Service{cfg: cfg, log: log, creds: creds, ca: ca, etcd: cli}
-	s.crl = crl.New(ca.Cert, log.With("part", "crl"))
+	if s.trusted, err = pki.ParseCertsPEM(creds.CAPEM); err != nil {
+		return nil, err
+	}
+	s.crl = crl.New(s.trusted, log.With("part", "crl"))
 	s.lead = newLeadership(s)
 	s.consensus = newConsensusPool(s)
 	s.watch = newWatchHub(s)

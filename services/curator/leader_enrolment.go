@@ -31,6 +31,9 @@ func (s *Service) becameLeader(ctx context.Context, term int64) {
 	if err := s.dropOldTermLeases(ctx, term); err != nil {
 		s.log.Warn("drop old-term leases", "term", term, "err", err)
 	}
+	if err := s.resignCRL(ctx); err != nil {
+		s.log.Warn("sign the CRL with this curator's CA", "term", term, "err", err)
+	}
 	ticket := make([]byte, 24)
 	rand.Read(ticket)
 	_, err := s.lead.txn(ctx,

@@ -208,11 +208,11 @@ func New(cfg Config, log *slog.Logger) (*Reconciler, error) {
 		learnerSince: map[uint64]time.Time{},
 		readySince:   map[uint64]time.Time{},
 	}
-	caCert, err := pki.ParseCertPEM(creds.CAPEM)
+	cas, err := pki.ParseCertsPEM(creds.CAPEM)
 	if err != nil {
 		return nil, err
 	}
-	r.crl = crl.New(caCert, log.With("part", "crl"))
+	r.crl = crl.New(cas, log.With("part", "crl"))
 	srv, err := rpc.NewServer(rpc.ServerConfig{Credentials: creds, Policy: policy(), Logger: log.With("part", "grpc"), IsRevoked: r.crl.IsRevoked})
 	if err != nil {
 		return nil, err

@@ -24,15 +24,21 @@ import (
 //
 //	role names a member certificate newer than the local one  → install it (SetCredentials)
 //	consensus certificate missing, of another key, or 2/3 of its life gone,
-//	node certificate 2/3 gone, member certificate (with the role) 2/3 gone
+//	node certificate 2/3 gone, member certificate (with the role) 2/3 gone,
+//	or any of them not of the CA that signs the CRL (the curators' CA: a CA
+//	rotation switched them to a new one)
 //	                                → Curator/IssueCertificates with the consensus process's key,
 //	                                  then use the node certificate and install the others
 //
 // A renewed certificate is used by every new connection at once (TLS
 // certificate getters); the one it replaces stays valid until it expires.
 
-// renewDue reports whether two thirds of c's life are gone.
-func renewDue(c *x509.Certificate, now time.Time) bool {
+// renewDue reports whether two thirds of c's life are gone, or c is not of
+// issuer (the CA that signs the CRL; nil: not known yet).
+func renewDue(c *x509.Certificate, now time.Time, issuer *x509.Certificate) bool {
+	if issuer != nil && c.CheckSignatureFrom(issuer) != nil {
+		return true
+	}
 	return now.After(c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3))
 }
 
@@ -67,11 +73,11 @@ func (s *Service) certificates(ctx context.Context) error {
 
 // keepCertificates does one check.
 func (s *Service) keepCertificates(ctx context.Context) error {
-	now := time.Now()
+	now, issuer := time.Now(), s.crl.Issuer()
 	s.connMu.Lock()
 	creds := s.creds
 	s.connMu.Unlock()
-	need := renewDue(creds.Leaf(), now)
+	need := renewDue(creds.Leaf(), now, issuer)
 	var st *consensusv1.StatusResponse
 	if s.cfg.Consensus != "" {
 		var err error
@@ -85,10 +91,10 @@ func (s *Service) keepCertificates(ctx context.Context) error {
 			return err
 		}
 		api, _ := pki.ParseCertPEM(st.GetCertificate())
-		need = need || api == nil || !ofKey(api, st.GetPublicKey()) || renewDue(api, now)
+		need = need || api == nil || !ofKey(api, st.GetPublicKey()) || renewDue(api, now, issuer)
 		if s.roles().GetConsensusMember() != nil {
 			member, _ := pki.ParseCertPEM(st.GetMemberCertificate())
-			need = need || member == nil || renewDue(member, now)
+			need = need || member == nil || renewDue(member, now, issuer)
 		}
 	}
 	if !need {

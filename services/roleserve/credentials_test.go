@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -275,4 +276,143 @@ func TestRenewal(t *testing.T) {
 	if st, err := rs.status(t); err != nil || !st.CuratorConnected {
 		t.Fatalf("agent after the renewals: %v %v", st, err)
 	}
+}
+
+// TestCARotation walks the documented CA rotation: every process trusts the
+// old CA and a new one (a bundle), the curators switch to issuing with the
+// new one, and the agent renews every certificate of its node — its own,
+// its consensus process's consensus and member certificates — from the new
+// CA without a restart, while the node keeps running its member; a node
+// deleted afterwards is refused although the old CA issued its certificate.
+func TestCARotation(t *testing.T) {
+	c := cut.New(t, 1, "--cert-validity", "10m")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	a, n, rs := enrolBare(t, c, "--renew-check", "1s")
+	updateRoles(t, c, a.ID, true)
+	rs.eventuallyStatus(t, "member running", func(st *roleservev1.GetStatusResponse) bool {
+		return st.Launcher.GetPhase() == "running" && running(st.Consensus)
+	})
+	old := c.NewAgent()
+	old.Enrol(ctx)
+
+	// 1. Every process trusts both CAs (a rolling restart).
+	next, err := pki.NewCA(c.PKI.Cluster, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(c.PKI.Dir, pki.CACertFile)
+	if err := os.WriteFile(caFile, append(append([]byte{}, c.PKI.CA.CertPEM...), next.CertPEM...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	restart(t, c.Voters[0])
+	restart(t, n)
+	for _, cur := range c.Curators {
+		restart(t, cur)
+	}
+	restart(t, rs)
+	rs.eventuallyStatus(t, "running on the bundle", func(st *roleservev1.GetStatusResponse) bool {
+		return st.CuratorConnected && st.Launcher.GetPhase() == "running" && running(st.Consensus)
+	})
+
+	// 2. The curators issue with the new CA (its key, and a certificate of
+	// it for themselves).
+	keyPEM, err := next.KeyPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(c.PKI.Dir, pki.CAKeyFile), keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	curFiles := c.PKI.Files(t, pki.Principal{Kind: pki.KindCurator})
+	iss, err := next.Issue(pki.IssueRequest{Cluster: c.PKI.Cluster, Principal: pki.Principal{Kind: pki.KindCurator}, Validity: time.Hour, DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(curFiles.Cert, iss.CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(curFiles.Key, iss.KeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	switched := time.Now()
+	for _, cur := range c.Curators {
+		restart(t, cur)
+	}
+
+	// 3. The agent renews everything from the new CA.
+	of := func(pemBytes []byte) bool {
+		cert, err := pki.ParseCertPEM(pemBytes)
+		return err == nil && cert.CheckSignatureFrom(next.Cert) == nil
+	}
+	proctest.Eventually(t, 2*time.Minute, func() error {
+		nodeCert, _ := os.ReadFile(filepath.Join(rs.dataDir, "node.crt"))
+		st := n.Status()
+		if !of(nodeCert) || !of(st.GetCertificate()) || !of(st.GetMemberCertificate()) {
+			return fmt.Errorf("of the new CA: node %v, consensus %v, member %v", of(nodeCert), of(st.GetCertificate()), of(st.GetMemberCertificate()))
+		}
+		if !running(st) {
+			return fmt.Errorf("member %v", st.GetState())
+		}
+		return nil
+	})
+	t.Logf("every certificate of the node renewed from the new CA %v after the curators switched", time.Since(switched).Round(100*time.Millisecond))
+	rs.eventuallyStatus(t, "working on the new CA's certificates", func(st *roleservev1.GetStatusResponse) bool {
+		return st.CuratorConnected && st.Launcher.GetPhase() == "running" && running(st.Consensus)
+	})
+
+	// Revocation goes on across the switch: the CRL the new CA signs
+	// lists a certificate of the old one. (Clients trust the bundle too.)
+	bundle, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldKey, err := pki.MarshalPrivateKeyPEM(old.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if old.Creds, err = rpc.NewCredentials(c.PKI.Cluster, bundle, pki.EncodeCertPEM(old.Creds.Certificate().Certificate[0]), oldKey); err != nil {
+		t.Fatal(err)
+	}
+	works := func() error {
+		stream, err := old.Curator(c.Running()).GetCurrentLeader(ctx, &curatorv1.GetCurrentLeaderRequest{})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		return err
+	}
+	if err := works(); err != nil {
+		t.Fatalf("a certificate of the old CA before its node's deletion: %v", err)
+	}
+	admin, err := rpc.Dial(c.Running().Addr, rpc.ClientConfig{Credentials: c.PKI.Creds(t, cut.Admin), ServerKinds: []pki.Kind{pki.KindCurator}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := curatorv1.NewManagementClient(admin).DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: old.ID, SafetyBypassNotDecommissioned: true}); err != nil {
+		t.Fatal(err)
+	}
+	proctest.Eventually(t, 2*time.Second, func() error {
+		if works() == nil {
+			return errors.New("the deleted node's certificate of the old CA still works")
+		}
+		return nil
+	})
+}
+
+// restart stops a process (SIGTERM), waits until it exited, and starts it.
+func restart(t *testing.T, p interface {
+	Stop()
+	Running() bool
+	Start()
+}) {
+	t.Helper()
+	p.Stop()
+	proctest.Eventually(t, time.Minute, func() error {
+		if p.Running() {
+			return errors.New("still running")
+		}
+		return nil
+	})
+	p.Start()
 }

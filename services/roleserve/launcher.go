@@ -65,7 +65,7 @@ func (s *Service) reduceInput() reduce.Input {
 		Bootstrapped:   rec.Bootstrapped,
 		RolesConfirmed: s.st.rolesKnown,
 		Roles:          s.st.node.GetRoles(),
-		ClusterCA:      s.caCert,
+		ClusterCAs:     s.caCerts,
 		LocalConsensus: s.cfg.Consensus != "",
 	}
 }

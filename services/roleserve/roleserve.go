@@ -218,13 +218,14 @@ func decodeTicket(s string) ([]byte, error) {
 
 // Service is one node agent.
 type Service struct {
-	cfg    Config
-	log    *slog.Logger
-	files  dataFiles
-	caPEM  []byte
-	caCert *x509.Certificate
-	key    ed25519.PrivateKey
-	id     string
+	cfg   Config
+	log   *slog.Logger
+	files dataFiles
+	caPEM []byte
+	// caCerts is the trust bundle (--ca): two CAs during a rotation.
+	caCerts []*x509.Certificate
+	key     ed25519.PrivateKey
+	id      string
 
 	machine *machine
 	// crl is the cluster's revocation list, followed from the curators and
@@ -289,7 +290,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read cluster CA: %w", err)
 	}
-	caCert, err := pki.ParseCertPEM(caPEM)
+	caCerts, err := pki.ParseCertsPEM(caPEM)
 	if err != nil {
 		return nil, fmt.Errorf("cluster CA %s: %w", cfg.CA, err)
 	}
@@ -308,13 +309,13 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{
-		cfg: cfg, log: log, files: files, caPEM: caPEM, caCert: caCert, key: key, id: id, machine: m,
+		cfg: cfg, log: log, files: files, caPEM: caPEM, caCerts: caCerts, key: key, id: id, machine: m,
 		enrolled:   make(chan struct{}),
 		credsReady: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
 		statusKick: make(chan struct{}, 1),
 		certKick:   make(chan struct{}, 1),
-		crl:        crl.New(caCert, log.With("part", "crl")),
+		crl:        crl.New(caCerts, log.With("part", "crl")),
 	}
 	s.st.launcher.phase = phaseNone
 

@@ -34,7 +34,6 @@
 package reduce
 
 import (
-	"bytes"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -80,8 +79,9 @@ type Input struct {
 	RolesConfirmed bool
 	// Roles are the node's roles; nil means none.
 	Roles *curatorv1.Roles
-	// ClusterCA is the cluster CA this node trusts.
-	ClusterCA *x509.Certificate
+	// ClusterCAs are the cluster CAs this node trusts (two during a CA
+	// rotation).
+	ClusterCAs []*x509.Certificate
 	// LocalConsensus: a local consensus service is configured.
 	LocalConsensus bool
 }
@@ -119,7 +119,7 @@ func Reduce(in Input) Decision {
 	if !in.LocalConsensus {
 		return Decision{Decided: true, Mode: ModeNone, Reason: "ConsensusMember role, but no local consensus is configured (--consensus): this node cannot run a member"}
 	}
-	if err := ValidateJoin(cm.GetJoin(), in.ClusterCA); err != nil {
+	if err := ValidateJoin(cm.GetJoin(), in.ClusterCAs); err != nil {
 		return Decision{Reason: fmt.Sprintf("ConsensusMember role ignored: %v", err)}
 	}
 	return Decision{
@@ -159,19 +159,19 @@ func MemberChanged(a, b Decision) bool {
 // cluster CA: the same CA, a voter to join through (with well-formed client
 // URLs), a member id, a peer URL, and a CRL, when present, that the CA
 // signed.
-func ValidateJoin(j *consensusv1.JoinParameters, ca *x509.Certificate) error {
+func ValidateJoin(j *consensusv1.JoinParameters, cas []*x509.Certificate) error {
 	if j == nil {
 		return errors.New("the role carries no join parameters")
 	}
-	if ca == nil {
+	if len(cas) == 0 {
 		return errors.New("no cluster CA to check the join parameters against")
 	}
-	roleCA, err := pki.ParseCertPEM(j.GetCaCertificate())
+	roleCAs, err := pki.ParseCertsPEM(j.GetCaCertificate())
 	if err != nil {
 		return fmt.Errorf("join parameters: CA certificate: %w", err)
 	}
-	if !bytes.Equal(roleCA.Raw, ca.Raw) {
-		return fmt.Errorf("join parameters: CA %q is not this cluster's CA %q", roleCA.Subject, ca.Subject)
+	if !pki.SharesCert(roleCAs, cas) {
+		return fmt.Errorf("join parameters: CA %q is not this cluster's CA %q", roleCAs[0].Subject, cas[0].Subject)
 	}
 	if len(j.GetVoters()) == 0 {
 		return errors.New("join parameters: no voters")
@@ -195,7 +195,7 @@ func ValidateJoin(j *consensusv1.JoinParameters, ca *x509.Certificate) error {
 		return fmt.Errorf("join parameters: peer URL: %w", err)
 	}
 	if len(j.GetCrl()) > 0 {
-		if _, err := pki.VerifyCRL(j.GetCrl(), ca); err != nil {
+		if _, _, err := pki.VerifyCRLOf(j.GetCrl(), cas); err != nil {
 			return fmt.Errorf("join parameters: CRL: %w", err)
 		}
 	}

@@ -64,7 +64,7 @@ func TestReduce(t *testing.T) {
 	f := newFixture(t)
 	ca := f.ca.Cert
 	confirmed := func(r *curatorv1.Roles) Input {
-		return Input{RolesConfirmed: true, Roles: r, ClusterCA: ca, LocalConsensus: true}
+		return Input{RolesConfirmed: true, Roles: r, ClusterCAs: []*x509.Certificate{ca}, LocalConsensus: true}
 	}
 	bad := func(change func(*consensusv1.JoinParameters)) Input { return confirmed(member(f.joinWith(change))) }
 	tests := map[string]struct {
@@ -75,19 +75,19 @@ func TestReduce(t *testing.T) {
 		says    string
 	}{
 		"bootstrap wins": {
-			in:      Input{Bootstrapped: true, ClusterCA: ca, LocalConsensus: true},
+			in:      Input{Bootstrapped: true, ClusterCAs: []*x509.Certificate{ca}, LocalConsensus: true},
 			decided: true, run: true, mode: ModeBootstrap, says: "bootstrap data",
 		},
 		"bootstrap wins over roles not confirmed": {
-			in:      Input{Bootstrapped: true, Roles: &curatorv1.Roles{}, ClusterCA: ca, LocalConsensus: true},
+			in:      Input{Bootstrapped: true, Roles: &curatorv1.Roles{}, ClusterCAs: []*x509.Certificate{ca}, LocalConsensus: true},
 			decided: true, run: true, mode: ModeBootstrap,
 		},
 		"bootstrap without local consensus": {
-			in:      Input{Bootstrapped: true, ClusterCA: ca},
+			in:      Input{Bootstrapped: true, ClusterCAs: []*x509.Certificate{ca}},
 			decided: true, mode: ModeNone, says: "--consensus",
 		},
 		"roles unknown": {
-			in:   Input{ClusterCA: ca, LocalConsensus: true},
+			in:   Input{ClusterCAs: []*x509.Certificate{ca}, LocalConsensus: true},
 			says: "not known yet",
 		},
 		"no roles: no control plane": {
@@ -107,15 +107,15 @@ func TestReduce(t *testing.T) {
 			decided: true, run: true, mode: ModeJoin,
 		},
 		"ConsensusMember without local consensus": {
-			in:      Input{RolesConfirmed: true, Roles: member(f.join), ClusterCA: ca},
+			in:      Input{RolesConfirmed: true, Roles: member(f.join), ClusterCAs: []*x509.Certificate{ca}},
 			decided: true, mode: ModeNone, says: "no local consensus",
 		},
 		"bootstrap node, roles confirmed, role kept: the role decides": {
-			in:      Input{Bootstrapped: true, RolesConfirmed: true, Roles: member(f.join), ClusterCA: ca, LocalConsensus: true},
+			in:      Input{Bootstrapped: true, RolesConfirmed: true, Roles: member(f.join), ClusterCAs: []*x509.Certificate{ca}, LocalConsensus: true},
 			decided: true, run: true, mode: ModeJoin,
 		},
 		"bootstrap node, roles confirmed, role removed: bootstrap data no longer counts": {
-			in:      Input{Bootstrapped: true, RolesConfirmed: true, Roles: &curatorv1.Roles{KubernetesWorker: &curatorv1.KubernetesWorker{}}, ClusterCA: ca, LocalConsensus: true},
+			in:      Input{Bootstrapped: true, RolesConfirmed: true, Roles: &curatorv1.Roles{KubernetesWorker: &curatorv1.KubernetesWorker{}}, ClusterCAs: []*x509.Certificate{ca}, LocalConsensus: true},
 			decided: true, mode: ModeNone, says: "no ConsensusMember",
 		},
 		"unparsable: no join parameters": {
@@ -186,7 +186,7 @@ func TestNext(t *testing.T) {
 	f := newFixture(t)
 	ca := f.ca.Cert
 	roles := func(r *curatorv1.Roles) Input {
-		return Input{RolesConfirmed: true, Roles: r, ClusterCA: ca, LocalConsensus: true}
+		return Input{RolesConfirmed: true, Roles: r, ClusterCAs: []*x509.Certificate{ca}, LocalConsensus: true}
 	}
 	cm := roles(member(f.join))
 	none := roles(nil)
@@ -204,8 +204,8 @@ func TestNext(t *testing.T) {
 	// again (a new learner) while the agent did not see the role absent.
 	cmOtherMember := roles(member(f.joinWith(func(j *consensusv1.JoinParameters) { j.MemberId = 0x99 })))
 	cmBad := roles(member(f.joinWith(func(j *consensusv1.JoinParameters) { j.CaCertificate = f.other.CertPEM })))
-	unknown := Input{ClusterCA: ca, LocalConsensus: true}
-	boot := Input{Bootstrapped: true, ClusterCA: ca, LocalConsensus: true}
+	unknown := Input{ClusterCAs: []*x509.Certificate{ca}, LocalConsensus: true}
+	boot := Input{Bootstrapped: true, ClusterCAs: []*x509.Certificate{ca}, LocalConsensus: true}
 	bootConfirmed := func(in Input) Input { in.Bootstrapped = true; return in }
 
 	tests := map[string]struct {
