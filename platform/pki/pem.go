@@ -91,26 +91,13 @@ func SharesCert(a, b []*x509.Certificate) bool {
 // x509.CertPool.AppendCertsFromPEM it fails on an empty or broken file rather
 // than yielding a pool that silently trusts nothing.
 func CertPool(caPEM []byte) (*x509.CertPool, error) {
-	pool := x509.NewCertPool()
-	n := 0
-	for rest := caPEM; ; {
-		var b *pem.Block
-		b, rest = pem.Decode(rest)
-		if b == nil {
-			break
-		}
-		if b.Type != pemCertificate {
-			continue
-		}
-		cert, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("parse CA certificate %d: %w", n+1, err)
-		}
-		pool.AddCert(cert)
-		n++
+	certs, err := ParseCertsPEM(caPEM)
+	if err != nil {
+		return nil, fmt.Errorf("CA certificates: %w", err)
 	}
-	if n == 0 {
-		return nil, errors.New("no CA certificate in PEM data")
+	pool := x509.NewCertPool()
+	for _, c := range certs {
+		pool.AddCert(c)
 	}
 	return pool, nil
 }

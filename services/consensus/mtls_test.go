@@ -1,16 +1,10 @@
 package consensus_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
-	"fmt"
 	"math/big"
-	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -37,34 +31,6 @@ func dialRaw(t *testing.T, addr string, cfg *tls.Config) consensusv1.ConsensusCl
 	return consensusv1.NewConsensusClient(cc)
 }
 
-// noIdentityCert is a certificate of the cluster CA that carries no spiffe
-// identity.
-func noIdentityCert(t *testing.T, ca *pki.CA) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(42), Subject: pkix.Name{CommonName: "consensus"},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert
-}
-
 // TestMutualTLS: the API and etcd's ports admit only the right identities.
 func TestMutualTLS(t *testing.T) {
 	c := ct.NewCluster(t)
@@ -89,7 +55,11 @@ func TestMutualTLS(t *testing.T) {
 	})
 	t.Run("certificate without identity", func(t *testing.T) {
 		cfg := base()
-		cfg.Certificates = []tls.Certificate{noIdentityCert(t, c.PKI.CA)}
+		cfg.Certificates = []tls.Certificate{c.PKI.HandMade(t, &x509.Certificate{
+			SerialNumber: big.NewInt(42), Subject: pkix.Name{CommonName: "consensus"},
+			NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		})}
 		_, err := dialRaw(t, n.API, cfg).Status(ctx, &consensusv1.StatusRequest{})
 		wantCode(t, err, codes.Unauthenticated, "")
 	})
@@ -160,15 +130,5 @@ func TestMutualTLS(t *testing.T) {
 
 // httpsGet fetches url as principal p.
 func httpsGet(t *testing.T, c *ct.Cluster, p pki.Principal, url string) error {
-	creds := c.PKI.Creds(t, p)
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}), DisableKeepAlives: true}}
-	resp, err := hc.Get(url)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	return nil
+	return ct.Get(url, rpc.ClientTLSConfig(c.PKI.Creds(t, p), []pki.Kind{pki.KindMember}))
 }

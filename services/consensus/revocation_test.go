@@ -2,7 +2,6 @@ package consensus_test
 
 import (
 	"errors"
-	"net/http"
 	"testing"
 	"time"
 
@@ -98,14 +97,5 @@ func TestEtcdRefusesRevoked(t *testing.T) {
 
 // httpsGetAs fetches url with creds on a fresh connection.
 func httpsGetAs(creds *rpc.Credentials, url string) error {
-	tr := &http.Transport{TLSClientConfig: rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}), DisableKeepAlives: true}
-	resp, err := (&http.Client{Timeout: 2 * time.Second, Transport: tr}).Get(url)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return errors.New(resp.Status)
-	}
-	return nil
+	return ct.Get(url, rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}))
 }

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -32,15 +31,7 @@ func enrolBare(t *testing.T, c *cut.Cluster, args ...string) (*cut.Agent, *ct.No
 	a, n := c.NewBareConsensusAgent()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ticket, err := c.Management().GetRegisterTicket(ctx, &curatorv1.GetRegisterTicketRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ticketFile := filepath.Join(t.TempDir(), "ticket")
-	if err := os.WriteFile(ticketFile, ticket.Ticket, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	rs := startAgent(t, c.PKI, n, append([]string{"--curator", c.Curators[0].Addr, "--register-ticket-file", ticketFile}, args...)...)
+	rs := startAgent(t, c.PKI, n, append([]string{"--curator", c.Curators[0].Addr, "--register-ticket-file", ticketFile(t, c)}, args...)...)
 	proctest.Eventually(t, time.Minute, func() error {
 		if _, err := c.Management().ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: a.ID}); err != nil {
 			return err
@@ -76,16 +67,7 @@ func etcdAdmits(t *testing.T, c *cut.Cluster, url string, certPEM, keyPEM []byte
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool, Certificates: []tls.Certificate{cert}, ServerName: "localhost"}
-	resp, err := (&http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}}).Get(url)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return errors.New(resp.Status)
-	}
-	return nil
+	return ct.Get(url, &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool, Certificates: []tls.Certificate{cert}, ServerName: "localhost"})
 }
 
 // TestCredentialsFollowTheRole: a node whose consensus process got nothing
@@ -276,6 +258,24 @@ func TestRenewal(t *testing.T) {
 	if st, err := rs.status(t); err != nil || !st.CuratorConnected {
 		t.Fatalf("agent after the renewals: %v %v", st, err)
 	}
+
+	// Down past the certificate's expiry: back, the agent commits again
+	// with the node key and works.
+	rs.Stop()
+	certFile := filepath.Join(rs.dataDir, "node.crt")
+	proctest.Eventually(t, 2*time.Minute, func() error {
+		b, _ := os.ReadFile(certFile)
+		if cert, err := pki.ParseCertPEM(b); err != nil || time.Now().Before(cert.NotAfter) {
+			return fmt.Errorf("the node certificate has not expired yet (%v)", err)
+		}
+		return nil
+	})
+	rs.Start()
+	rs.eventuallyStatus(t, "working again after its certificate expired", func(st *roleservev1.GetStatusResponse) bool {
+		b, _ := os.ReadFile(certFile)
+		cert, err := pki.ParseCertPEM(b)
+		return err == nil && time.Now().Before(cert.NotAfter) && st.CuratorConnected && st.Launcher.GetPhase() == "running"
+	})
 }
 
 // TestCARotation walks the documented CA rotation: every process trusts the

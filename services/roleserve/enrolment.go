@@ -127,10 +127,37 @@ func (s *Service) runEnrolment(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
+	if err := e.recommitExpired(ctx); err != nil {
+		return nil // ctx ended
+	}
 	e.close()
 	s.log.Info("node enrolled: following its roles")
 	close(s.enrolled)
 	<-ctx.Done()
+	return nil
+}
+
+// recommitExpired gets a new node certificate for an enrolled node whose
+// certificate expired while the agent was down (it renews after two thirds
+// of the life, but only while it runs): CommitNode with the node key, as
+// in enrolment; the curator revokes the certificate it replaces. It
+// retries until it has one or ctx ends.
+func (e *enroller) recommitExpired(ctx context.Context) error {
+	s := e.s
+	s.connMu.Lock()
+	has := s.creds != nil
+	s.connMu.Unlock()
+	bo := newBackoff(retryMin, s.cfg.RetryMax)
+	for !has {
+		err := e.commit(ctx)
+		if err == nil {
+			return nil
+		}
+		s.log.Warn("the node certificate expired while the agent was down; committing again", "err", err)
+		if !run.Sleep(ctx, bo.next()) {
+			return ctx.Err()
+		}
+	}
 	return nil
 }
 

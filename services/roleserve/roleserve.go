@@ -205,6 +205,16 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// expired reports whether the certificate in path has expired.
+func expired(path string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	c, err := pki.ParseCertPEM(b)
+	return err == nil && time.Now().After(c.NotAfter)
+}
+
 // decodeTicket decodes a base64 register ticket (padded or not).
 func decodeTicket(s string) ([]byte, error) {
 	s = strings.TrimSpace(s)
@@ -344,7 +354,11 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	}
 	if c, err := loadNodeCreds(cfg.Cluster, caPEM, files.nodeCert, files.nodeKey, id); err == nil {
 		s.setCreds(c.creds)
-	} else if st := m.State(); st == StateRunning || st == StateBootstrapping {
+	} else if st := m.State(); st == StateRunning && expired(files.nodeCert) {
+		// Renewed after two thirds of its life, but only while the agent
+		// runs: runEnrolment commits again (recommitExpired).
+		log.Warn("the node certificate expired while the agent was down", "cert", files.nodeCert)
+	} else if st == StateRunning || st == StateBootstrapping {
 		return nil, fmt.Errorf("enrolment is %s but the node certificate in %s is unusable: %w", st, cfg.DataDir, err)
 	}
 	if n, err := loadNodeRecord(files.nodeRecord); err != nil {

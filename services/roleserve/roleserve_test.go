@@ -67,6 +67,22 @@ func startAgent(t *testing.T, k *ct.PKI, node *ct.Node, args ...string) *agent {
 	return a
 }
 
+// ticketFile writes the cluster's register ticket into a file for agents.
+func ticketFile(t *testing.T, c *cut.Cluster) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ticket, err := c.Management().GetRegisterTicket(ctx, &curatorv1.GetRegisterTicketRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "ticket")
+	if err := os.WriteFile(path, ticket.Ticket, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // status asks the agent's API as an admin.
 func (a *agent) status(t *testing.T) (*roleservev1.GetStatusResponse, error) {
 	return a.statusAs(t, a.pki.Creds(t, cut.Admin))
@@ -182,17 +198,9 @@ func TestJoinLeaveRestart(t *testing.T) {
 	a, n := c.NewConsensusAgent()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	ticket, err := c.Management().GetRegisterTicket(ctx, &curatorv1.GetRegisterTicketRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ticketFile := filepath.Join(t.TempDir(), "ticket")
-	if err := os.WriteFile(ticketFile, ticket.Ticket, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	rs := startAgent(t, c.PKI, n,
 		"--curator", c.Curators[0].Addr,
-		"--register-ticket-file", ticketFile,
+		"--register-ticket-file", ticketFile(t, c),
 		"--labels", "zone=a,rack=7")
 
 	// Registered, waiting for approval; not yet serving (no certificate).

@@ -2,14 +2,11 @@ package roleserve_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
+	"crypto/x509/pkix"
+	"errors"
 	"math/big"
-	"net/http"
 	"net/url"
 	"slices"
 	"testing"
@@ -77,7 +74,7 @@ func TestSecurityMatrix(t *testing.T) {
 		{"enrolling", enrolling},
 		{"revoked", *gone.Creds.Certificate()},
 		{"foreign CA", *foreign.Certificate()},
-		{"expired", expiredCert(t, c.PKI.CA, cut.Admin)},
+		{"expired", expiredCert(t, c.PKI, cut.Admin)},
 		{"none", tls.Certificate{}},
 	}
 	valid := []string{"admin", "curator", "reconciler", "node", "consensus", "member"}
@@ -144,7 +141,7 @@ func TestSecurityMatrix(t *testing.T) {
 			cancel()
 			cc.Close()
 			if err == nil {
-				return &errString{s.name + " still admits the deleted node's certificate"}
+				return errors.New(s.name + " still admits the deleted node's certificate")
 			}
 		}
 		return nil
@@ -177,13 +174,7 @@ func TestSecurityMatrix(t *testing.T) {
 	}{{voter.ClientURL + "/version", []string{"curator", "member"}}, {voter.PeerURL + "/members", []string{"member"}}} {
 		for _, id := range identities {
 			t.Run("etcd "+port.url+"/"+id.name, func(t *testing.T) {
-				resp, err := (&http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsAs(id.cert), DisableKeepAlives: true}}).Get(port.url)
-				if err == nil {
-					resp.Body.Close()
-					if resp.StatusCode != http.StatusOK {
-						err = &errString{resp.Status}
-					}
-				}
+				err := ct.Get(port.url, tlsAs(id.cert))
 				if want := slices.Contains(port.allowed, id.name); (err == nil) != want {
 					t.Errorf("admitted=%v, want %v (%v)", err == nil, want, err)
 				}
@@ -192,39 +183,18 @@ func TestSecurityMatrix(t *testing.T) {
 	}
 }
 
-type errString struct{ s string }
-
-func (e *errString) Error() string { return e.s }
-
 // expiredCert is a certificate of the cluster CA for p that expired an hour
-// ago (pki.Issue refuses to make one).
-func expiredCert(t *testing.T, ca *pki.CA, p pki.Principal) tls.Certificate {
+// ago.
+func expiredCert(t *testing.T, k *ct.PKI, p pki.Principal) tls.Certificate {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
+	return k.HandMade(t, &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: string(p.Kind)},
 		NotBefore:    time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(-time.Hour),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
-		URIs:        []*url.URL{p.URI(ct.ClusterName)},
-	}
-	tmpl.Subject.CommonName = string(p.Kind)
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert
+		URIs:        []*url.URL{p.URI(k.Cluster)},
+	})
 }
 
 // startReconcilerFor starts a reconciler replica on c.

@@ -7,12 +7,17 @@ package consensustest
 import (
 	"context"
 	"crypto"
+	"crypto/ecdsa"
 	"crypto/ed25519"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -114,6 +119,45 @@ func (k *PKI) IssueFor(t testing.TB, p pki.Principal, pub crypto.PublicKey) []by
 		t.Fatal(err)
 	}
 	return iss.CertPEM
+}
+
+// Get fetches url (an etcd port: /version, /members) on a new connection
+// with cfg, and fails unless the answer is 200: what etcd's ports admit.
+func Get(url string, cfg *tls.Config) error {
+	tr := &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}
+	resp, err := (&http.Client{Timeout: 3 * time.Second, Transport: tr}).Get(url)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// HandMade signs tmpl with the CA for a fresh key, for certificates
+// pki.Issue refuses to make (no identity, expired): the tests of what
+// servers refuse.
+func (k *PKI) HandMade(t testing.TB, tmpl *x509.Certificate) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, k.CA.Cert, &key.PublicKey, k.CA.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := pki.MarshalPrivateKeyPEM(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(pki.EncodeCertPEM(der), keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert
 }
 
 // Revoke writes a CRL into etcd (through cli) that lists certs besides
