@@ -2,7 +2,8 @@
 // owns that node's embedded etcd member and is the only place where etcd
 // membership changes.
 //
-//	roleserve (own node) ── Start / Leave ──────────┐
+//	roleserve (own node) ── Start / Leave / ────────┐
+//	                        SetCredentials          │
 //	curator, reconciler ─── AddNode / Promote /     ▼
 //	                        RemoveMember + Fence ─▶ server ──▶ fence txn in etcd
 //	admin, anyone trusted ─ Status / ListMembers    │          (check, bump epoch, audit)
@@ -12,8 +13,9 @@
 // Files: consensus.go (config, run), member.go (etcd lifecycle),
 // api_status.go, api_membership.go (fenced changes and quorum guards),
 // pending.go (one change at a time, cluster-wide), api_lifecycle.go
-// (Start, Leave), policy.go (who may call what), errors.go (the one
-// mapping to gRPC codes).
+// (Start, Leave, SetCredentials), identity.go (this process's key and its
+// consensus and member certificates), policy.go (who may call what),
+// errors.go (the one mapping to gRPC codes).
 package consensus
 
 import (
