@@ -196,6 +196,37 @@ func TestCredentialsFollowTheRole(t *testing.T) {
 	if !n.LogContains("left the cluster and wiped etcd data") {
 		t.Fatal("the consensus process did not say it left")
 	}
+
+	// A member node deleted (both bypasses): its member certificate is
+	// refused by etcd, its node certificate by the curators, within 2s.
+	updateRoles(t, c, a.ID, true)
+	rs.eventuallyStatus(t, "member running once more", func(st *roleservev1.GetStatusResponse) bool {
+		return st.Launcher.GetPhase() == "running" && running(st.Consensus) && len(st.Consensus.GetMemberCertificate()) > 0
+	})
+	memberCert := n.Status().GetMemberCertificate()
+	if err := etcdAdmits(t, c, voter.ClientURL+"/version", memberCert, consKey); err != nil {
+		t.Fatalf("the member certificate before the deletion: %v", err)
+	}
+	if _, err := c.Management().DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: a.ID, SafetyBypassHasRoles: true, SafetyBypassNotDecommissioned: true}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	proctest.Eventually(t, 2*time.Second, func() error {
+		for _, url := range []string{voter.ClientURL + "/version", voter.PeerURL + "/members"} {
+			if etcdAdmits(t, c, url, memberCert, consKey) == nil {
+				return fmt.Errorf("%s admits the deleted node's member certificate", url)
+			}
+		}
+		stream, err := a.Curator(c.Running()).GetCurrentLeader(ctx, &curatorv1.GetCurrentLeaderRequest{})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		if err == nil {
+			return errors.New("the curator admits the deleted node's certificate")
+		}
+		return nil
+	})
+	t.Logf("etcd and the curator refuse the deleted member node's certificates %v after DeleteNode answered", time.Since(deleted).Round(time.Millisecond))
 }
 
 // ofKeyPEM reports whether c certifies the ed25519 key pub.
