@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,7 +115,7 @@ func TestCompose(t *testing.T) {
 	compose("down")
 	up()
 	vars = readEnvFile(t, filepath.Join(out, "env"))
-	if again := check(); fmt.Sprint(again) != fmt.Sprint(first) {
+	if again := check(); !maps.Equal(again, first) {
 		t.Fatalf("members before %v, after down/up %v", first, again)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -344,7 +345,7 @@ func TestE2E(t *testing.T) {
 		c.proc.Stop()
 		c.up()
 		c.eventuallyAgree()
-		if after := c.voters(); fmt.Sprint(after) != fmt.Sprint(before) {
+		if after := c.voters(); !maps.Equal(after, before) {
 			t.Fatalf("members before %v, after %v", before, after)
 		}
 	})

@@ -13,12 +13,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpcerr"
 )
 
 // Run starts the cluster, brings it to its target shape, writes the env
@@ -281,8 +280,8 @@ func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, ti
 			continue // its agent has not reported its consensus yet
 		}
 		_, err := m.UpdateNodeRoles(cctx, &curatorv1.UpdateNodeRolesRequest{NodeId: n.ID, ConsensusMember: new(true), Reason: "curia-local: control-plane node"})
-		if code := status.Code(err); code == codes.Unavailable || code == codes.Aborted {
-			return false, err // etcd's reconfiguration window, or another change in flight; retry
+		if rpcerr.Retryable(err) {
+			return false, err // etcd's reconfiguration window, another change in flight: the poll retries
 		}
 		if err != nil {
 			return false, fmt.Errorf("give %s ConsensusMember: %w", n.Name, err)

@@ -26,6 +26,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/rpcerr"
 )
 
 // Condition holds when Key exists and was created at CreateRevision.
@@ -164,15 +165,28 @@ func (f Fence) HasKey(key string) bool {
 
 // StaleError says why a fence no longer holds. Nothing was written.
 type StaleError struct {
+	// Part is what no longer holds, one of the Part constants; callers
+	// react differently (PartLease, PartLeader: acquire again; PartEpoch,
+	// PartCondition: read again and plan anew).
+	Part   string
 	Reason string
 }
 
+// What a stale fence's StaleError.Part names (rpcerr metadata "part").
+const (
+	PartLease     = "lease"
+	PartLeader    = "leader"
+	PartEpoch     = "epoch"
+	PartCondition = "condition"
+)
+
 func (e *StaleError) Error() string { return "stale fence: " + e.Reason }
 
-// ErrStale matches every *StaleError with errors.Is.
-var ErrStale = errors.New("stale fence")
+// Unwrap makes a StaleError an rpcerr.FenceStale, with its part as metadata.
+func (e *StaleError) Unwrap() error { return rpcerr.With(rpcerr.FenceStale, "part", e.Part) }
 
-func (e *StaleError) Is(target error) bool { return target == ErrStale }
+// ErrStale matches every *StaleError with errors.Is.
+var ErrStale = rpcerr.FenceStale
 
 // Apply runs ops in one transaction guarded by f, plus extra comparisons
 // (e.g. a node's ModRevision). The guard holds when every condition holds,
@@ -216,7 +230,8 @@ func Apply(ctx context.Context, kv clientv3.KV, f Fence, extra []clientv3.Cmp, o
 	if resp.Succeeded {
 		return resp, nil
 	}
-	return nil, &StaleError{Reason: staleReason(f, leases, resp)}
+	part, reason := staleReason(f, leases, resp)
+	return nil, &StaleError{Part: part, Reason: reason}
 }
 
 // leaseRead is a lease record of a fence, as read before the transaction.
@@ -241,39 +256,39 @@ func readLeases(ctx context.Context, kv clientv3.KV, f Fence) ([]leaseRead, erro
 			return nil, fmt.Errorf("read lease %s: %w", c.Key, err)
 		}
 		if len(resp.Kvs) == 0 {
-			return nil, &StaleError{Reason: fmt.Sprintf("%s no longer exists (the lease behind it ended); acquire a new one", c.Key)}
+			return nil, &StaleError{Part: PartLease, Reason: fmt.Sprintf("%s no longer exists (the lease behind it ended); acquire a new one", c.Key)}
 		}
 		got := resp.Kvs[0]
 		if got.CreateRevision != c.CreateRevision {
-			return nil, &StaleError{Reason: fmt.Sprintf("%s was created at revision %d, not %d (a newer lease holder exists)", c.Key, got.CreateRevision, c.CreateRevision)}
+			return nil, &StaleError{Part: PartLease, Reason: fmt.Sprintf("%s was created at revision %d, not %d (a newer lease holder exists)", c.Key, got.CreateRevision, c.CreateRevision)}
 		}
 		rec, err := ParseLeaseRecord(got.Value)
 		if err != nil {
-			return nil, &StaleError{Reason: fmt.Sprintf("%s: %v: acquire the lease again", c.Key, err)}
+			return nil, &StaleError{Part: PartLease, Reason: fmt.Sprintf("%s: %v: acquire the lease again", c.Key, err)}
 		}
 		if rec.LeaderKey != leader.Key || rec.Term != leader.CreateRevision {
-			return nil, &StaleError{Reason: fmt.Sprintf("%s was granted by leader key %s at term %d, not by the fence's %s: a lease is valid only with the leader term that granted it; acquire it again from the current leader", c.Key, rec.LeaderKey, rec.Term, leader)}
+			return nil, &StaleError{Part: PartLease, Reason: fmt.Sprintf("%s was granted by leader key %s at term %d, not by the fence's %s: a lease is valid only with the leader term that granted it; acquire it again from the current leader", c.Key, rec.LeaderKey, rec.Term, leader)}
 		}
 		out = append(out, leaseRead{key: c.Key, modRev: got.ModRevision})
 	}
 	return out, nil
 }
 
-func staleReason(f Fence, leases []leaseRead, resp *clientv3.TxnResponse) string {
+func staleReason(f Fence, leases []leaseRead, resp *clientv3.TxnResponse) (part, reason string) {
 	kvsAt := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().GetKvs() }
 	for i, c := range f.Conditions {
 		kvs := kvsAt(i)
 		if len(kvs) == 0 {
-			return fmt.Sprintf("%s no longer exists (the term or lease behind it ended); acquire a new one", c.Key)
+			return conditionPart(c.Key), fmt.Sprintf("%s no longer exists (the term or lease behind it ended); acquire a new one", c.Key)
 		}
 		if got := kvs[0].CreateRevision; got != c.CreateRevision {
-			return fmt.Sprintf("%s was created at revision %d, not %d (a newer term or lease holder exists)", c.Key, got, c.CreateRevision)
+			return conditionPart(c.Key), fmt.Sprintf("%s was created at revision %d, not %d (a newer term or lease holder exists)", c.Key, got, c.CreateRevision)
 		}
 	}
 	n := len(f.Conditions)
 	if l, ok := f.leader(); ok {
 		if first := kvsAt(n); len(first) > 0 && string(first[0].Key) != l.Key {
-			return fmt.Sprintf("%s is not the current leader's key (the leader is %s, term %d): a candidate's key fences nothing", l, first[0].Key, first[0].CreateRevision)
+			return PartLeader, fmt.Sprintf("%s is not the current leader's key (the leader is %s, term %d): a candidate's key fences nothing", l, first[0].Key, first[0].CreateRevision)
 		}
 	}
 	epochKVs := kvsAt(n + 1)
@@ -282,14 +297,23 @@ func staleReason(f Fence, leases []leaseRead, resp *clientv3.TxnResponse) string
 		epoch = epochKVs[0].ModRevision
 	}
 	if f.Epoch != 0 && epoch != f.Epoch {
-		return fmt.Sprintf("membership epoch is %d, the caller planned at %d: membership changed since; read members again", epoch, f.Epoch)
+		return PartEpoch, fmt.Sprintf("membership epoch is %d, the caller planned at %d: membership changed since; read members again", epoch, f.Epoch)
 	}
 	for i, l := range leases {
 		if kvs := kvsAt(n + 2 + i); len(kvs) == 0 || kvs[0].ModRevision != l.modRev {
-			return fmt.Sprintf("%s changed during the write (released, expired or granted again); acquire it again", l.key)
+			return PartLease, fmt.Sprintf("%s changed during the write (released, expired or granted again); acquire it again", l.key)
 		}
 	}
-	return "a condition of the write no longer holds (the record changed since it was read)"
+	return PartCondition, "a condition of the write no longer holds (the record changed since it was read)"
+}
+
+// conditionPart says what a fence condition on key is: a lease's or the
+// leader's.
+func conditionPart(key string) string {
+	if strings.HasPrefix(key, keys.LeasesPrefix) {
+		return PartLease
+	}
+	return PartLeader
 }
 
 // BumpEpoch is the operation that moves the membership epoch on. It is in

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"curia.dev/platform/pki"
+	"curia.dev/platform/rpcerr"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
@@ -28,7 +29,6 @@ import (
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
-	"google.golang.org/grpc/status"
 )
 
 // DefaultGracePeriod bounds how long Serve waits for calls in flight when
@@ -124,8 +124,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	onPanic := func(ctx context.Context, p any) error {
 		panics.Inc()
 		method, _ := grpc.Method(ctx)
-		s.logger.ErrorContext(ctx, "handler panicked", "grpc.method", method, "panic", p, "stack", string(debug.Stack()))
-		return status.Error(codes.Internal, "internal error")
+		id := rpcerr.CorrelationID()
+		s.logger.ErrorContext(ctx, "handler panicked", "grpc.method", method, "correlation_id", id, "panic", p, "stack", string(debug.Stack()))
+		return rpcerr.Internal(id)
 	}
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		s.logger.Log(ctx, slog.Level(lvl), msg, fields...)
@@ -157,6 +158,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		// 3. Logging: one line per finished call, rejected ones included;
 		//    authn (4) adds the principal (and forwarder) to it.
 		logging.UnaryServerInterceptor(logger, logOpts...),
+		// 3b. Errors: a handler's error becomes a status here, with the
+		//     one code table, reasons and retry delays of rpcerr; an
+		//     error nothing explains is logged with a correlation id and
+		//     the client gets only the id. Logging and metrics see the
+		//     code the client gets.
+		errorsUnary(s.logger),
 		// 4. Authn/authz: certificate → principal (an enrolling node's
 		//    from its self-signed key); a trusted forwarder's header →
 		//    the original caller, whom the policy then judges. Nothing
@@ -170,6 +177,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		recovery.StreamServerInterceptor(recovery.WithRecoveryHandlerContext(onPanic)),
 		s.metrics.StreamServerInterceptor(),
 		logging.StreamServerInterceptor(logger, logOpts...),
+		errorsStream(s.logger),
 		authz.stream,
 		validator.StreamServerInterceptor(),
 	}
@@ -194,6 +202,22 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	healthgrpc.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc) // v1 and v1alpha
 	return s, nil
+}
+
+func errorsUnary(log *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if err != nil {
+			return nil, rpcerr.ToStatus(ctx, log, info.FullMethod, err)
+		}
+		return resp, nil
+	}
+}
+
+func errorsStream(log *slog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		return rpcerr.ToStatus(ss.Context(), log, info.FullMethod, handler(srv, ss))
+	}
 }
 
 // codeToLevel logs successful calls at Debug, client-side failures at Info

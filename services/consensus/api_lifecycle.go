@@ -19,7 +19,7 @@ import (
 
 func (x *server) Start(ctx context.Context, req *consensusv1.StartRequest) (*consensusv1.StartResponse, error) {
 	resp, err := x.start(ctx, req)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 func (x *server) start(ctx context.Context, req *consensusv1.StartRequest) (*consensusv1.StartResponse, error) {
@@ -118,7 +118,7 @@ func (x *server) SetCredentials(ctx context.Context, req *consensusv1.SetCredent
 			continue
 		}
 		if err := id.set(c.kind, c.pem); err != nil {
-			return nil, toStatus(err)
+			return nil, err
 		}
 		x.s.log.Info("certificate installed", "kind", string(c.kind), "expires", id.notAfter(c.kind))
 	}
@@ -192,7 +192,7 @@ func (x *server) initialCluster(ctx context.Context, j *consensusv1.JoinParamete
 
 func (x *server) Leave(ctx context.Context, _ *consensusv1.LeaveRequest) (*consensusv1.LeaveResponse, error) {
 	resp, err := x.leave(ctx)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 // leave wipes this node's member once the cluster confirms it is no longer a

@@ -24,6 +24,7 @@ import (
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpcerr"
 )
 
 // change is one fenced membership change in progress: who asks, under which
@@ -83,7 +84,7 @@ func (c *change) read(ctx context.Context) error {
 		return fmt.Errorf("%s: %w", c.action, c.x.s.blockedBy(ctx, c.cli, snap.pending))
 	}
 	if snap.epoch != c.fence.Epoch {
-		return fmt.Errorf("%s: %w", c.action, &fence.StaleError{Reason: fmt.Sprintf("membership epoch is %d, the caller planned at %d: membership changed since; read members again", snap.epoch, c.fence.Epoch)})
+		return fmt.Errorf("%s: %w", c.action, &fence.StaleError{Part: fence.PartEpoch, Reason: fmt.Sprintf("membership epoch is %d, the caller planned at %d: membership changed since; read members again", snap.epoch, c.fence.Epoch)})
 	}
 	c.snap = snap
 	return nil
@@ -250,7 +251,7 @@ func (c *change) carryOut(p *pendingChange, call func(context.Context) error) (i
 
 func (x *server) AddNode(ctx context.Context, req *consensusv1.AddNodeRequest) (*consensusv1.AddNodeResponse, error) {
 	resp, err := x.addNode(ctx, req)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 func (x *server) addNode(ctx context.Context, req *consensusv1.AddNodeRequest) (*consensusv1.AddNodeResponse, error) {
@@ -271,11 +272,11 @@ func (x *server) addNode(ctx context.Context, req *consensusv1.AddNodeRequest) (
 	}
 	for _, m := range c.snap.members {
 		if slices.Contains(m.PeerURLs, req.GetPeerUrl()) {
-			return nil, fmt.Errorf("%w: peer URL %s is already used by member %s (node %q); pick another address or remove that member", errConflict, req.GetPeerUrl(), types.ID(m.ID), c.snap.nodeID(m))
+			return nil, fmt.Errorf("%w: peer URL %s is already used by member %s (node %q); pick another address or remove that member", errPeerURLTaken, req.GetPeerUrl(), types.ID(m.ID), c.snap.nodeID(m))
 		}
 	}
 	if learners := learners(c.snap.members); len(learners) > 0 {
-		return nil, fmt.Errorf("%w: add %s: member %s (node %q) is still a learner and etcd allows one learner at a time: wait until it is promoted, or remove it", errRefused, req.GetNodeId(), types.ID(learners[0].ID), c.snap.nodeID(learners[0]))
+		return nil, fmt.Errorf("%w: add %s: member %s (node %q) is still a learner and etcd allows one learner at a time: wait until it is promoted, or remove it", errLearnerPending, req.GetNodeId(), types.ID(learners[0].ID), c.snap.nodeID(learners[0]))
 	}
 
 	// The pending record, the joining record that names the learner and
@@ -297,7 +298,7 @@ func (x *server) addNode(ctx context.Context, req *consensusv1.AddNodeRequest) (
 		// etcd derives a new member's id from its peer URLs and the
 		// current second: re-adding the peer URL of a member removed in the
 		// same second yields that removed id, which etcd refuses.
-		return nil, fmt.Errorf("%w: add learner %s: etcd gave the new member the id of a member removed a moment ago with the same peer URL (ids depend on the URL and the second); retry in a second: %v", errTryAgain, req.GetNodeId(), err)
+		return nil, rpcerr.RetryAfter(fmt.Errorf("%w: add learner %s: etcd gave the new member the id of a member removed a moment ago with the same peer URL (ids depend on the URL and the second); retry in a second: %v", errTryAgain, req.GetNodeId(), err), time.Second)
 	}
 	if err != nil {
 		return nil, explain(err, "add learner "+req.GetNodeId())
@@ -386,7 +387,7 @@ func learners(ms []*etcdMember) []*etcdMember {
 
 func (x *server) PromoteMember(ctx context.Context, req *consensusv1.PromoteMemberRequest) (*consensusv1.PromoteMemberResponse, error) {
 	resp, err := x.promote(ctx, req)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 func (x *server) promote(ctx context.Context, req *consensusv1.PromoteMemberRequest) (*consensusv1.PromoteMemberResponse, error) {
@@ -443,31 +444,31 @@ func (c *change) learnerReady(ctx context.Context, m *etcdMember) error {
 func learnerCaughtUp(ctx context.Context, cli *clientv3.Client, snap *membership, m *etcdMember, timeout time.Duration) error {
 	node := snap.nodeID(m)
 	if m.Name == "" || len(m.ClientURLs) == 0 {
-		return fmt.Errorf("%w: learner %s (node %q) has not started yet: start its consensus service with the join parameters, then promote", errRefused, types.ID(m.ID), node)
+		return fmt.Errorf("%w: learner %s (node %q) has not started yet: start its consensus service with the join parameters, then promote", errLearnerPending, types.ID(m.ID), node)
 	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	ls, err := cli.Status(pctx, m.ClientURLs[0])
 	if err != nil {
-		return fmt.Errorf("%w: learner %s (node %q) does not answer (%v): it cannot be promoted until it runs", errRefused, types.ID(m.ID), node, err)
+		return rpcerr.RetryAfter(fmt.Errorf("%w: learner %s (node %q) does not answer (%v): it cannot be promoted until it runs", errLearnerPending, types.ID(m.ID), node, err), time.Second)
 	}
 	leader := snap.byID(ls.Leader)
 	if leader == nil || len(leader.ClientURLs) == 0 {
-		return fmt.Errorf("%w: learner %s (node %q) knows no leader yet", errRefused, types.ID(m.ID), node)
+		return rpcerr.RetryAfter(fmt.Errorf("%w: learner %s (node %q) knows no leader yet", errLearnerPending, types.ID(m.ID), node), time.Second)
 	}
 	lead, err := cli.Status(pctx, leader.ClientURLs[0])
 	if err != nil {
 		return fmt.Errorf("ask leader %s for its raft index: %w", types.ID(leader.ID), err)
 	}
 	if float64(ls.RaftIndex) < 0.9*float64(lead.RaftIndex) {
-		return fmt.Errorf("%w: learner %s (node %q) is at raft index %d of the leader's %d: not caught up yet, retry later", errRefused, types.ID(m.ID), node, ls.RaftIndex, lead.RaftIndex)
+		return rpcerr.RetryAfter(fmt.Errorf("%w: learner %s (node %q) is at raft index %d of the leader's %d: not caught up yet, retry later", errLearnerPending, types.ID(m.ID), node, ls.RaftIndex, lead.RaftIndex), 500*time.Millisecond)
 	}
 	return nil
 }
 
 func (x *server) RemoveMember(ctx context.Context, req *consensusv1.RemoveMemberRequest) (*consensusv1.RemoveMemberResponse, error) {
 	resp, err := x.remove(ctx, req)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 func (x *server) remove(ctx context.Context, req *consensusv1.RemoveMemberRequest) (*consensusv1.RemoveMemberResponse, error) {
@@ -626,7 +627,7 @@ func (c *change) finishClient(p *pendingChange) (*clientv3.Client, func(), error
 // operator (and the fault suite) must see, even though nothing changed.
 func (c *change) whyNotAbsent(ctx context.Context, nodeID string, err error) error {
 	var se *fence.StaleError
-	if !errors.As(err, &se) || !strings.Contains(se.Reason, "a condition of the write") {
+	if !errors.As(err, &se) || se.Part != fence.PartCondition {
 		return err
 	}
 	resp, rerr := c.cli.Get(ctx, keys.Node(nodeID), clientv3.WithKeysOnly())
@@ -636,7 +637,7 @@ func (c *change) whyNotAbsent(ctx context.Context, nodeID string, err error) err
 	created := resp.Kvs[0].CreateRevision
 	reason := fmt.Sprintf("node %s exists (created at revision %d): the member of a live node is not removed for want of a node; read nodes again", nodeID, created)
 	c.auditRefusal(ctx, nodeID, reason)
-	return fmt.Errorf("member.remove: %w", &fence.StaleError{Reason: reason})
+	return fmt.Errorf("member.remove: %w", &fence.StaleError{Part: fence.PartCondition, Reason: reason})
 }
 
 // quorumGuard refuses to remove the last voter, or a voter whose removal
@@ -647,7 +648,7 @@ func (c *change) quorumGuard(ctx context.Context, target *etcdMember) (*etcdMemb
 	node := c.snap.nodeID(target)
 	voters := c.snap.voters()
 	if len(voters) <= 1 {
-		return nil, false, fmt.Errorf("%w: member %s (node %q) is the last voter: removing it would destroy the cluster", errRefused, types.ID(target.ID), node)
+		return nil, false, fmt.Errorf("%w: member %s (node %q) is the last voter: removing it would destroy the cluster", errQuorumAtRisk, types.ID(target.ID), node)
 	}
 	var (
 		healthy, unhealthy []string
@@ -679,7 +680,7 @@ func (c *change) quorumGuard(ctx context.Context, target *etcdMember) (*etcdMemb
 	quorum := remaining/2 + 1
 	if len(healthy) < quorum {
 		return nil, false, fmt.Errorf("%w: removing member %s (node %q) would leave %d healthy voters of %d, below the quorum of %d; bring these voters back first: %s",
-			errRefused, types.ID(target.ID), node, len(healthy), remaining, quorum, strings.Join(unhealthy, "; "))
+			errQuorumAtRisk, types.ID(target.ID), node, len(healthy), remaining, quorum, strings.Join(unhealthy, "; "))
 	}
 	return best, leader == target.ID, nil
 }

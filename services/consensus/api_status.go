@@ -29,11 +29,11 @@ func (x *server) Status(ctx context.Context, _ *consensusv1.StatusRequest) (*con
 func (x *server) ListMembers(ctx context.Context, _ *consensusv1.ListMembersRequest) (*consensusv1.ListMembersResponse, error) {
 	_, cli, err := x.s.member.running()
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	snap, err := readMembership(ctx, cli)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	x.s.member.rememberEndpoints(snap.members)
 	resp := &consensusv1.ListMembersResponse{
@@ -59,12 +59,12 @@ func (x *server) ListMembers(ctx context.Context, _ *consensusv1.ListMembersRequ
 func (x *server) WatchMembership(_ *consensusv1.WatchMembershipRequest, stream consensusv1.Consensus_WatchMembershipServer) error {
 	_, cli, err := x.s.member.running()
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
 	ctx := stream.Context()
 	resp, err := cli.Get(ctx, keys.MembershipEpoch, clientv3.WithKeysOnly())
 	if err != nil {
-		return toStatus(fmt.Errorf("read membership epoch: %w", err))
+		return fmt.Errorf("read membership epoch: %w", err)
 	}
 	var epoch int64
 	if len(resp.Kvs) > 0 {
@@ -75,7 +75,7 @@ func (x *server) WatchMembership(_ *consensusv1.WatchMembershipRequest, stream c
 	}
 	for wr := range cli.Watch(clientv3.WithRequireLeader(ctx), keys.MembershipEpoch, clientv3.WithRev(resp.Header.Revision+1)) {
 		if err := wr.Err(); err != nil {
-			return toStatus(fmt.Errorf("watch membership epoch: %w", err))
+			return fmt.Errorf("watch membership epoch: %w", err)
 		}
 		for _, ev := range wr.Events {
 			if err := stream.Send(&consensusv1.WatchMembershipResponse{MembershipEpoch: ev.Kv.ModRevision}); err != nil {
@@ -86,7 +86,7 @@ func (x *server) WatchMembership(_ *consensusv1.WatchMembershipRequest, stream c
 	if ctx.Err() != nil {
 		return nil
 	}
-	return toStatus(fmt.Errorf("%w: the membership watch ended (etcd stopping?); watch again", errNotRunning))
+	return fmt.Errorf("%w: the membership watch ended (etcd stopping?); watch again", errNotRunning)
 }
 
 // membership is one consistent read of etcd membership: the member list,

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
 	"math/big"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/rpcerr"
 	ct "curia.dev/services/consensus/consensustest"
 )
 
@@ -33,6 +36,19 @@ func wantCode(t *testing.T, err error, code codes.Code, contains string) {
 	}
 	if contains != "" && !strings.Contains(status.Convert(err).Message(), contains) {
 		t.Fatalf("error %q does not say %q", status.Convert(err).Message(), contains)
+	}
+}
+
+// wantKind is wantCode for refusals a caller branches on: the kind's code and
+// its ErrorInfo reason, and for a stale fence the part that went stale.
+func wantKind(t *testing.T, err error, k *rpcerr.Kind, part, contains string) {
+	t.Helper()
+	wantCode(t, err, k.Code(), contains)
+	if got := rpcerr.Reason(err); got != k.Reason() {
+		t.Fatalf("reason %q, want %q (%v)", got, k.Reason(), err)
+	}
+	if got := rpcerr.Meta(err, "part"); got != part {
+		t.Fatalf("stale part %q, want %q (%v)", got, part, err)
 	}
 }
 
@@ -153,7 +169,7 @@ func TestAddNodeIdempotentAndOneLearner(t *testing.T) {
 	}
 
 	_, err = n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: b, PeerUrl: "https://127.0.0.1:2", Fence: n1.Fenced(leader.Fence)})
-	wantCode(t, err, codes.FailedPrecondition, "one learner at a time")
+	wantKind(t, err, rpcerr.LearnerPending, "", "one learner at a time")
 	if got := len(n1.Members().Members); got != 2 {
 		t.Fatalf("a refused AddNode changed membership: %d members", got)
 	}
@@ -203,7 +219,7 @@ func TestRemoveGuards(t *testing.T) {
 	nodes[2].Kill()
 	before := n1.Members()
 	_, err := n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: nodes[1].ID}, Fence: n1.Fenced(leader.Fence)})
-	wantCode(t, err, codes.FailedPrecondition, "below the quorum")
+	wantKind(t, err, rpcerr.QuorumAtRisk, "", "below the quorum")
 	if after := n1.Members(); len(after.Members) != 3 || after.MembershipEpoch != before.MembershipEpoch {
 		t.Fatalf("refused removal changed membership: %v", after)
 	}
@@ -267,7 +283,7 @@ func TestRemoveGuards(t *testing.T) {
 
 	// The last voter stays.
 	_, err = other.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: other.ID}, Fence: other.Fenced(leader.Fence)})
-	wantCode(t, err, codes.FailedPrecondition, "last voter")
+	wantKind(t, err, rpcerr.QuorumAtRisk, "", "last voter")
 	if got := len(other.Members().Members); got != 1 {
 		t.Fatalf("last voter removal changed membership: %d", got)
 	}
@@ -299,7 +315,7 @@ func TestStaleFence(t *testing.T) {
 	// epoch moved.
 	stale := leader.Fence.WithEpoch(epoch0)
 	_, err = n1.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: spare.ID}, Fence: stale.Proto()})
-	wantCode(t, err, codes.FailedPrecondition, "membership epoch")
+	wantKind(t, err, rpcerr.FenceStale, fence.PartEpoch, "membership epoch")
 
 	// Revoke the lease behind the fence.
 	if _, err := c.Etcd(n1.ClientURL).Revoke(ctx, leader.Session.Lease()); err != nil {
@@ -334,8 +350,8 @@ func TestStaleFence(t *testing.T) {
 		})
 	}
 	after := n1.Members()
-	if fmt.Sprint(after.Members) != fmt.Sprint(before.Members) || after.MembershipEpoch != before.MembershipEpoch {
-		t.Fatalf("stale calls changed membership:\nbefore %v\nafter  %v", before, after)
+	if diff := cmp.Diff(before, after, protocmp.Transform(), protocmp.IgnoreFields(&consensusv1.ListMembersResponse{}, "revision")); diff != "" {
+		t.Fatalf("stale calls changed membership (-before +after):\n%s", diff)
 	}
 
 	// A fresh term works again and moves the epoch.

@@ -57,6 +57,7 @@ import (
 	"curia.dev/platform/audit"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/rpcerr"
 )
 
 // finishTimeout bounds the transaction (and member list) that finishes a
@@ -140,7 +141,7 @@ func (p *pendingChange) finishOps(outcome auditv1.ChangeOutcome) []clientv3.Op {
 }
 
 // errFinishedElsewhere: the record is gone or another one by now.
-var errFinishedElsewhere = errors.New("the membership change was finished by another process")
+var errFinishedElsewhere = rpcerr.ChangePending.Sub("the membership change was finished by another process")
 
 // finish ends the change p with outcome: one transaction, guarded by the
 // record's create revision, deletes the record, bumps the epoch and writes
@@ -231,7 +232,7 @@ func resolveAfter(p *pendingChange) time.Duration { return 2 * p.deadline() }
 func (s *Service) blockedBy(ctx context.Context, cli *clientv3.Client, p *pendingChange) error {
 	age := s.pending.age(p, time.Now())
 	if wait := resolveAfter(p); age < wait {
-		return fmt.Errorf("%w: %s; this process resolves it if it is still pending in %v; retry with a fresh member list once it finished", errChangePending, p, (wait - age).Round(time.Second))
+		return rpcerr.RetryAfter(fmt.Errorf("%w: %s; this process resolves it if it is still pending in %v; retry with a fresh member list once it finished", errChangePending, p, (wait-age).Round(time.Second)), wait-age)
 	}
 	outcome, err := s.resolve(ctx, cli, p)
 	if err != nil {

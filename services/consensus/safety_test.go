@@ -21,6 +21,7 @@ import (
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/rpcerr"
 	ct "curia.dev/services/consensus/consensustest"
 )
 
@@ -113,7 +114,10 @@ func TestOneChangeAtATime(t *testing.T) {
 		Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: y.ID},
 		Fence:  leader.Fence.WithEpoch(window.MembershipEpoch).Proto(),
 	})
-	wantCode(t, err, codes.Aborted, "in flight")
+	wantKind(t, err, rpcerr.ChangePending, "", "in flight")
+	if d, ok := rpcerr.RetryDelay(err); !ok || d <= 0 {
+		t.Fatalf("a change pending says no retry delay: %v", err)
+	}
 
 	release()
 	if err := result(t, first); err != nil {
@@ -216,7 +220,7 @@ func TestProofOfAbsence(t *testing.T) {
 	if _, err := cli.Put(ctx, keys.Node(node), "a node"); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, remove(node), codes.FailedPrecondition, "node "+node+" exists")
+	wantKind(t, remove(node), rpcerr.FenceStale, fence.PartCondition, "node "+node+" exists")
 	wantCode(t, remove(ct.NewNodeID(t)), codes.InvalidArgument, "not that node's")
 	if !memberIDs(n1.Members())[node] {
 		t.Fatal("the member of an existing node was removed")
@@ -269,7 +273,7 @@ func TestFencePairing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, add(n1.Curator(), n1.Fenced(fence.Fence{Conditions: []fence.Condition{{Key: candidate, CreateRevision: put.Header.Revision}}})), codes.FailedPrecondition, "not the current leader's key")
+	wantKind(t, add(n1.Curator(), n1.Fenced(fence.Fence{Conditions: []fence.Condition{{Key: candidate, CreateRevision: put.Header.Revision}}})), rpcerr.FenceStale, fence.PartLeader, "not the current leader's key")
 	if _, err := cli.Delete(ctx, candidate); err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +284,7 @@ func TestFencePairing(t *testing.T) {
 	old.Resign()
 	cur := c.Campaign(cli)
 	forged := fence.Fence{Conditions: []fence.Condition{cur.Fence.Conditions[0], oldLease.Conditions[1]}}
-	wantCode(t, add(reconciler, n1.Fenced(forged)), codes.FailedPrecondition, "was granted by leader key "+old.Fence.Conditions[0].Key)
+	wantKind(t, add(reconciler, n1.Fenced(forged)), rpcerr.FenceStale, fence.PartLease, "was granted by leader key "+old.Fence.Conditions[0].Key)
 
 	if got := len(n1.Members().Members); got != 1 {
 		t.Fatalf("refused calls changed membership: %d members", got)
@@ -324,7 +328,7 @@ func TestLeadershipMovesAfterCommit(t *testing.T) {
 	}
 	release()
 	err := result(t, held)
-	wantCode(t, err, codes.FailedPrecondition, "membership epoch")
+	wantKind(t, err, rpcerr.FenceStale, fence.PartEpoch, "membership epoch")
 	if !lead.Status().Leader {
 		t.Fatalf("leadership moved away from %s for a removal that was refused", lead.ID)
 	}

@@ -314,7 +314,7 @@ const issueInterval = 10 * time.Second
 
 func (x *curatorServer) IssueCertificates(ctx context.Context, req *curatorv1.IssueCertificatesRequest) (*curatorv1.IssueCertificatesResponse, error) {
 	resp, err := x.s.issueCertificates(ctx, req)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 // issueCertificates issues the calling node fresh certificates (renewal, and
@@ -405,7 +405,7 @@ func recentlyIssued(n *curatorv1.Node) error {
 func (x *curatorServer) GetMembership(ctx context.Context, _ *curatorv1.GetMembershipRequest) (*curatorv1.GetMembershipResponse, error) {
 	members, err := x.s.consensus.listMembers(ctx)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &curatorv1.GetMembershipResponse{Members: members}, nil
 }

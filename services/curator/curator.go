@@ -84,6 +84,8 @@ type Config struct {
 	// CertValidity is how long the certificates issued to nodes (node,
 	// consensus, member) live; agents renew them after two thirds.
 	CertValidity time.Duration
+	// Audit bounds the audit log (audit_retention.go).
+	Audit AuditRetention
 }
 
 // DefaultConfig returns the defaults.
@@ -99,6 +101,7 @@ func DefaultConfig() Config {
 		EnrolmentRate:     20,
 		EnrolmentBurst:    40,
 		CertValidity:      30 * 24 * time.Hour,
+		Audit:             AuditRetention{MaxAge: 90 * 24 * time.Hour, MaxEvents: 100000, Every: 10 * time.Minute},
 	}
 }
 
@@ -118,6 +121,9 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HeartbeatTimeout, "heartbeat-timeout", c.HeartbeatTimeout, "silence after which a node is HEARTBEAT_TIMEOUT")
 	fs.Float64Var(&c.EnrolmentRate, "enrolment-rate", c.EnrolmentRate, "calls per second this replica takes from enrolling nodes (self-signed certificates); more get ResourceExhausted")
 	fs.IntVar(&c.EnrolmentBurst, "enrolment-burst", c.EnrolmentBurst, "how many enrolling calls may come at once before --enrolment-rate applies")
+	fs.DurationVar(&c.Audit.MaxAge, "audit-max-age", c.Audit.MaxAge, "audit events older than this are deleted")
+	fs.Int64Var(&c.Audit.MaxEvents, "audit-max-events", c.Audit.MaxEvents, "at most this many audit events are kept; the oldest beyond go")
+	fs.DurationVar(&c.Audit.Every, "audit-prune-interval", c.Audit.Every, "how often the leader applies --audit-max-age and --audit-max-events")
 	fs.DurationVar(&c.CertValidity, "cert-validity", c.CertValidity, "validity of the certificates issued to nodes (node, consensus, member); their agents renew them after two thirds")
 	c.Watch.AddFlags(fs)
 }
@@ -151,6 +157,9 @@ func (c *Config) Validate() error {
 	}
 	if c.CertValidity < 30*time.Second {
 		return fmt.Errorf("--cert-validity %v: at least 30s (agents renew after two thirds)", c.CertValidity)
+	}
+	if c.Audit.MaxAge < time.Minute || c.Audit.MaxEvents < 1 || c.Audit.Every <= 0 {
+		return fmt.Errorf("--audit-max-age %v (at least 1m), --audit-max-events %d (at least 1) and --audit-prune-interval %v (positive)", c.Audit.MaxAge, c.Audit.MaxEvents, c.Audit.Every)
 	}
 	if c.EnrolmentRate <= 0 || c.EnrolmentBurst < 1 {
 		return fmt.Errorf("--enrolment-rate %g and --enrolment-burst %d: both must be positive", c.EnrolmentRate, c.EnrolmentBurst)
@@ -288,6 +297,7 @@ func (s *Service) Run(ctx context.Context) error {
 	g.Add("observe", s.lead.observe)
 	g.Add("watch", s.watch.run)
 	g.Add("crl", func(ctx context.Context) error { return s.crl.Run(ctx, s.etcd) })
+	g.Add("audit-retention", s.pruneAuditLog)
 	if s.cfg.ListenHTTP != "" {
 		hl, err := net.Listen("tcp", s.cfg.ListenHTTP)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpcerr"
 	cut "curia.dev/services/curator/curatortest"
 )
 
@@ -35,6 +36,19 @@ func wantCode(t *testing.T, err error, code codes.Code, contains string) {
 	}
 	if contains != "" && !strings.Contains(status.Convert(err).Message(), contains) {
 		t.Fatalf("error %q does not say %q", status.Convert(err).Message(), contains)
+	}
+}
+
+// wantKind is wantCode for refusals a caller branches on: the kind's code and
+// its ErrorInfo reason, and for a stale fence the part that went stale.
+func wantKind(t *testing.T, err error, k *rpcerr.Kind, part, contains string) {
+	t.Helper()
+	wantCode(t, err, k.Code(), contains)
+	if got := rpcerr.Reason(err); got != k.Reason() {
+		t.Fatalf("reason %q, want %q (%v)", got, k.Reason(), err)
+	}
+	if got := rpcerr.Meta(err, "part"); got != part {
+		t.Fatalf("stale part %q, want %q (%v)", got, part, err)
 	}
 }
 

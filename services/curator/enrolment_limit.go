@@ -33,14 +33,14 @@ func (e *enrolmentLimit) check(ctx context.Context) error {
 
 func (e *enrolmentLimit) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
 	if err := e.check(ctx); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return next(ctx, req)
 }
 
 func (e *enrolmentLimit) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, next grpc.StreamHandler) error {
 	if err := e.check(ss.Context()); err != nil {
-		return toStatus(err)
+		return err
 	}
 	return next(srv, ss)
 }

@@ -57,14 +57,14 @@ func (l *leadership) forwardUnary(ctx context.Context, req any, info *grpc.Unary
 	}
 	cc, err := l.leaderConn(ctx)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if cc == nil {
 		return handler(ctx, req)
 	}
 	_, out, err := messageTypes(info.FullMethod)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	resp := out.New().Interface()
 	if err := cc.Invoke(l.outgoing(ctx), info.FullMethod, req, resp); err != nil {
@@ -79,14 +79,14 @@ func (l *leadership) forwardStream(srv any, ss grpc.ServerStream, info *grpc.Str
 	}
 	cc, err := l.leaderConn(ss.Context())
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
 	if cc == nil {
 		return handler(srv, ss)
 	}
 	in, out, err := messageTypes(info.FullMethod)
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
 	ctx, cancel := context.WithCancel(l.outgoing(ss.Context()))
 	defer cancel()

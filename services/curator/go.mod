@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	connectrpc.com/connect v1.21.1
+	connectrpc.com/vanguard v0.4.0
 	curia.dev/gen v0.0.0
 	curia.dev/platform v0.0.0
 	curia.dev/services/consensus v0.0.0-00010101000000-000000000000

@@ -57,7 +57,7 @@ import (
 
 // Heartbeat serves one node's heartbeat stream.
 func (x *curatorServer) Heartbeat(stream curatorv1.Curator_HeartbeatServer) error {
-	return toStatus(x.s.heartbeat(stream))
+	return x.s.heartbeat(stream)
 }
 
 func (s *Service) heartbeat(stream curatorv1.Curator_HeartbeatServer) error {

@@ -3,7 +3,6 @@ package curator
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/run"
 )
 
@@ -252,4 +252,4 @@ func (l *leadership) closeConns() {
 	}
 }
 
-var errNoLeader = errors.New("no curator leader is elected yet; retry shortly")
+var errNoLeader = rpcerr.NotLeader.Sub("no curator leader is elected yet; retry shortly")

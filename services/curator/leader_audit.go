@@ -10,6 +10,7 @@ import (
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/rpcerr"
 )
 
 // WatchAuditLog backlog: how many past events by default, and at most.
@@ -21,15 +22,20 @@ const (
 // WatchAuditLog streams the audit log (keys.AuditPrefix): the last backlog
 // events in the order they were committed, newest last, then — unless
 // no_follow — every new event, from the revision right after the read, so
-// that nothing is missed or sent twice.
+// that nothing is missed or sent twice. With start_revision it resumes a
+// stream that broke: every event after that revision, then new ones.
 func (x *managementServer) WatchAuditLog(req *curatorv1.WatchAuditLogRequest, stream curatorv1.Management_WatchAuditLogServer) error {
-	return toStatus(x.s.watchAudit(req, stream))
+	return x.s.watchAudit(req, stream)
 }
 
 func (s *Service) watchAudit(req *curatorv1.WatchAuditLogRequest, stream curatorv1.Management_WatchAuditLogServer) error {
 	ctx := stream.Context()
 	backlog := req.GetBacklog()
 	switch {
+	case req.GetStartRevision() < 0:
+		return fmt.Errorf("%w: start_revision %d: want the revision of the last event received, or 0", errBadRequest, req.GetStartRevision())
+	case req.GetStartRevision() > 0 && (backlog != 0 || req.GetNoFollow()):
+		return fmt.Errorf("%w: start_revision resumes a stream: it takes neither backlog nor no_follow", errBadRequest)
 	case backlog < 0:
 		return fmt.Errorf("%w: backlog %d: want 0 (the default, %d) up to %d", errBadRequest, backlog, auditBacklogDefault, auditBacklogMax)
 	case backlog == 0:
@@ -46,24 +52,32 @@ func (s *Service) watchAudit(req *curatorv1.WatchAuditLogRequest, stream curator
 		return stream.Send(&curatorv1.WatchAuditLogResponse{Event: ev, Revision: kv.ModRevision})
 	}
 
-	// The newest events by commit order. (etcd sorts the whole range to find
-	// them: fine for a log of membership and role changes.)
-	resp, err := s.etcd.Get(ctx, keys.AuditPrefix, clientv3.WithPrefix(),
-		clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortDescend), clientv3.WithLimit(backlog))
-	if err != nil {
-		return fmt.Errorf("%w: read audit log: %v", errUnavailable, err)
-	}
-	for i := len(resp.Kvs) - 1; i >= 0; i-- {
-		if err := send(resp.Kvs[i]); err != nil {
-			return err
+	from := req.GetStartRevision() + 1
+	if req.GetStartRevision() == 0 {
+		// The newest events by commit order. (etcd sorts the whole range
+		// to find them: fine for a log of membership and role changes,
+		// bounded by the retention.)
+		resp, err := s.etcd.Get(ctx, keys.AuditPrefix, clientv3.WithPrefix(),
+			clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortDescend), clientv3.WithLimit(backlog))
+		if err != nil {
+			return fmt.Errorf("%w: read audit log: %v", errUnavailable, err)
 		}
-	}
-	if req.GetNoFollow() {
-		return nil
+		for i := len(resp.Kvs) - 1; i >= 0; i-- {
+			if err := send(resp.Kvs[i]); err != nil {
+				return err
+			}
+		}
+		if req.GetNoFollow() {
+			return nil
+		}
+		from = resp.Header.Revision + 1
 	}
 
 	wctx := clientv3.WithRequireLeader(ctx)
-	for wr := range s.etcd.Watch(wctx, keys.AuditPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+	for wr := range s.etcd.Watch(wctx, keys.AuditPrefix, clientv3.WithPrefix(), clientv3.WithRev(from)) {
+		if wr.CompactRevision != 0 {
+			return fmt.Errorf("%w: events after revision %d are compacted away (etcd keeps about an hour; the oldest left is at %d): watch again without start_revision", rpcerr.OutOfRange, from-1, wr.CompactRevision)
+		}
 		if err := wr.Err(); err != nil {
 			return fmt.Errorf("%w: follow audit log: %v", errUnavailable, err)
 		}

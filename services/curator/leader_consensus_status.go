@@ -17,7 +17,7 @@ const memberStatusTimeout = 2 * time.Second
 
 func (x *managementServer) GetConsensusStatus(ctx context.Context, _ *curatorv1.GetConsensusStatusRequest) (*curatorv1.GetConsensusStatusResponse, error) {
 	resp, err := x.s.consensusStatus(ctx)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 // consensusStatus maps etcd members to nodes, as the reconciler would see

@@ -72,7 +72,7 @@ func nodeKey(pub []byte) (ed25519.PublicKey, string, error) {
 
 func (x *curatorServer) BootstrapCluster(ctx context.Context, req *curatorv1.BootstrapClusterRequest) (*curatorv1.BootstrapClusterResponse, error) {
 	resp, err := x.s.bootstrap(ctx, req)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 // bootstrap records the first node of a fresh cluster: the node whose
@@ -198,7 +198,7 @@ func validateLabels(labels map[string]string) error {
 
 func (x *curatorServer) RegisterNode(ctx context.Context, req *curatorv1.RegisterNodeRequest) (*curatorv1.RegisterNodeResponse, error) {
 	resp, err := x.s.register(ctx, req)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 func (s *Service) register(ctx context.Context, req *curatorv1.RegisterNodeRequest) (*curatorv1.RegisterNodeResponse, error) {
@@ -253,7 +253,7 @@ func (s *Service) register(ctx context.Context, req *curatorv1.RegisterNodeReque
 
 func (x *curatorServer) CommitNode(ctx context.Context, req *curatorv1.CommitNodeRequest) (*curatorv1.CommitNodeResponse, error) {
 	resp, err := x.s.commit(ctx)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 // commit moves an approved node UP and issues its certificate. Committing
@@ -321,7 +321,7 @@ func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse
 
 func (x *curatorServer) UpdateNodeStatus(ctx context.Context, req *curatorv1.UpdateNodeStatusRequest) (*curatorv1.UpdateNodeStatusResponse, error) {
 	err := x.s.updateStatus(ctx, req)
-	return &curatorv1.UpdateNodeStatusResponse{}, toStatus(err)
+	return &curatorv1.UpdateNodeStatusResponse{}, err
 }
 
 func (s *Service) updateStatus(ctx context.Context, req *curatorv1.UpdateNodeStatusRequest) error {

@@ -61,6 +61,7 @@ import (
 	"curia.dev/platform/audit"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/rpcerr"
 )
 
 // leasesServer implements curia.curator.v1.Leases. The policy admits only
@@ -111,7 +112,7 @@ func (x *leasesServer) log() *slog.Logger { return x.s.log.With("part", "leases"
 func (x *leasesServer) Acquire(ctx context.Context, req *curatorv1.AcquireRequest) (*curatorv1.AcquireResponse, error) {
 	l, err := x.acquire(ctx, req.GetName(), req.GetHolder(), req.GetTtlSeconds())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &curatorv1.AcquireResponse{Lease: l}, nil
 }
@@ -166,7 +167,7 @@ func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int
 					return nil, err
 				}
 				if alive {
-					return nil, fmt.Errorf("%w: lease %s is held by %s until %s", errRefused, name, cur.rec.Holder, time.Now().Add(left).UTC().Format(time.RFC3339))
+					return nil, rpcerr.LeaseHeldBy(name, cur.rec.Holder, time.Now().Add(left))
 				}
 			}
 			// A record of an older term (or unreadable, term 0), or an
@@ -215,7 +216,7 @@ func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int
 func (x *leasesServer) KeepAlive(ctx context.Context, req *curatorv1.KeepAliveRequest) (*curatorv1.KeepAliveResponse, error) {
 	l, err := x.keepAlive(ctx, req.GetLease())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &curatorv1.KeepAliveResponse{Lease: l}, nil
 }
@@ -232,7 +233,7 @@ func (x *leasesServer) keepAlive(ctx context.Context, l *curatorv1.Lease) (*cura
 		return nil, errNotLeader
 	}
 	if c.leader.Key != leaderKey || c.leader.CreateRevision != term {
-		return nil, fmt.Errorf("%w: lease %s was granted in term %d, the leader's term is %d: acquire again", errStale, c.name, c.leader.CreateRevision, term)
+		return nil, staleLease("lease %s was granted in term %d, the leader's term is %d: acquire again", c.name, c.leader.CreateRevision, term)
 	}
 	cur, err := x.read(ctx, c.name)
 	if err != nil {
@@ -245,7 +246,7 @@ func (x *leasesServer) keepAlive(ctx context.Context, l *curatorv1.Lease) (*cura
 	ka, err := x.s.etcd.KeepAliveOnce(ctx, cur.id)
 	if err != nil {
 		if left, alive, lerr := x.remaining(ctx, cur.id); lerr == nil && (!alive || left == 0) {
-			return nil, fmt.Errorf("%w: lease %s expired: acquire again", errStale, c.name)
+			return nil, staleLease("lease %s expired: acquire again", c.name)
 		}
 		return nil, fmt.Errorf("keep lease %s alive: %w", c.name, err)
 	}
@@ -254,7 +255,7 @@ func (x *leasesServer) keepAlive(ctx context.Context, l *curatorv1.Lease) (*cura
 
 func (x *leasesServer) Release(ctx context.Context, req *curatorv1.ReleaseRequest) (*curatorv1.ReleaseResponse, error) {
 	if err := x.release(ctx, req.GetLease()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &curatorv1.ReleaseResponse{}, nil
 }
@@ -339,17 +340,17 @@ func (x *leasesServer) revoke(id clientv3.LeaseID) {
 }
 
 // matches says whether the stored lease is still the one the caller
-// claims, granted in this term; if not, why (errStale: Aborted).
+// claims, granted in this term; if not, why (a stale fence).
 func (sl *storedLease) matches(c leaseClaim, term int64) error {
 	switch {
 	case sl == nil:
-		return fmt.Errorf("%w: lease %s expired (or was released): acquire again", errStale, c.name)
+		return staleLease("lease %s expired (or was released): acquire again", c.name)
 	case sl.rec.Holder != c.holder:
-		return fmt.Errorf("%w: lease %s is held by %s now: acquire again", errStale, c.name, sl.rec.Holder)
+		return staleLease("lease %s is held by %s now: acquire again", c.name, sl.rec.Holder)
 	case sl.createRev != c.rev:
-		return fmt.Errorf("%w: lease %s was granted again (revision %d, not %d): use the lease the latest Acquire returned", errStale, c.name, sl.createRev, c.rev)
+		return staleLease("lease %s was granted again (revision %d, not %d): use the lease the latest Acquire returned", c.name, sl.createRev, c.rev)
 	case sl.rec.Term != term:
-		return fmt.Errorf("%w: lease %s was granted in term %d, the leader's term is %d: acquire again", errStale, c.name, sl.rec.Term, term)
+		return staleLease("lease %s was granted in term %d, the leader's term is %d: acquire again", c.name, sl.rec.Term, term)
 	}
 	return nil
 }
@@ -435,7 +436,7 @@ func leaseFenceShape(f fence.Fence, name string) (leader, lease fence.Condition,
 func (x *leasesServer) ReconcileNodeRoles(ctx context.Context, req *curatorv1.ReconcileNodeRolesRequest) (*curatorv1.ReconcileNodeRolesResponse, error) {
 	n, err := x.reconcileNodeRoles(ctx, req)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &curatorv1.ReconcileNodeRolesResponse{Node: n}, nil
 }
@@ -495,7 +496,7 @@ func (x *leasesServer) reconcileNodeRoles(ctx context.Context, req *curatorv1.Re
 		return nil, errNotLeader
 	}
 	if leaderCond.Key != leaderKey || leaderCond.CreateRevision != term {
-		return nil, fmt.Errorf("%w: fence from term %d; the leader is at term %d: re-acquire the lease", errStale, leaderCond.CreateRevision, term)
+		return nil, staleLeader("fence from term %d; the leader is at term %d: re-acquire the lease", leaderCond.CreateRevision, term)
 	}
 	// The fence (leader key and term, the lease granted by that term,
 	// the epoch) is checked by fence.Apply; besides it, the node must be as
@@ -602,7 +603,7 @@ func (x *leasesServer) whyStale(ctx context.Context, se *fence.StaleError, f fen
 		return fmt.Errorf("%w: this curator's term %d ended during the write; retry, and re-acquire the lease at the new leader", errNotLeader, term)
 	}
 	if _, _, ok := get(1); ok {
-		return fmt.Errorf("%w: a membership change is in flight: read members again once it finished", errStale)
+		return fmt.Errorf("%w: a membership change is in flight: read members again once it finished", rpcerr.ChangePending)
 	}
 	if _, mod, ok := get(2); !ok {
 		return fmt.Errorf("%w: node %s no longer exists (it was at revision %d): read nodes again", errStale, id, rev)
@@ -664,4 +665,14 @@ func (s *Service) dropOldTermLeases(ctx context.Context, term int64) error {
 		}
 	}
 	return nil
+}
+
+// staleLease says that the caller's lease no longer holds: acquire again.
+func staleLease(format string, args ...any) error {
+	return &fence.StaleError{Part: fence.PartLease, Reason: fmt.Sprintf(format, args...)}
+}
+
+// staleLeader says that the caller's fence is of an older leader term.
+func staleLeader(format string, args ...any) error {
+	return &fence.StaleError{Part: fence.PartLeader, Reason: fmt.Sprintf(format, args...)}
 }

@@ -23,7 +23,7 @@ type managementServer struct {
 func (x *managementServer) ApproveNode(ctx context.Context, req *curatorv1.ApproveNodeRequest) (*curatorv1.ApproveNodeResponse, error) {
 	n, err := x.s.approve(ctx, req.GetNodeId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &curatorv1.ApproveNodeResponse{Node: n}, nil
 }
@@ -52,7 +52,7 @@ func (s *Service) approve(ctx context.Context, id string) (*curatorv1.Node, erro
 func (x *managementServer) UpdateNodeRoles(ctx context.Context, req *curatorv1.UpdateNodeRolesRequest) (*curatorv1.UpdateNodeRolesResponse, error) {
 	n, err := x.s.updateRoles(ctx, req)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &curatorv1.UpdateNodeRolesResponse{Node: n}, nil
 }
@@ -284,7 +284,7 @@ func desiredRoles(n *curatorv1.Node, want roleSet, join *consensusv1.JoinParamet
 
 func (x *managementServer) DeleteNode(ctx context.Context, req *curatorv1.DeleteNodeRequest) (*curatorv1.DeleteNodeResponse, error) {
 	resp, err := x.s.deleteNode(ctx, req)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 // deleteNode deletes a node, revokes every certificate issued to it that is
@@ -346,10 +346,10 @@ func roleNames(r *curatorv1.Roles) string {
 func (x *managementServer) GetRegisterTicket(ctx context.Context, _ *curatorv1.GetRegisterTicketRequest) (*curatorv1.GetRegisterTicketResponse, error) {
 	resp, err := x.s.etcd.Get(ctx, keys.RegisterTicket)
 	if err != nil {
-		return nil, toStatus(fmt.Errorf("read register ticket: %w", err))
+		return nil, fmt.Errorf("read register ticket: %w", err)
 	}
 	if len(resp.Kvs) == 0 {
-		return nil, toStatus(fmt.Errorf("%w: no register ticket yet (the leader creates it); retry shortly", errUnavailable))
+		return nil, fmt.Errorf("%w: no register ticket yet (the leader creates it); retry shortly", errUnavailable)
 	}
 	return &curatorv1.GetRegisterTicketResponse{Ticket: resp.Kvs[0].Value}, nil
 }
@@ -369,7 +369,7 @@ func (x *managementServer) GetClusterInfo(ctx context.Context, _ *curatorv1.GetC
 		return nil
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return info, nil
 }

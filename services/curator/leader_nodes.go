@@ -15,7 +15,7 @@ func (x *managementServer) GetNodes(req *curatorv1.GetNodesRequest, stream curat
 	s := x.s
 	match, err := compileFilter(req.GetFilter())
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
 	ctx := stream.Context()
 	batch := make([]*curatorv1.Node, 0, getNodesBatch)
@@ -50,7 +50,7 @@ func (x *managementServer) GetNodes(req *curatorv1.GetNodesRequest, stream curat
 		return nil
 	})
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
-	return toStatus(flush())
+	return flush()
 }

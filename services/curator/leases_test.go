@@ -14,9 +14,11 @@ import (
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
+	"curia.dev/platform/rpcerr"
 	ct "curia.dev/services/consensus/consensustest"
 	cut "curia.dev/services/curator/curatortest"
 )
@@ -104,7 +106,13 @@ func TestLeases(t *testing.T) {
 			t.Fatalf("granted lease: %v", a)
 		}
 		_, err := viaLeader.Acquire(ctx, &curatorv1.AcquireRequest{Name: "exclusive", Holder: "b", TtlSeconds: 30})
-		wantCode(t, err, codes.FailedPrecondition, "lease exclusive is held by a until ")
+		wantKind(t, err, rpcerr.LeaseHeld, "", "lease exclusive is held by a until ")
+		if h := rpcerr.Meta(err, "holder"); h != "a" {
+			t.Fatalf("LEASE_HELD names holder %q, want a", h)
+		}
+		if d, ok := rpcerr.RetryDelay(err); !ok || d <= 0 || d > 30*time.Second {
+			t.Fatalf("LEASE_HELD retry delay %v %v, want until the lease's expiry", d, ok)
+		}
 		again := leaseAcquire(t, viaLeader, "exclusive", "a", 30)
 		if !proto.Equal(again.Fence, a.Fence) || again.Term != a.Term {
 			t.Fatalf("acquiring again gave another lease: %v, first %v", again, a)
@@ -119,7 +127,7 @@ func TestLeases(t *testing.T) {
 			t.Fatalf("release a released lease: %v", err)
 		}
 		_, err = viaLeader.KeepAlive(ctx, &curatorv1.KeepAliveRequest{Lease: a})
-		wantCode(t, err, codes.Aborted, "held by b now")
+		wantKind(t, err, rpcerr.FenceStale, fence.PartLease, "held by b now")
 		if _, err := viaLeader.KeepAlive(ctx, &curatorv1.KeepAliveRequest{Lease: b}); err != nil {
 			t.Fatalf("b's lease after a's release: %v", err)
 		}
@@ -148,7 +156,7 @@ func TestLeases(t *testing.T) {
 			t.Fatalf("b got a's fence %v", b.Fence)
 		}
 		_, err := viaLeader.KeepAlive(ctx, &curatorv1.KeepAliveRequest{Lease: a})
-		wantCode(t, err, codes.Aborted, "held by b now")
+		wantKind(t, err, rpcerr.FenceStale, fence.PartLease, "held by b now")
 
 		// B keeps its lease alive for three TTLs; C is refused all along.
 		ticker := time.NewTicker(500 * time.Millisecond)
@@ -164,7 +172,7 @@ func TestLeases(t *testing.T) {
 				t.Fatalf("kept-alive lease %v, granted %v", resp.Lease, b)
 			}
 			_, err = viaLeader.Acquire(ctx, &curatorv1.AcquireRequest{Name: "expiry", Holder: "c", TtlSeconds: 2})
-			wantCode(t, err, codes.FailedPrecondition, "held by b until")
+			wantKind(t, err, rpcerr.LeaseHeld, "", "held by b until")
 		}
 
 		// B stops: its record goes with the etcd lease; a late keep-alive
@@ -178,7 +186,7 @@ func TestLeases(t *testing.T) {
 			return err
 		})
 		_, err = viaLeader.KeepAlive(ctx, &curatorv1.KeepAliveRequest{Lease: b})
-		wantCode(t, err, codes.Aborted, "lease expiry expired")
+		wantKind(t, err, rpcerr.FenceStale, fence.PartLease, "lease expiry expired")
 		if _, err := viaFollower.Release(ctx, &curatorv1.ReleaseRequest{Lease: b}); err != nil {
 			t.Fatalf("release an expired lease: %v", err)
 		}
@@ -226,12 +234,12 @@ func TestLeaseNewCuratorTerm(t *testing.T) {
 	addBootJoin := &curatorv1.ReconcileNodeRolesRequest_AddConsensusMember{AddConsensusMember: boot.Roles.GetConsensusMember().GetJoin()}
 
 	_, err := l.KeepAlive(ctx, &curatorv1.KeepAliveRequest{Lease: a})
-	wantCode(t, err, codes.Aborted, "acquire again")
+	wantKind(t, err, rpcerr.FenceStale, fence.PartLease, "acquire again")
 	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
 		Fence: leaseFence(a, epoch), NodeId: ag.ID, NodeRevision: n.Revision, Change: addBootJoin,
 		Reason: "with a fence of the old term",
 	})
-	wantCode(t, err, codes.Aborted, "re-acquire the lease")
+	wantKind(t, err, rpcerr.FenceStale, fence.PartLeader, "re-acquire the lease")
 	if got := leaseNodeNow(t, c, ag.ID); got.Revision != n.Revision || got.Roles.GetConsensusMember() != nil {
 		t.Fatalf("a write with an old-term fence changed the node: %v", got)
 	}
@@ -252,13 +260,13 @@ func TestLeaseNewCuratorTerm(t *testing.T) {
 		t.Fatalf("re-acquired lease %v shares the old one's term or revision (%v)", p2, p)
 	}
 	_, err = l.KeepAlive(ctx, &curatorv1.KeepAliveRequest{Lease: p})
-	wantCode(t, err, codes.Aborted, "acquire again")
+	wantKind(t, err, rpcerr.FenceStale, fence.PartLease, "acquire again")
 	// A fence made of this term's leader key and the old term's reconciler
 	// record is refused: the new leader dropped every old-term record when
 	// it took over, so the record is gone (at the consensus service too).
 	forged := &consensusv1.Fence{Conditions: []*consensusv1.FenceCondition{p2.Fence.Conditions[0], a.Fence.Conditions[1]}, MembershipEpoch: epoch}
 	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: forged, NodeId: ag.ID, NodeRevision: n.Revision, Change: addBootJoin})
-	wantCode(t, err, codes.Aborted, "")
+	wantKind(t, err, rpcerr.FenceStale, fence.PartLease, "")
 	_, err = c.Voters[0].Consensus(leaseReconciler).AddNode(ctx, &consensusv1.AddNodeRequest{
 		NodeId: ag.ID, PeerUrl: "https://" + proctest.FreeAddr(t), Fence: forged,
 	})
@@ -275,7 +283,7 @@ func TestLeaseNewCuratorTerm(t *testing.T) {
 		t.Fatalf("new lease %v shares the old one's term or revision (%v)", b, a)
 	}
 	_, err = l.Acquire(ctx, &curatorv1.AcquireRequest{Name: "reconciler", Holder: "a", TtlSeconds: 60})
-	wantCode(t, err, codes.FailedPrecondition, "held by b until")
+	wantKind(t, err, rpcerr.LeaseHeld, "", "held by b until")
 	// ...and its fence works.
 	resp, err := l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
 		Fence: leaseFence(b, epoch), NodeId: ag.ID, NodeRevision: n.Revision, Change: addBootJoin,
@@ -373,7 +381,7 @@ func TestReconcileNodeRoles(t *testing.T) {
 
 	// A plan made before the add is stale.
 	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e0), NodeId: ag.ID, NodeRevision: rev0, Change: add})
-	wantCode(t, err, codes.Aborted, "membership epoch")
+	wantKind(t, err, rpcerr.FenceStale, fence.PartEpoch, "membership epoch")
 	// So is one made before the node changed.
 	if _, err := ag.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: ag.ID, Status: &curatorv1.NodeStatus{Address: "127.0.0.10", ConsensusPublicKey: agKey}}); err != nil {
 		t.Fatal(err)
@@ -383,7 +391,7 @@ func TestReconcileNodeRoles(t *testing.T) {
 		t.Fatal("status update did not move the node's revision")
 	}
 	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: rev0, Change: add})
-	wantCode(t, err, codes.Aborted, "changed since revision")
+	wantKind(t, err, rpcerr.Conflict, "", "changed since revision")
 	if got := leaseNodeNow(t, c, ag.ID); got.Revision != rev1 || got.Roles.GetConsensusMember() != nil {
 		t.Fatalf("a stale write changed the node: %v", got)
 	}
@@ -426,7 +434,7 @@ func TestReconcileNodeRoles(t *testing.T) {
 	e2 := removed.MembershipEpoch
 	remove := &curatorv1.ReconcileNodeRolesRequest_RemoveConsensusMember{RemoveConsensusMember: true}
 	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: up.Node.Revision, Change: remove})
-	wantCode(t, err, codes.Aborted, "membership epoch")
+	wantKind(t, err, rpcerr.FenceStale, fence.PartEpoch, "membership epoch")
 	resp, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e2), NodeId: ag.ID, NodeRevision: up.Node.Revision, Change: remove, Reason: "role without member"})
 	if err != nil {
 		t.Fatal(err)
@@ -444,7 +452,7 @@ func TestReconcileNodeRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e2), NodeId: ag.ID, NodeRevision: resp.Node.Revision, Change: add})
-	wantCode(t, err, codes.Aborted, "no longer exists")
+	wantKind(t, err, rpcerr.FenceStale, fence.PartLease, "no longer exists")
 	if got := leaseNodeNow(t, c, ag.ID); got.Revision != resp.Node.Revision {
 		t.Fatalf("a write with a released lease changed the node: %v", got)
 	}

@@ -329,6 +329,78 @@ func TestWatchAuditLog(t *testing.T) {
 		_, err = bad.Recv()
 	}
 	wantCode(t, err, codes.InvalidArgument, "backlog")
+
+	// A stream that broke resumes after the last revision it received:
+	// exactly what came after, no backlog, then new events.
+	cancel()
+	if _, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesWorker: new(false), Reason: "missed while away"}); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer rcancel()
+	resumed, err := m.WatchAuditLog(rctx, &curatorv1.WatchAuditLogRequest{StartRevision: resp.Revision})
+	if err != nil {
+		t.Fatal(err)
+	}
+	missed, err := resumed.Recv()
+	if err != nil || missed.Revision <= resp.Revision || missed.Event.Reason != "missed while away" {
+		t.Fatalf("resumed after revision %d: first event %v (%v), want the one missed", resp.Revision, missed, err)
+	}
+	if _, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesWorker: new(true), Reason: "after resuming"}); err != nil {
+		t.Fatal(err)
+	}
+	if later, err := resumed.Recv(); err != nil || later.Event.Reason != "after resuming" {
+		t.Fatalf("resumed stream, next event %v (%v), want the new one", later, err)
+	}
+	both, err := m.WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{StartRevision: resp.Revision, Backlog: 5})
+	if err == nil {
+		_, err = both.Recv()
+	}
+	wantCode(t, err, codes.InvalidArgument, "start_revision")
+}
+
+// TestAuditRetention: the leader keeps at most --audit-max-events events
+// (the newest) and none older than --audit-max-age.
+func TestAuditRetention(t *testing.T) {
+	c := cut.New(t, 1, "--audit-max-events", "4", "--audit-max-age", "1h", "--audit-prune-interval", "100ms")
+	ctx := ctxT(t)
+	m := c.Management()
+	etcd := c.Etcd(c.Voters[0].ClientURL)
+	// An event from two hours ago, as an older curator would have left it.
+	old := keys.Audit(time.Now().Add(-2*time.Hour), "curator-old")
+	if _, err := etcd.Put(ctx, old, ""); err != nil {
+		t.Fatal(err)
+	}
+	a := c.NewAgent()
+	a.Enrol(ctx)
+	for i := range 6 {
+		if _, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesWorker: new(i%2 == 0), Reason: fmt.Sprintf("change %d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proctest.Eventually(t, 30*time.Second, func() error {
+		resp, err := etcd.Get(ctx, keys.AuditPrefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) != 4 {
+			return fmt.Errorf("%d audit events, want 4", len(resp.Kvs))
+		}
+		for _, kv := range resp.Kvs {
+			if string(kv.Key) == old {
+				return errors.New("the two-hour-old event is still there")
+			}
+		}
+		return nil
+	})
+	// The newest stay: the last change is the last event kept.
+	nf, err := m.WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{Backlog: 1, NoFollow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last, err := nf.Recv(); err != nil || last.Event.Reason != "change 5" {
+		t.Fatalf("newest event kept: %v (%v), want change 5", last, err)
+	}
 }
 
 // TestCorruptRecord: a node record that does not decode is DataLoss,

@@ -71,6 +71,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/backoff"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/run"
@@ -316,18 +317,18 @@ func newWatchHub(s *Service) *watchHub {
 // when etcd compacted that revision away, loads a new snapshot).
 func (h *watchHub) run(ctx context.Context) error {
 	defer h.stopOnce.Do(func() { close(h.stopped) })
-	backoff := watchBackoffMin
+	bo := backoff.New(watchBackoffMin, watchBackoffMax)
 	h.mu.RLock()
 	resnapshot := !h.ready // else carry on from the view we have
 	h.mu.RUnlock()
 	for ctx.Err() == nil {
 		if resnapshot {
 			if err := h.load(ctx); err != nil {
+				wait := bo.Next()
 				if ctx.Err() == nil {
-					h.log.Warn("load nodes for the watch hub", "err", err, "retry_in", backoff)
+					h.log.Warn("load nodes for the watch hub", "err", err, "retry_in", wait)
 				}
-				run.Sleep(ctx, backoff)
-				backoff = min(2*backoff, watchBackoffMax)
+				run.Sleep(ctx, wait)
 				continue
 			}
 			resnapshot = false
@@ -337,7 +338,7 @@ func (h *watchHub) run(ctx context.Context) error {
 			break
 		}
 		if progressed {
-			backoff = watchBackoffMin
+			bo.Reset()
 		}
 		var compacted *watchCompacted
 		if errors.As(err, &compacted) {
@@ -345,9 +346,9 @@ func (h *watchHub) run(ctx context.Context) error {
 			resnapshot = true
 			continue
 		}
-		h.log.Warn("node watch ended; watching again", "err", err, "revision", h.revision(), "retry_in", backoff)
-		run.Sleep(ctx, backoff)
-		backoff = min(2*backoff, watchBackoffMax)
+		wait := bo.Next()
+		h.log.Warn("node watch ended; watching again", "err", err, "revision", h.revision(), "retry_in", wait)
+		run.Sleep(ctx, wait)
 	}
 	return nil
 }
@@ -787,9 +788,9 @@ func (x *curatorServer) Watch(req *curatorv1.WatchRequest, stream curatorv1.Cura
 	ctx := stream.Context()
 	w, err := newWatcher(caller(ctx), req)
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
-	return toStatus(x.s.watch.serve(ctx, w, stream.Send))
+	return x.s.watch.serve(ctx, w, stream.Send)
 }
 
 // selfOnly: a node, and an enrolling node (its agent waits for approval by

@@ -11,6 +11,8 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/failpoint"
+	"curia.dev/platform/fence"
+	"curia.dev/platform/rpcerr"
 	"curia.dev/services/reconciler/plan"
 )
 
@@ -57,12 +59,36 @@ func (r *Reconciler) pass(ctx context.Context) bool {
 		r.log.Warn("action failed", "action", a.String(), "err", err)
 		r.metrics.actions.WithLabelValues(a.Kind.String(), "failed").Inc()
 		r.finish("error: "+err.Error(), &a, nil)
+		r.afterFailure(err)
 		return false
 	}
 	r.log.Info("acted", "action", a.Kind.String(), "member", fmt.Sprintf("%x", a.MemberID), "node", a.NodeID, "epoch", a.Epoch, "reason", a.Reason)
 	r.metrics.actions.WithLabelValues(a.Kind.String(), "ok").Inc()
 	r.finish("acted: "+a.String(), &a, &a)
 	return true
+}
+
+// afterFailure reacts to why an action was refused, by its reason rather
+// than its text: a stale lease or leader term ends this replica's turn at
+// once (the keeper acquires anew); a stale epoch, revision or record means
+// the snapshot is outdated, so the next pass runs now; a retry delay (etcd's
+// reconfiguration window, a learner catching up, a change in flight) is
+// when the next pass runs.
+func (r *Reconciler) afterFailure(err error) {
+	switch {
+	case rpcerr.Is(err, rpcerr.FenceStale):
+		switch rpcerr.Meta(err, "part") {
+		case fence.PartLease, fence.PartLeader:
+			r.lease.drop("the lease's fence went stale: " + err.Error())
+			return
+		}
+		r.kick()
+	case rpcerr.Is(err, rpcerr.Conflict):
+		r.kick()
+	}
+	if d, ok := rpcerr.RetryDelay(err); ok && d < r.cfg.Tick {
+		time.AfterFunc(d, r.kick)
+	}
 }
 
 // act takes one action under fence (the lease's fence at the plan's epoch).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -127,7 +128,7 @@ func eventuallyState(t *testing.T, c *cut.Cluster, want map[string]consensusStat
 		if err != nil {
 			return err
 		}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
+		if !maps.Equal(got, want) {
 			return fmt.Errorf("state %v, want %v", got, want)
 		}
 		return nil
@@ -210,7 +211,7 @@ func TestBackgroundSyncEtcd(t *testing.T) {
 		}
 	}
 	want := []string{"roles.reconcile add_consensus_member", "member.remove", "roles.reconcile remove_consensus_member"}
-	if fmt.Sprint(order) != fmt.Sprint(want) {
+	if !slices.Equal(order, want) {
 		t.Fatalf("reconciler actions %v, want %v", order, want)
 	}
 	// Converged: further passes change nothing.

@@ -9,12 +9,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/backoff"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/rpcerr"
 )
 
 // The agent keeps the node's certificates fresh (DESIGN §2): its own node
@@ -48,7 +48,7 @@ func (s *Service) certificates(ctx context.Context) error {
 		return nil
 	}
 	log := s.log.With("part", "certificates")
-	bo := newBackoff(retryMin, s.cfg.RetryMax)
+	bo := backoff.New(retryMin, s.cfg.RetryMax)
 	var lastErr string
 	for {
 		wait := s.cfg.RenewCheck
@@ -57,10 +57,10 @@ func (s *Service) certificates(ctx context.Context) error {
 				log.Warn("certificates not renewed; retrying", "err", err)
 				lastErr = err.Error()
 			}
-			wait = min(wait, bo.next())
+			wait = min(wait, bo.Next())
 		} else {
 			lastErr = ""
-			bo = newBackoff(retryMin, s.cfg.RetryMax)
+			bo = backoff.New(retryMin, s.cfg.RetryMax)
 		}
 		select {
 		case <-ctx.Done():
@@ -107,7 +107,7 @@ func (s *Service) keepCertificates(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	resp, err := cur.IssueCertificates(cctx, &curatorv1.IssueCertificatesRequest{ConsensusPublicKey: st.GetPublicKey()})
-	if status.Code(err) == codes.ResourceExhausted {
+	if rpcerr.Is(err, rpcerr.Exhausted) {
 		return nil // issued a moment ago; the next check installs what is due
 	}
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/backoff"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
@@ -52,7 +53,7 @@ type enrolSteps interface {
 // drive runs the machine until RUNNING (nil) or FAILED (an error with the
 // reason). A step that fails is retried with backoff; one whose failure is
 // permanent fails the machine.
-func drive(ctx context.Context, m *machine, steps enrolSteps, bo *backoff, log *slog.Logger) error {
+func drive(ctx context.Context, m *machine, steps enrolSteps, bo *backoff.Backoff, log *slog.Logger) error {
 	lastErr := ""
 	for {
 		st := m.State()
@@ -86,7 +87,7 @@ func drive(ctx context.Context, m *machine, steps enrolSteps, bo *backoff, log *
 		err := m.advance(ctx, next, work)
 		switch {
 		case err == nil:
-			bo.reset()
+			bo.Reset()
 			lastErr = ""
 		case ctx.Err() != nil:
 			return ctx.Err()
@@ -105,7 +106,7 @@ func drive(ctx context.Context, m *machine, steps enrolSteps, bo *backoff, log *
 				log.Debug("enrolment step failed again; retrying", "state", st, "err", err)
 			}
 			lastErr = err.Error()
-			if !run.Sleep(ctx, bo.next()) {
+			if !run.Sleep(ctx, bo.After(err)) {
 				return ctx.Err()
 			}
 		}
@@ -118,7 +119,7 @@ func drive(ctx context.Context, m *machine, steps enrolSteps, bo *backoff, log *
 func (s *Service) runEnrolment(ctx context.Context) error {
 	e := &enroller{s: s}
 	defer e.close()
-	err := drive(ctx, s.machine, e, newBackoff(retryMin, s.cfg.RetryMax), s.log.With("part", "enrolment"))
+	err := drive(ctx, s.machine, e, backoff.New(retryMin, s.cfg.RetryMax), s.log.With("part", "enrolment"))
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -147,14 +148,14 @@ func (e *enroller) recommitExpired(ctx context.Context) error {
 	s.connMu.Lock()
 	has := s.creds != nil
 	s.connMu.Unlock()
-	bo := newBackoff(retryMin, s.cfg.RetryMax)
+	bo := backoff.New(retryMin, s.cfg.RetryMax)
 	for !has {
 		err := e.commit(ctx)
 		if err == nil {
 			return nil
 		}
 		s.log.Warn("the node certificate expired while the agent was down; committing again", "err", err)
-		if !run.Sleep(ctx, bo.next()) {
+		if !run.Sleep(ctx, bo.Next()) {
 			return ctx.Err()
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/backoff"
 	"curia.dev/platform/run"
 )
 
@@ -23,7 +24,7 @@ func (s *Service) heartbeat(ctx context.Context) error {
 		return nil
 	}
 	log := s.log.With("part", "heartbeat")
-	bo := newBackoff(retryMin, s.cfg.RetryMax)
+	bo := backoff.New(retryMin, s.cfg.RetryMax)
 	for ctx.Err() == nil {
 		acked, err := s.heartbeatStream(ctx)
 		s.mu.Lock()
@@ -34,14 +35,14 @@ func (s *Service) heartbeat(ctx context.Context) error {
 			return nil
 		}
 		if acked {
-			bo.reset()
+			bo.Reset()
 		}
 		if was {
 			log.Warn("heartbeat stream lost; reconnecting", "err", err)
 		} else {
 			log.Debug("heartbeat stream failed; reconnecting", "err", err)
 		}
-		if !run.Sleep(ctx, bo.next()) {
+		if !run.Sleep(ctx, bo.Next()) {
 			return nil
 		}
 	}

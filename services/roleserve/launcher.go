@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/backoff"
 	"curia.dev/platform/run"
 	"curia.dev/services/roleserve/reduce"
 )
@@ -183,7 +184,7 @@ func (s *Service) launch(ctx context.Context, d reduce.Decision) {
 	default:
 		phase, act = phaseLeaving, s.leave
 	}
-	bo := newBackoff(retryMin, s.cfg.RetryMax)
+	bo := backoff.New(retryMin, s.cfg.RetryMax)
 	var lastCode codes.Code = codes.OK
 	for attempt := int64(1); ; attempt++ {
 		s.setLauncher(phase, attempt, nil)
@@ -202,7 +203,7 @@ func (s *Service) launch(ctx context.Context, d reduce.Decision) {
 			signal(s.statusKick)
 			return
 		}
-		wait := bo.next()
+		wait := bo.After(err)
 		if err != nil {
 			code := status.Code(err)
 			if code != lastCode {
@@ -214,7 +215,7 @@ func (s *Service) launch(ctx context.Context, d reduce.Decision) {
 			// removed the member: retried with backoff like Unavailable.
 			leaveRefused := code == codes.FailedPrecondition && (phase == phaseLeaving || errors.Is(err, errLeaveFirst))
 			if !transient(err) && !leaveRefused {
-				wait = bo.slowest()
+				wait = bo.Slowest()
 			}
 			s.setLauncher(phase, attempt, err)
 		}

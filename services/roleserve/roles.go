@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/backoff"
 	"curia.dev/platform/run"
 )
 
@@ -20,7 +21,7 @@ func (s *Service) watchRoles(ctx context.Context) error {
 		return nil
 	}
 	log := s.log.With("part", "roles")
-	bo := newBackoff(retryMin, s.cfg.RetryMax)
+	bo := backoff.New(retryMin, s.cfg.RetryMax)
 	var rev int64
 	for ctx.Err() == nil {
 		got, err := s.watchOnce(ctx, &rev)
@@ -28,12 +29,12 @@ func (s *Service) watchRoles(ctx context.Context) error {
 			return nil
 		}
 		if got {
-			bo.reset()
+			bo.Reset()
 			log.Info("role watch ended; watching again", "revision", rev, "err", err)
 		} else {
 			log.Debug("role watch failed; watching again", "revision", rev, "err", err)
 		}
-		if !run.Sleep(ctx, bo.next()) {
+		if !run.Sleep(ctx, bo.Next()) {
 			return nil
 		}
 	}

@@ -24,7 +24,7 @@
 // machine), enrolment.go (what each enrolment state does), roles.go
 // (watching the node's roles), launcher.go (the reduce's decision carried
 // out on the local consensus), heartbeat.go (heartbeats and status
-// reports), api.go (GetStatus), backoff.go (retry waits), reduce/ (the
+// reports), api.go (GetStatus), errors.go (which errors are worth a retry), reduce/ (the
 // pure control-plane reduce).
 package roleserve
 

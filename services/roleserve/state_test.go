@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"curia.dev/platform/backoff"
 )
 
 const testNode = "node-0123456789abcdef0123456789abcdef"
@@ -169,7 +171,7 @@ func (s *steps) register(ctx context.Context) error      { return s.step("regist
 func (s *steps) awaitApproval(ctx context.Context) error { return s.step("await-approval")(ctx) }
 func (s *steps) commit(ctx context.Context) error        { return s.step("commit")(ctx) }
 
-func quick() *backoff { return newBackoff(time.Millisecond, time.Millisecond) }
+func quick() *backoff.Backoff { return backoff.New(time.Millisecond, time.Millisecond) }
 
 // TestResume: an agent restarted in any state resumes there: it runs the
 // work of that state and what follows, never a step it finished before.

@@ -29,8 +29,6 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/fence"
@@ -38,6 +36,7 @@ import (
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpcerr"
 )
 
 // ClusterName is the trust domain of test clusters.
@@ -505,7 +504,7 @@ func (c *Cluster) Promote(via *Node, id uint64, f fence.Fence) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_, err := via.Curator().PromoteMember(ctx, &consensusv1.PromoteMemberRequest{MemberId: id, Fence: via.Fenced(f)})
-		if status.Code(err) == codes.FailedPrecondition || retryable(err) {
+		if rpcerr.Is(err, rpcerr.LearnerPending) || rpcerr.Retryable(err) {
 			return err
 		}
 		if err != nil {
@@ -584,11 +583,9 @@ func (n *Node) Fenced(f fence.Fence) *consensusv1.Fence {
 	return f.WithEpoch(n.Members().MembershipEpoch).Proto()
 }
 
-// retryable: etcd's reconfiguration window (Unavailable), or another
-// change in flight (Aborted).
-func retryable(err error) bool {
-	return status.Code(err) == codes.Unavailable || status.Code(err) == codes.Aborted
-}
+// retryable: etcd's reconfiguration window, another change in flight, a
+// member starting: whatever says it passes by itself.
+func retryable(err error) bool { return rpcerr.Retryable(err) }
 
 // Eventually polls f until it returns nil or the deadline passes.
 func Eventually(t testing.TB, timeout time.Duration, f func() error) {

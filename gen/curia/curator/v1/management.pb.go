@@ -892,7 +892,12 @@ type WatchAuditLogRequest struct {
 	// Send at most this many past events before following (0: 100).
 	Backlog int64 `protobuf:"varint,1,opt,name=backlog,proto3" json:"backlog,omitempty"`
 	// Stop after the backlog instead of following new events.
-	NoFollow      bool `protobuf:"varint,2,opt,name=no_follow,json=noFollow,proto3" json:"no_follow,omitempty"`
+	NoFollow bool `protobuf:"varint,2,opt,name=no_follow,json=noFollow,proto3" json:"no_follow,omitempty"`
+	// Resume after this revision (the revision of the last event received):
+	// no backlog, every event committed since, then new ones. Events older
+	// than etcd's history (an hour) are gone: OUT_OF_RANGE, watch again
+	// without it.
+	StartRevision int64 `protobuf:"varint,3,opt,name=start_revision,json=startRevision,proto3" json:"start_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -939,6 +944,13 @@ func (x *WatchAuditLogRequest) GetNoFollow() bool {
 		return x.NoFollow
 	}
 	return false
+}
+
+func (x *WatchAuditLogRequest) GetStartRevision() int64 {
+	if x != nil {
+		return x.StartRevision
+	}
+	return 0
 }
 
 // WatchAuditLogResponse is one audit event.
@@ -1059,10 +1071,11 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x10membership_epoch\x18\x03 \x01(\x03R\x0fmembershipEpoch\"\x1a\n" +
 	"\x18GetRegisterTicketRequest\"3\n" +
 	"\x19GetRegisterTicketResponse\x12\x16\n" +
-	"\x06ticket\x18\x01 \x01(\fR\x06ticket\"M\n" +
+	"\x06ticket\x18\x01 \x01(\fR\x06ticket\"t\n" +
 	"\x14WatchAuditLogRequest\x12\x18\n" +
 	"\abacklog\x18\x01 \x01(\x03R\abacklog\x12\x1b\n" +
-	"\tno_follow\x18\x02 \x01(\bR\bnoFollow\"`\n" +
+	"\tno_follow\x18\x02 \x01(\bR\bnoFollow\x12%\n" +
+	"\x0estart_revision\x18\x03 \x01(\x03R\rstartRevision\"`\n" +
 	"\x15WatchAuditLogResponse\x12+\n" +
 	"\x05event\x18\x01 \x01(\v2\x15.curia.audit.v1.EventR\x05event\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision2\xa6\x06\n" +

@@ -50,8 +50,9 @@ type ManagementClient interface {
 	GetConsensusStatus(ctx context.Context, in *GetConsensusStatusRequest, opts ...grpc.CallOption) (*GetConsensusStatusResponse, error)
 	// GetRegisterTicket returns the ticket new nodes register with.
 	GetRegisterTicket(ctx context.Context, in *GetRegisterTicketRequest, opts ...grpc.CallOption) (*GetRegisterTicketResponse, error)
-	// WatchAuditLog streams the audit log: the recent past, then every new
-	// event.
+	// WatchAuditLog streams the audit log: the recent past (or everything
+	// after a revision), then every new event. The log keeps events for
+	// --audit-max-age and at most --audit-max-events of them.
 	WatchAuditLog(ctx context.Context, in *WatchAuditLogRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchAuditLogResponse], error)
 }
 
@@ -182,8 +183,9 @@ type ManagementServer interface {
 	GetConsensusStatus(context.Context, *GetConsensusStatusRequest) (*GetConsensusStatusResponse, error)
 	// GetRegisterTicket returns the ticket new nodes register with.
 	GetRegisterTicket(context.Context, *GetRegisterTicketRequest) (*GetRegisterTicketResponse, error)
-	// WatchAuditLog streams the audit log: the recent past, then every new
-	// event.
+	// WatchAuditLog streams the audit log: the recent past (or everything
+	// after a revision), then every new event. The log keeps events for
+	// --audit-max-age and at most --audit-max-events of them.
 	WatchAuditLog(*WatchAuditLogRequest, grpc.ServerStreamingServer[WatchAuditLogResponse]) error
 	mustEmbedUnimplementedManagementServer()
 }

@@ -73,8 +73,9 @@ type ManagementClient interface {
 	GetConsensusStatus(context.Context, *connect.Request[v1.GetConsensusStatusRequest]) (*connect.Response[v1.GetConsensusStatusResponse], error)
 	// GetRegisterTicket returns the ticket new nodes register with.
 	GetRegisterTicket(context.Context, *connect.Request[v1.GetRegisterTicketRequest]) (*connect.Response[v1.GetRegisterTicketResponse], error)
-	// WatchAuditLog streams the audit log: the recent past, then every new
-	// event.
+	// WatchAuditLog streams the audit log: the recent past (or everything
+	// after a revision), then every new event. The log keeps events for
+	// --audit-max-age and at most --audit-max-events of them.
 	WatchAuditLog(context.Context, *connect.Request[v1.WatchAuditLogRequest]) (*connect.ServerStreamForClient[v1.WatchAuditLogResponse], error)
 }
 
@@ -209,8 +210,9 @@ type ManagementHandler interface {
 	GetConsensusStatus(context.Context, *connect.Request[v1.GetConsensusStatusRequest]) (*connect.Response[v1.GetConsensusStatusResponse], error)
 	// GetRegisterTicket returns the ticket new nodes register with.
 	GetRegisterTicket(context.Context, *connect.Request[v1.GetRegisterTicketRequest]) (*connect.Response[v1.GetRegisterTicketResponse], error)
-	// WatchAuditLog streams the audit log: the recent past, then every new
-	// event.
+	// WatchAuditLog streams the audit log: the recent past (or everything
+	// after a revision), then every new event. The log keeps events for
+	// --audit-max-age and at most --audit-max-events of them.
 	WatchAuditLog(context.Context, *connect.Request[v1.WatchAuditLogRequest], *connect.ServerStream[v1.WatchAuditLogResponse]) error
 }
 
