@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpcerr"
 )
 
 // policy is who may call what on the consensus service of node nodeID
@@ -23,24 +21,23 @@ import (
 func policy(nodeID string) rpc.Policy {
 	onlySelf := func(_ context.Context, p pki.Principal, _ any) error {
 		if p.Kind == pki.KindNode && p.Name != nodeID {
-			return status.Errorf(codes.PermissionDenied, "%s may act only on its own node's consensus, this is %s", p, nodeID)
+			return fmt.Errorf("%w: %s may act only on its own node's consensus, this is %s", rpcerr.Denied, p, nodeID)
 		}
 		return nil
 	}
-	m := func(name string) string { return "/" + consensusv1.Consensus_ServiceDesc.ServiceName + "/" + name }
 	readers := []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindConsensus}
 	changers := []pki.Kind{pki.KindCurator, pki.KindReconciler}
 	self := rpc.Rule{Allow: []pki.Kind{pki.KindNode}, Check: onlySelf}
 	p := rpc.Policy{
-		m("Status"):          {Allow: []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindConsensus, pki.KindNode}, Check: onlySelf},
-		m("ListMembers"):     {Allow: readers},
-		m("WatchMembership"): {Allow: readers},
-		m("AddNode"):         {Allow: changers},
-		m("PromoteMember"):   {Allow: changers},
-		m("RemoveMember"):    {Allow: changers},
-		m("Start"):           self,
-		m("Leave"):           self,
-		m("SetCredentials"):  self,
+		consensusv1.Consensus_Status_FullMethodName:          {Allow: []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindConsensus, pki.KindNode}, Check: onlySelf},
+		consensusv1.Consensus_ListMembers_FullMethodName:     {Allow: readers},
+		consensusv1.Consensus_WatchMembership_FullMethodName: {Allow: readers},
+		consensusv1.Consensus_AddNode_FullMethodName:         {Allow: changers},
+		consensusv1.Consensus_PromoteMember_FullMethodName:   {Allow: changers},
+		consensusv1.Consensus_RemoveMember_FullMethodName:    {Allow: changers},
+		consensusv1.Consensus_Start_FullMethodName:           self,
+		consensusv1.Consensus_Leave_FullMethodName:           self,
+		consensusv1.Consensus_SetCredentials_FullMethodName:  self,
 	}
 	if len(p) != len(consensusv1.Consensus_ServiceDesc.Methods)+len(consensusv1.Consensus_ServiceDesc.Streams) {
 		panic(fmt.Sprintf("consensus policy lists %d methods, the service has more", len(p)))

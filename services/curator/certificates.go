@@ -325,7 +325,7 @@ func (s *Service) issueCertificates(ctx context.Context, req *curatorv1.IssueCer
 	if k := req.GetConsensusPublicKey(); len(k) != 0 && len(k) != ed25519.PublicKeySize {
 		return nil, fmt.Errorf("%w: consensus_public_key must be a %d-byte ed25519 key, got %d bytes", errBadRequest, ed25519.PublicKeySize, len(k))
 	}
-	for {
+	return retryConflicts(ctx, "issue certificates to node "+id, func() (*curatorv1.IssueCertificatesResponse, error) {
 		n, err := s.getNode(ctx, id)
 		if err != nil {
 			return nil, err
@@ -363,16 +363,13 @@ func (s *Service) issueCertificates(ctx context.Context, req *curatorv1.IssueCer
 				issued = append(issued, iss.Cert.SerialNumber.Text(16))
 			}
 		}
-		_, err = s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, "node.certificates", id, "certificates issued: "+strings.Join(issued, ", ")))
-		if err == errConflict && ctx.Err() == nil {
-			continue // the record changed: decide again
-		}
-		if err != nil {
+		// A conflict (the record changed): decide again.
+		if _, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, "node.certificates", id, "certificates issued: "+strings.Join(issued, ", "))); err != nil {
 			return nil, err
 		}
 		s.log.Info("certificates issued", "node", id, "serials", issued)
 		return resp, nil
-	}
+	})
 }
 
 // recentlyIssued refuses an IssueCertificates that would issue only

@@ -6,13 +6,12 @@ import (
 	"slices"
 	"sync"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
-	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 )
@@ -33,19 +32,18 @@ func newConsensusPool(s *Service) *consensusPool {
 
 func (p *consensusPool) addresses(ctx context.Context) []string {
 	addrs := slices.Clone(p.s.cfg.Consensus)
-	resp, err := p.s.etcd.Get(ctx, keys.NodesPrefix, clientv3.WithPrefix())
-	if err != nil {
-		return addrs
-	}
-	for _, kv := range resp.Kvs {
+	// Best effort: the configured addresses when etcd does not answer; an
+	// unreadable record is skipped.
+	_, _ = scanNodes(ctx, p.s.etcd, func(kv *mvccpb.KeyValue) error {
 		n, err := decodeNode(kv.Value, kv.ModRevision)
 		if err != nil || n.GetRoles().GetConsensusMember() == nil {
-			continue
+			return nil
 		}
 		if a := n.GetStatus().GetConsensusApi(); a != "" && !slices.Contains(addrs, a) {
 			addrs = append(addrs, a)
 		}
-	}
+		return nil
+	})
 	return addrs
 }
 

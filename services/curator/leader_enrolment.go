@@ -261,13 +261,8 @@ func (x *curatorServer) CommitNode(ctx context.Context, req *curatorv1.CommitNod
 // that lost the answer can finish; the certificate it replaces is revoked
 // in the same write, so a node holds one valid certificate at a time.
 func (s *Service) commit(ctx context.Context) (*curatorv1.CommitNodeResponse, error) {
-	for {
-		resp, err := s.commitOnce(ctx)
-		if err == errConflict && ctx.Err() == nil {
-			continue // the node or the CRL changed: decide again
-		}
-		return resp, err
-	}
+	// A conflict (the node or the CRL changed): decide again.
+	return retryConflicts(ctx, "commit node "+caller(ctx).Name, func() (*curatorv1.CommitNodeResponse, error) { return s.commitOnce(ctx) })
 }
 
 func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse, error) {
@@ -331,18 +326,14 @@ func (s *Service) updateStatus(ctx context.Context, req *curatorv1.UpdateNodeSta
 	if err := validateStatus(req.GetStatus()); err != nil {
 		return err
 	}
-	for {
+	_, err := retryConflicts(ctx, "update the status of node "+req.GetNodeId(), func() (struct{}, error) {
 		n, err := s.getNode(ctx, req.GetNodeId())
-		if err != nil {
-			return err
-		}
-		if protoEqual(n.Status, req.GetStatus()) {
-			return nil
+		if err != nil || protoEqual(n.Status, req.GetStatus()) {
+			return struct{}{}, err
 		}
 		n.Status = req.GetStatus()
 		_, err = s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n))
-		if err != errConflict {
-			return err
-		}
-	}
+		return struct{}{}, err
+	})
+	return err
 }

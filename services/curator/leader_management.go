@@ -12,6 +12,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/rpcerr"
 )
 
 // managementServer implements curia.curator.v1.Management.
@@ -91,7 +92,7 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 		return nil, err
 	}
 	if p := members.GetPending(); p != nil {
-		return nil, fmt.Errorf("%w: membership change %s of node %s by %s is in flight; retry once it finished", errConflict, p.GetOperation(), p.GetNodeId(), p.GetActor())
+		return nil, fmt.Errorf("%w: membership change %s of node %s by %s is in flight; retry once it finished", rpcerr.ChangePending, p.GetOperation(), p.GetNodeId(), p.GetActor())
 	}
 	epoch := members.GetMembershipEpoch()
 	fenced := f.WithEpoch(epoch).Proto()
@@ -291,7 +292,7 @@ func (x *managementServer) DeleteNode(ctx context.Context, req *curatorv1.Delete
 // still valid and tombstones its id, in one write. A node that is still an
 // etcd member loses that membership to the reconciler afterwards.
 func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeRequest) (*curatorv1.DeleteNodeResponse, error) {
-	for {
+	return retryConflicts(ctx, "delete node "+req.GetNodeId(), func() (*curatorv1.DeleteNodeResponse, error) {
 		n, err := s.getNode(ctx, req.GetNodeId())
 		if err != nil {
 			return nil, err
@@ -317,16 +318,13 @@ func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeReque
 			}
 			ops, cmps = append(ops, put), append(cmps, cmp)
 		}
-		_, err = s.lead.txn(ctx, cmps, ops...)
-		if err == errConflict {
-			continue // the node or the CRL changed: decide again
-		}
-		if err != nil {
+		// A conflict (the node or the CRL changed): decide again.
+		if _, err := s.lead.txn(ctx, cmps, ops...); err != nil {
 			return nil, err
 		}
 		s.log.Info("node deleted", "node", n.Id, "revoked", serials, "by", caller(ctx).String())
 		return &curatorv1.DeleteNodeResponse{RevokedSerial: n.CertificateSerial, RevokedSerials: serials}, nil
-	}
+	})
 }
 
 func roleNames(r *curatorv1.Roles) string {
@@ -372,42 +370,6 @@ func (x *managementServer) GetClusterInfo(ctx context.Context, _ *curatorv1.GetC
 		return nil, err
 	}
 	return info, nil
-}
-
-// eachNode calls f for every node, reading in pages.
-func (s *Service) eachNode(ctx context.Context, f func(*curatorv1.Node) error) error {
-	const page = 500
-	key := keys.NodesPrefix
-	end := clientv3.GetPrefixRangeEnd(keys.NodesPrefix)
-	var rev int64
-	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(page)}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev)) // one consistent snapshot
-		}
-		resp, err := s.etcd.Get(ctx, key, opts...)
-		if err != nil {
-			return fmt.Errorf("read nodes: %w", err)
-		}
-		if rev == 0 {
-			// Later pages read at the first page's revision; a header
-			// carries the store's current revision, not the one read.
-			rev = resp.Header.Revision
-		}
-		for _, kv := range resp.Kvs {
-			n, err := decodeNode(kv.Value, kv.ModRevision)
-			if err != nil {
-				return fmt.Errorf("node %s: %w", kv.Key, err)
-			}
-			if err := f(n); err != nil {
-				return err
-			}
-		}
-		if !resp.More || len(resp.Kvs) == 0 {
-			return nil
-		}
-		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
-	}
 }
 
 func (x *curatorServer) GetCurrentLeader(_ *curatorv1.GetCurrentLeaderRequest, stream curatorv1.Curator_GetCurrentLeaderServer) error {

@@ -1,6 +1,8 @@
 package curator
 
 import (
+	"slices"
+
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
@@ -23,19 +25,20 @@ import (
 //	Management  everything         admin
 //	Leases      everything         reconciler
 func policy() rpc.Policy {
-	p := rpc.Policy{}
+	every := []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindNode, pki.KindConsensus}
+	p := rpc.Policy{
+		curatorv1.Curator_BootstrapCluster_FullMethodName:  {Allow: []pki.Kind{pki.KindAdmin, pki.KindNode}},
+		curatorv1.Curator_RegisterNode_FullMethodName:      {Allow: []pki.Kind{pki.KindEnrolling}},
+		curatorv1.Curator_CommitNode_FullMethodName:        {Allow: []pki.Kind{pki.KindEnrolling}},
+		curatorv1.Curator_Watch_FullMethodName:             {Allow: []pki.Kind{pki.KindNode, pki.KindEnrolling, pki.KindCurator, pki.KindReconciler, pki.KindAdmin}},
+		curatorv1.Curator_UpdateNodeStatus_FullMethodName:  {Allow: []pki.Kind{pki.KindNode}},
+		curatorv1.Curator_Heartbeat_FullMethodName:         {Allow: []pki.Kind{pki.KindNode}},
+		curatorv1.Curator_GetCurrentLeader_FullMethodName:  {Allow: every},
+		curatorv1.Curator_IssueCertificates_FullMethodName: {Allow: []pki.Kind{pki.KindNode}},
+		curatorv1.Curator_GetMembership_FullMethodName:     {Allow: []pki.Kind{pki.KindConsensus}},
+		curatorv1.Curator_WatchCRL_FullMethodName:          {Allow: append(slices.Clone(every), pki.KindEnrolling)},
+	}
 	method := func(service, name string) string { return "/" + service + "/" + name }
-	cur := curatorv1.Curator_ServiceDesc.ServiceName
-	p[method(cur, "BootstrapCluster")] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindNode}}
-	p[method(cur, "RegisterNode")] = rpc.Rule{Allow: []pki.Kind{pki.KindEnrolling}}
-	p[method(cur, "CommitNode")] = rpc.Rule{Allow: []pki.Kind{pki.KindEnrolling}}
-	p[method(cur, "Watch")] = rpc.Rule{Allow: []pki.Kind{pki.KindNode, pki.KindEnrolling, pki.KindCurator, pki.KindReconciler, pki.KindAdmin}}
-	p[method(cur, "UpdateNodeStatus")] = rpc.Rule{Allow: []pki.Kind{pki.KindNode}}
-	p[method(cur, "Heartbeat")] = rpc.Rule{Allow: []pki.Kind{pki.KindNode}}
-	p[method(cur, "GetCurrentLeader")] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindNode, pki.KindConsensus}}
-	p[method(cur, "IssueCertificates")] = rpc.Rule{Allow: []pki.Kind{pki.KindNode}}
-	p[method(cur, "GetMembership")] = rpc.Rule{Allow: []pki.Kind{pki.KindConsensus}}
-	p[method(cur, "WatchCRL")] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindNode, pki.KindConsensus, pki.KindEnrolling}}
 	for _, m := range curatorv1.Management_ServiceDesc.Methods {
 		p[method(curatorv1.Management_ServiceDesc.ServiceName, m.MethodName)] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin}}
 	}

@@ -2,10 +2,12 @@ package curator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -16,6 +18,73 @@ import (
 
 // Nodes are stored as curia.curator.v1.Node under keys.Node(id), without the
 // fields computed on read (health, last heartbeat, revision).
+
+// nodePage is how many node records one read of a scan takes.
+const nodePage = 1000
+
+// scanNodes reads every node record at one revision, nodePage at a time,
+// and calls f with each; it returns the revision read. The one way the
+// curator reads the whole registry (GetNodes, the watch hub's snapshot, the
+// consensus addresses).
+func scanNodes(ctx context.Context, kv clientv3.KV, f func(*mvccpb.KeyValue) error) (int64, error) {
+	key, end := keys.NodesPrefix, clientv3.GetPrefixRangeEnd(keys.NodesPrefix)
+	var rev int64
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(nodePage)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev)) // one consistent snapshot
+		}
+		resp, err := kv.Get(ctx, key, opts...)
+		if err != nil {
+			return 0, fmt.Errorf("read nodes: %w", err)
+		}
+		if rev == 0 {
+			// Later pages read at the first page's revision; a header
+			// carries the store's current revision, not the one read.
+			rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			if err := f(kv); err != nil {
+				return 0, err
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return rev, nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// eachNode calls f for every node, decoded, from one scan.
+func (s *Service) eachNode(ctx context.Context, f func(*curatorv1.Node) error) error {
+	_, err := scanNodes(ctx, s.etcd, func(kv *mvccpb.KeyValue) error {
+		n, err := decodeNode(kv.Value, kv.ModRevision)
+		if err != nil {
+			return fmt.Errorf("node %s: %w", kv.Key, err)
+		}
+		return f(n)
+	})
+	return err
+}
+
+// conflictAttempts bounds the leader's read-decide-write loops: a record
+// that changes under every attempt changes faster than a call can decide on
+// it, and the caller gets CONFLICT (Aborted: read again, retry).
+const conflictAttempts = 8
+
+// retryConflicts runs attempt until it ends in anything but errConflict (a
+// guarded write that found its record changed), at most conflictAttempts
+// times.
+func retryConflicts[T any](ctx context.Context, what string, attempt func() (T, error)) (T, error) {
+	for range conflictAttempts {
+		v, err := attempt()
+		if !errors.Is(err, errConflict) || ctx.Err() != nil {
+			return v, err
+		}
+	}
+	var zero T
+	return zero, fmt.Errorf("%w: %s: the record changed under each of %d attempts; retry", errConflict, what, conflictAttempts)
+}
 
 // getNode reads a node; its Revision is the record's ModRevision.
 func (s *Service) getNode(ctx context.Context, id string) (*curatorv1.Node, error) {

@@ -66,6 +66,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
@@ -85,9 +86,6 @@ const (
 	// watchMaxMessageBytes bounds one snapshot message, well under gRPC's
 	// default 4 MiB receive limit.
 	watchMaxMessageBytes = 2 << 20
-	// watchSnapshotPage is how many node records one etcd read of the
-	// hub's snapshot fetches.
-	watchSnapshotPage = 1000
 	// watchNudgeInterval is how often a stream waiting for the hub to reach
 	// its start revision or min_revision asks etcd for a progress
 	// notification.
@@ -364,28 +362,13 @@ func (e *watchCompacted) Error() string {
 // ring restarts there: streams behind it get a snapshot.
 func (h *watchHub) load(ctx context.Context) error {
 	nodes := map[string]*curatorv1.Node{}
-	key, end := keys.NodesPrefix, clientv3.GetPrefixRangeEnd(keys.NodesPrefix)
-	var rev int64
-	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(watchSnapshotPage)}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev)) // one consistent snapshot
-		}
-		resp, err := h.s.etcd.Get(ctx, key, opts...)
-		if err != nil {
-			return fmt.Errorf("read nodes: %w", err)
-		}
-		if rev == 0 {
-			rev = resp.Header.Revision
-		}
-		for _, kv := range resp.Kvs {
-			n := h.decode(string(kv.Key), kv.Value, kv.ModRevision)
-			nodes[n.Id] = n
-		}
-		if !resp.More || len(resp.Kvs) == 0 {
-			break
-		}
-		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	rev, err := scanNodes(ctx, h.s.etcd, func(kv *mvccpb.KeyValue) error {
+		n := h.decode(string(kv.Key), kv.Value, kv.ModRevision)
+		nodes[n.Id] = n
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	// Forget the unreadable records deleted while the hub was away.
 	for key := range h.unreadable {
