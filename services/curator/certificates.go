@@ -5,6 +5,7 @@ import (
 	"crypto"
 	"crypto/ed25519"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -255,7 +256,7 @@ func (s *Service) resignCRL(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.lead.txn(ctx, []clientv3.Cmp{cmp}, put); err != nil && err != errConflict {
+	if _, err := s.lead.txn(ctx, []clientv3.Cmp{cmp}, put); err != nil && !errors.Is(err, errConflict) {
 		return err
 	}
 	s.log.Info("CRL signed by this curator's CA", "ca", s.ca.Cert.Subject.String())
@@ -364,7 +365,7 @@ func (s *Service) issueCertificates(ctx context.Context, req *curatorv1.IssueCer
 			}
 		}
 		_, err = s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, "node.certificates", id, "certificates issued: "+strings.Join(issued, ", ")))
-		if err == errConflict && ctx.Err() == nil {
+		if errors.Is(err, errConflict) && ctx.Err() == nil {
 			continue // the record changed: decide again
 		}
 		if err != nil {

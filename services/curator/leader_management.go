@@ -2,6 +2,7 @@ package curator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -192,7 +193,7 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 			s.log.Info("roles updated", "node", n.Id, "roles", roleNames(roles), "by", caller(ctx).String())
 			return s.getNode(ctx, n.Id)
 		}
-		if err != errConflict {
+		if !errors.Is(err, errConflict) {
 			return nil, err
 		}
 		if moved, err := s.membershipMoved(ctx, epoch); err != nil || moved {
@@ -318,7 +319,7 @@ func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeReque
 			ops, cmps = append(ops, put), append(cmps, cmp)
 		}
 		_, err = s.lead.txn(ctx, cmps, ops...)
-		if err == errConflict {
+		if errors.Is(err, errConflict) {
 			continue // the node or the CRL changed: decide again
 		}
 		if err != nil {
