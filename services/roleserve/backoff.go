@@ -34,7 +34,7 @@ func (b *backoff) next() time.Duration {
 		b.cur *= 2
 	}
 	// ±20%
-	return b.cur + time.Duration((rand.Float64()*0.4-0.2)*float64(b.cur))
+	return b.cur + time.Duration((rand.Float64()*0.4-0.2)*float64(b.cur)) //nolint:gosec // G404: jitter, no secret
 }
 
 // slowest jumps to the longest wait: for errors that only an operator or
