@@ -81,10 +81,13 @@ check-generate: generate ## regenerate and fail if gen/ differs from what is com
 		echo "gen/ is stale: run 'make generate' and commit the result" >&2; exit 1; fi
 
 .PHONY: lint
-lint: $(BUF) ## gofmt, go vet and buf lint
+lint: $(BUF) $(GOLANGCI_LINT) ## gofmt, golangci-lint (.golangci.yml), buf lint and buf format
 	@bad=$$(gofmt -l $(MODULES)); if [ -n "$$bad" ]; then echo "gofmt needed:" $$bad >&2; exit 1; fi
-	go vet work
+	golangci-lint run $(LINT_PACKAGES)
+	@# The one file behind the failpoints tag (the binaries tests run).
+	golangci-lint run --build-tags failpoints ./platform/failpoint/...
 	buf lint
+	buf format -d --exit-code
 
 .PHONY: breaking
 breaking: $(BUF) ## buf breaking against main (BREAKING_AGAINST=...; CI: '.git#ref=HEAD~1')
