@@ -3,23 +3,40 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
 
-# Tools, pinned. They are installed with `go install` into a directory keyed
-# by these versions, outside go.work (buf would drag its pre-release protobuf
-# into every service). CI points TOOLS_CACHE at a cache that survives clones.
-BUF_VERSION                  := v1.75.0
-PROTOC_GEN_GO_VERSION        := v1.36.12
-PROTOC_GEN_GO_GRPC_VERSION   := v1.6.2
+# Tools, pinned. Each is installed with `go install`, outside go.work (buf
+# would drag its pre-release protobuf into every service), into a directory of
+# its own keyed by its own version: the binary is the rule's sentinel, so
+# bumping one version reinstalls that tool only, and checkouts pinning other
+# versions share the cache without clashing. golangci-lint is keyed by the Go
+# version too: it refuses code whose go directive is newer than the Go it was
+# built with. CI points TOOLS_CACHE at a cache that survives clones.
+BUF_VERSION                   := v1.75.0
+PROTOC_GEN_GO_VERSION         := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION    := v1.6.2
 PROTOC_GEN_CONNECT_GO_VERSION := v1.21.1
-GRPCURL_VERSION              := v1.9.4
+GRPCURL_VERSION               := v1.9.4
+GOLANGCI_LINT_VERSION         := v2.15.0
 TOOLS_CACHE ?= $(CURDIR)/.bin
-TOOLS_KEY   := $(shell echo '$(BUF_VERSION) $(PROTOC_GEN_GO_VERSION) $(PROTOC_GEN_GO_GRPC_VERSION) $(PROTOC_GEN_CONNECT_GO_VERSION) $(GRPCURL_VERSION)' | sha256sum | cut -c1-12)
-TOOLS       := $(TOOLS_CACHE)/$(TOOLS_KEY)
-BUF         := $(TOOLS)/buf
-GRPCURL     := $(TOOLS)/grpcurl
-export PATH := $(TOOLS):$(PATH)
+BUF                   := $(TOOLS_CACHE)/buf/$(BUF_VERSION)/buf
+PROTOC_GEN_GO         := $(TOOLS_CACHE)/protoc-gen-go/$(PROTOC_GEN_GO_VERSION)/protoc-gen-go
+PROTOC_GEN_GO_GRPC    := $(TOOLS_CACHE)/protoc-gen-go-grpc/$(PROTOC_GEN_GO_GRPC_VERSION)/protoc-gen-go-grpc
+PROTOC_GEN_CONNECT_GO := $(TOOLS_CACHE)/protoc-gen-connect-go/$(PROTOC_GEN_CONNECT_GO_VERSION)/protoc-gen-connect-go
+GRPCURL               := $(TOOLS_CACHE)/grpcurl/$(GRPCURL_VERSION)/grpcurl
+GOLANGCI_LINT         := $(TOOLS_CACHE)/golangci-lint/$(GOLANGCI_LINT_VERSION)-$(shell go env GOVERSION)/golangci-lint
+TOOL_BINS := $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) $(GRPCURL) $(GOLANGCI_LINT)
+# buf finds its local plugins (buf.gen.yaml) on PATH.
+empty :=
+space := $(empty) $(empty)
+export PATH := $(subst $(space),:,$(strip $(foreach t,$(TOOL_BINS),$(dir $(t))))):$(PATH)
+# go install GOBIN=<dir of the sentinel> <package>@<version> [flags...]
+go_install = mkdir -p $(dir $@) && cd / && GOWORK=off GOBIN=$(dir $@) go install $(3) $(1)@$(2)
 
 # Go modules of the workspace (go.work); `go ... work` means all of them.
 MODULES := gen platform services/consensus services/curator services/reconciler services/roleserve deploy/local deploy/faults
+# What golangci-lint analyses: every module but gen/ (buf writes it), as
+# ./<module>/... patterns, which go.work resolves from the root (a bare ./...
+# does not: the root is no module).
+LINT_PACKAGES := $(foreach m,$(filter-out gen,$(MODULES)),./$(m)/...)
 # Binaries that `make build` produces, static, for FROM scratch images.
 CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator services/reconciler/cmd/reconciler services/roleserve/cmd/roleserve platform/cmd/curia-pki platform/cmd/curia-probe deploy/local/cmd/curia-local
 BIN     := $(CURDIR)/bin
@@ -29,24 +46,31 @@ BREAKING_AGAINST ?= .git\#branch=main
 
 .PHONY: help
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: tools
-tools: $(BUF) $(GRPCURL) ## install the pinned tools
+tools: $(TOOL_BINS) ## install the pinned tools
 
 $(BUF):
-	@mkdir -p $(TOOLS)
-	cd / && GOWORK=off GOBIN=$(TOOLS) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
-	cd / && GOWORK=off GOBIN=$(TOOLS) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
-	cd / && GOWORK=off GOBIN=$(TOOLS) go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
-	cd / && GOWORK=off GOBIN=$(TOOLS) go install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_GO_VERSION)
+	$(call go_install,github.com/bufbuild/buf/cmd/buf,$(BUF_VERSION))
+
+$(PROTOC_GEN_GO):
+	$(call go_install,google.golang.org/protobuf/cmd/protoc-gen-go,$(PROTOC_GEN_GO_VERSION))
+
+$(PROTOC_GEN_GO_GRPC):
+	$(call go_install,google.golang.org/grpc/cmd/protoc-gen-go-grpc,$(PROTOC_GEN_GO_GRPC_VERSION))
+
+$(PROTOC_GEN_CONNECT_GO):
+	$(call go_install,connectrpc.com/connect/cmd/protoc-gen-connect-go,$(PROTOC_GEN_CONNECT_GO_VERSION))
 
 $(GRPCURL):
-	@mkdir -p $(TOOLS)
-	cd / && GOWORK=off GOBIN=$(TOOLS) go install -ldflags "-X main.version=$(GRPCURL_VERSION)" github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
+	$(call go_install,github.com/fullstorydev/grpcurl/cmd/grpcurl,$(GRPCURL_VERSION),-ldflags "-X main.version=$(GRPCURL_VERSION)")
+
+$(GOLANGCI_LINT):
+	$(call go_install,github.com/golangci/golangci-lint/v2/cmd/golangci-lint,$(GOLANGCI_LINT_VERSION))
 
 .PHONY: generate
-generate: $(BUF) ## regenerate gen/ from proto/
+generate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) ## regenerate gen/ from proto/
 	rm -rf gen/curia
 	buf generate
 
@@ -57,14 +81,25 @@ check-generate: generate ## regenerate and fail if gen/ differs from what is com
 		echo "gen/ is stale: run 'make generate' and commit the result" >&2; exit 1; fi
 
 .PHONY: lint
-lint: $(BUF) ## gofmt, go vet and buf lint
+lint: $(BUF) $(GOLANGCI_LINT) ## gofmt, golangci-lint (.golangci.yml), buf lint and buf format
 	@bad=$$(gofmt -l $(MODULES)); if [ -n "$$bad" ]; then echo "gofmt needed:" $$bad >&2; exit 1; fi
-	go vet work
+	golangci-lint run $(LINT_PACKAGES)
+	@# The one file behind the failpoints tag (the binaries tests run).
+	golangci-lint run --build-tags failpoints ./platform/failpoint/...
 	buf lint
+	buf format -d --exit-code
 
 .PHONY: breaking
-breaking: $(BUF) ## buf breaking against main (BREAKING_AGAINST=...)
+breaking: $(BUF) ## buf breaking against main (BREAKING_AGAINST=...; CI: '.git#ref=HEAD~1')
 	buf breaking --against '$(BREAKING_AGAINST)'
+
+.PHONY: check-tidy
+check-tidy: ## fail if any module's go.mod/go.sum is not what `make tidy` makes
+	@stale=; for m in $(MODULES); do \
+		if ! diff=$$(cd $$m && GOWORK=off go mod tidy -diff 2>&1); then \
+			echo "$$m: go.mod/go.sum stale:" >&2; echo "$$diff" >&2; stale="$$stale $$m"; fi; done; \
+	if [ -n "$$stale" ]; then \
+		echo "not tidy:$$stale: run 'make tidy' (or 'cd <module> && GOWORK=off go mod tidy') and commit" >&2; exit 1; fi
 
 .PHONY: test
 test: ## run every test (real etcd, real mTLS, loopback)
@@ -75,9 +110,11 @@ bench: ## Go benchmarks (bootstrap-to-ready, join-to-voter, ...)
 	go test -run '^$$' -bench . -benchtime 3x ./services/consensus/ ./services/curator/
 
 .PHONY: test-e2e
-# With Docker, the compose cluster is tested too (its image first).
-DOCKER := $(shell docker info >/dev/null 2>&1 && echo yes)
-test-e2e: build $(GRPCURL) $(if $(DOCKER),images) ## end-to-end tests: the process cluster (and every grpcurl command in the README), and the compose cluster when Docker runs
+# Docker is asked here, not when the Makefile is read: with it the compose
+# cluster's image is built and its test runs; without, that test skips.
+test-e2e: build $(GRPCURL) ## end-to-end tests: the process cluster (and every grpcurl command in the README), and the compose cluster when Docker runs
+	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; \
+	else echo "test-e2e: no Docker: the compose cluster test will skip"; fi
 	go test -tags e2e -count=1 -timeout 20m -v ./deploy/local/
 
 .PHONY: test-faults

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -52,7 +53,6 @@ type sample struct {
 	at      time.Time
 	quorum  bool
 	members map[uint64]memberView // nil when the member list could not be read
-	pending bool
 	// active are the reconciler processes that said they hold the lease,
 	// with its fence (rendered) and expiry.
 	active map[string]activeLease
@@ -260,8 +260,10 @@ func parseCondition(s string) (string, int64, bool) {
 func fenceEpoch(fence []string) int64 {
 	for _, s := range fence {
 		if strings.HasPrefix(s, keys.MembershipEpoch+"@mod") {
-			var e int64
-			fmt.Sscanf(strings.TrimPrefix(s, keys.MembershipEpoch+"@mod"), "%d", &e)
+			e, err := strconv.ParseInt(strings.TrimPrefix(s, keys.MembershipEpoch+"@mod"), 10, 64)
+			if err != nil {
+				return 0 // not a fence curia renders (fence.Fence.Strings)
+			}
 			return e
 		}
 	}

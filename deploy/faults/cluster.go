@@ -310,8 +310,8 @@ func (c *cluster) startTwin(name string) (stop func(), err error) {
 	c.twins[name+"-twin"] = cmd
 	c.mu.Unlock()
 	return func() {
-		cmd.Process.Kill()
-		cmd.Wait()
+		_ = cmd.Process.Kill() // fails only once it has exited
+		_ = cmd.Wait()         // killed: no exit status to judge
 		logf.Close()
 		c.mu.Lock()
 		delete(c.twins, name+"-twin")

@@ -95,7 +95,7 @@ func runSuite(t *testing.T, cfg Config) *Report {
 // TestFaults is the suite: a fixed seed and a short run by default.
 func TestFaults(t *testing.T) {
 	preconditions(t)
-	seed := uint64(1)
+	var seed uint64
 	if s := env("FAULT_SEED", "1"); s == "random" {
 		seed = uint64(time.Now().UnixNano())
 	} else {

@@ -315,8 +315,11 @@ func (n *nemesis) inject(ctx context.Context, kind string) (*fault, error) {
 			return nil, err
 		}
 		got, err := c.etcd.Get(ctx, keys.Node(id))
-		if err != nil || len(got.Kvs) == 0 {
-			return nil, fmt.Errorf("read node %s: %v", id, err)
+		if err != nil {
+			return nil, fmt.Errorf("read node %s: %w", id, err)
+		}
+		if len(got.Kvs) == 0 {
+			return nil, fmt.Errorf("read node %s: not found", id)
 		}
 		record := got.Kvs[0].Value
 		f.Target = id
@@ -359,7 +362,7 @@ func (n *nemesis) inject(ctx context.Context, kind string) (*fault, error) {
 		}
 		stopTwin, err := c.startTwin(active)
 		if err != nil {
-			syscall.Kill(pid, syscall.SIGCONT)
+			_ = syscall.Kill(pid, syscall.SIGCONT) // undo the pause; err says what failed
 			return nil, err
 		}
 		f.Target, f.takeover = active, "reconciler"
@@ -386,6 +389,7 @@ func (c *cluster) reinstall(name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	m := curatorv1.NewManagementClient(c.admin)
+	var approveErr error // the last approval's, for the timeout
 	for {
 		var node curatorv1.Node
 		if got, err := c.etcd.Get(ctx, keys.Node(id)); err == nil && len(got.Kvs) > 0 && proto.Unmarshal(got.Kvs[0].Value, &node) == nil {
@@ -393,10 +397,13 @@ func (c *cluster) reinstall(name string) error {
 			case curatorv1.NodeState_NODE_STATE_UP:
 				return nil
 			case curatorv1.NodeState_NODE_STATE_NEW:
-				m.ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: id})
+				_, approveErr = m.ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: id})
 			}
 		}
 		if !run.Sleep(ctx, 200*time.Millisecond) {
+			if approveErr != nil {
+				return fmt.Errorf("reinstall %s: node %s is %v after a minute; approve: %w", name, id, node.GetState(), approveErr)
+			}
 			return fmt.Errorf("reinstall %s: node %s is %v after a minute", name, id, node.GetState())
 		}
 	}

@@ -155,17 +155,18 @@ func (n *Net) iptables(host string, args ...string) error {
 // with its peer).
 func (n *Net) Close() {
 	for _, h := range n.hostNames() {
-		exec.Command("ip", "netns", "del", n.ns(h)).Run()
+		_ = exec.Command("ip", "netns", "del", n.ns(h)).Run()
 	}
-	exec.Command("ip", "netns", "del", n.ns("switch")).Run()
-	exec.Command("ip", "link", "del", n.uplink()).Run()
+	// Best effort: what is gone already (a half-made net) fails, fine.
+	_ = exec.Command("ip", "netns", "del", n.ns("switch")).Run()
+	_ = exec.Command("ip", "link", "del", n.uplink()).Run()
 }
 
 // command runs a tool and returns its output in the error when it fails.
 func command(name string, args ...string) error {
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

@@ -158,7 +158,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	for _, p := range c.processes() {
 		if pid := c.pid(p); pid != 0 {
-			syscall.Kill(pid, syscall.SIGCONT)
+			_ = syscall.Kill(pid, syscall.SIGCONT) // fails only once it has exited
 		}
 	}
 	final := time.Now()
@@ -275,10 +275,12 @@ func startCluster(ctx context.Context, cfg Config) (*cluster, func(), error) {
 	c := &cluster{net: net, lc: lc, state: state, name: cfg.Name, hosts: hosts, failpoints: fp, out: cfg.Out}
 	stop := func() {
 		cancel()
-		<-runErr
+		if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) {
+			lcfg.Log.Warn("curia-local ended", "err", err)
+		}
 		c.mu.Lock()
 		for _, t := range c.twins {
-			t.Process.Kill()
+			_ = t.Process.Kill() // fails only once it has exited
 		}
 		c.mu.Unlock()
 		c.closeConns()
@@ -328,7 +330,10 @@ func waitFile(ctx context.Context, path string, runErr chan error) error {
 		}
 		select {
 		case err := <-runErr:
-			return fmt.Errorf("curia-local stopped: %v", err)
+			if err == nil {
+				return errors.New("curia-local stopped")
+			}
+			return fmt.Errorf("curia-local stopped: %w", err)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):

@@ -331,7 +331,7 @@ func (w *workload) get(ctx context.Context, client int, n synthetic) {
 func (w *workload) auditReader(ctx context.Context, pace time.Duration) {
 	for ctx.Err() == nil {
 		run.Sleep(ctx, pace)
-		w.call(ctx, "read-audit", func(ctx context.Context) error {
+		_ = w.call(ctx, "read-audit", func(ctx context.Context) error { // call records the outcome
 			stream, err := w.mgmt().WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{Backlog: 100, NoFollow: true})
 			if err != nil {
 				return err

@@ -159,7 +159,7 @@ func checkComposeSecrets(t *testing.T, project string) {
 		for _, m := range fields[1:] {
 			name, source, _ := strings.Cut(m, "=")
 			volume := strings.TrimPrefix(name, project+"_")
-			filepath.WalkDir(source, func(p string, d os.DirEntry, err error) error {
+			err := filepath.WalkDir(source, func(p string, d os.DirEntry, err error) error {
 				if err != nil || d.IsDir() {
 					return nil
 				}
@@ -172,6 +172,9 @@ func checkComposeSecrets(t *testing.T, project string) {
 				}
 				return nil
 			})
+			if err != nil {
+				t.Errorf("walk volume %s: %v", volume, err)
+			}
 		}
 	}
 	if checked < 12 {

@@ -484,7 +484,7 @@ func runReadme(t *testing.T, c *cluster) {
 				var err error
 				out, err = cmd.CombinedOutput()
 				if err != nil && wantFail == "" && (strings.Contains(string(out), "Unavailable") || strings.Contains(string(out), "Aborted")) {
-					return fmt.Errorf("%v: %s", err, out)
+					return fmt.Errorf("%w: %s", err, out)
 				}
 				if err != nil && wantFail == "" {
 					t.Fatalf("%v\n%s", err, out)

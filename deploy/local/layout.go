@@ -111,7 +111,7 @@ func (c *Cluster) mkdirs() error {
 			return err
 		}
 		// An existing directory (a compose volume's mount point) too.
-		if err := os.Chmod(d, 0o700); err != nil {
+		if err := os.Chmod(d, 0o700); err != nil { //nolint:gosec // G302: a directory, owner only
 			return err
 		}
 	}

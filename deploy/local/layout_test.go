@@ -80,12 +80,15 @@ func TestLayout(t *testing.T) {
 			t.Errorf("secrets/%s holds %v, want %v", id, got, files)
 		}
 	}
-	filepath.WalkDir(filepath.Join(state, "public"), func(p string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(filepath.Join(state, "public"), func(p string, d fs.DirEntry, err error) error {
 		if b, _ := os.ReadFile(p); bytes.Contains(b, []byte("PRIVATE KEY")) {
 			t.Errorf("public/ holds a key: %s", p)
 		}
 		return nil
 	})
+	if err != nil {
+		t.Errorf("walk public/: %v", err)
+	}
 
 	// Every process is given files of public/, of its own identity and of
 	// its own data, and no other.
@@ -124,9 +127,13 @@ func TestLayout(t *testing.T) {
 	// A state directory of the old layout, where every process read one
 	// directory of keys.
 	old := t.TempDir()
-	os.MkdirAll(filepath.Join(old, "pki"), 0o700)
+	if err := os.MkdirAll(filepath.Join(old, "pki"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	for _, f := range []string{"ca.crt", "admin-admin.crt"} {
-		os.WriteFile(filepath.Join(old, "pki", f), nil, 0o600)
+		if err := os.WriteFile(filepath.Join(old, "pki", f), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cfg.State = old
 	if err := New(cfg).PKI(); err == nil || !strings.Contains(err.Error(), "FRESH=1") {

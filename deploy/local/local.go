@@ -180,9 +180,11 @@ func (p *proc) supervise(ctx context.Context, log *slog.Logger, supervised chan 
 		p.cmd, p.exited = cmd, exited
 		stopped := p.stopped
 		p.mu.Unlock()
-		os.WriteFile(p.pid, []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o644)
+		if err := os.WriteFile(p.pid, []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o600); err != nil {
+			log.Warn("write pid file", "process", p.name, "err", err)
+		}
 		if stopped {
-			cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Process.Signal(syscall.SIGTERM) // fails only once it has exited
 		}
 		err = cmd.Wait()
 		close(exited)
@@ -256,11 +258,12 @@ func (p *proc) stop(grace time.Duration) {
 	if cmd == nil {
 		return
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
+	// Both fail only once it has exited, which closes exited.
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-exited:
 	case <-time.After(grace):
-		cmd.Process.Kill()
+		_ = cmd.Process.Kill()
 		<-exited
 	}
 	os.Remove(p.pid)

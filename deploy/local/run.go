@@ -52,7 +52,7 @@ func (c *Cluster) Run(ctx context.Context) error {
 	if _, err := os.Stat(shaped); err == nil {
 		err2 = c.waitAgreement(ctx, admin)
 	} else if err2 = c.Init(ctx, admin); err2 == nil {
-		err2 = os.WriteFile(shaped, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o644)
+		err2 = os.WriteFile(shaped, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o600)
 	}
 	if err2 != nil {
 		if ctx.Err() != nil {
@@ -384,5 +384,5 @@ func (c *Cluster) writeEnv() error {
 		"export CURIA_CONSENSUS=" + strings.Join(consensus, ","),
 		"export CURIA_ROLESERVES=" + strings.Join(roleserves, ","),
 	}
-	return os.WriteFile(c.path("env"), []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+	return os.WriteFile(c.path("env"), []byte(strings.Join(lines, "\n")+"\n"), 0o600)
 }

@@ -35,7 +35,7 @@ func (b *Backoff) Next() time.Duration {
 	default:
 		b.cur *= 2
 	}
-	return b.cur + time.Duration((rand.Float64()*0.4-0.2)*float64(b.cur))
+	return b.cur + time.Duration((rand.Float64()*0.4-0.2)*float64(b.cur)) //nolint:gosec // G404: jitter, no secret
 }
 
 // After is the wait after err: the delay the server asked for (RetryInfo:

@@ -125,8 +125,12 @@ func (ca *CA) Issue(req IssueRequest) (*Issued, error) {
 		return nil, fmt.Errorf("issue %s: parse certificate: %w", req.Principal, err)
 	}
 	// Belt and braces: what we hand out must map back to what was asked for.
-	if got, err := PrincipalFromCert(cert, req.Cluster); err != nil || got != req.Principal {
-		return nil, fmt.Errorf("issue %s: certificate maps back to %q (%v)", req.Principal, got, err)
+	got, err := PrincipalFromCert(cert, req.Cluster)
+	if err != nil {
+		return nil, fmt.Errorf("issue %s: certificate maps back to no principal: %w", req.Principal, err)
+	}
+	if got != req.Principal {
+		return nil, fmt.Errorf("issue %s: certificate maps back to %q", req.Principal, got)
 	}
 	return &Issued{Cert: cert, CertPEM: EncodeCertPEM(der), KeyPEM: keyPEM}, nil
 }

@@ -41,7 +41,10 @@ func handshake(t *testing.T, server, client *tls.Config) (serverSaw, clientSaw P
 			return
 		}
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+			done <- result{err: err}
+			return
+		}
 		tc := c.(*tls.Conn)
 		if err := tc.Handshake(); err != nil {
 			done <- result{err: err}
@@ -65,9 +68,12 @@ func handshake(t *testing.T, server, client *tls.Config) (serverSaw, clientSaw P
 	conn, err := tls.DialWithDialer(&d, "tcp", ln.Addr().String(), client)
 	if err == nil {
 		defer conn.Close()
-		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		err = conn.SetDeadline(time.Now().Add(10 * time.Second))
 		buf := make([]byte, 2)
-		if _, err = io.ReadFull(conn, buf); err == nil {
+		if err == nil {
+			_, err = io.ReadFull(conn, buf)
+		}
+		if err == nil {
 			clientSaw, err = PrincipalFromCert(conn.ConnectionState().PeerCertificates[0], testCluster)
 		}
 	}

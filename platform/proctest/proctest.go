@@ -112,7 +112,13 @@ func (p *Proc) Start() {
 		p.t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { cmd.Wait(); logf.Close(); close(done) }()
+	go func() {
+		// The exit status is not the test's verdict: tests stop and kill
+		// their processes on purpose, and judge them by API and log.
+		_ = cmd.Wait()
+		logf.Close()
+		close(done)
+	}()
 	p.cmd, p.done = cmd, done
 }
 
@@ -158,7 +164,9 @@ func (p *Proc) send(sig syscall.Signal) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd != nil {
-		p.cmd.Process.Signal(sig)
+		// It fails only when the process has exited, which its done
+		// channel reports.
+		_ = p.cmd.Process.Signal(sig)
 	}
 }
 
@@ -171,11 +179,12 @@ func (p *Proc) Signal(sig syscall.Signal) {
 	if cmd == nil {
 		return
 	}
-	cmd.Process.Signal(sig)
+	// Both fail only when the process has exited: done is closed then.
+	_ = cmd.Process.Signal(sig)
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
+		_ = cmd.Process.Kill()
 		<-done
 	}
 }

@@ -26,7 +26,12 @@ func TestDialAnyFailsOver(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, lis) }()
-	t.Cleanup(func() { cancel(); <-served })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
 
 	conn, err := DialAny([]string{first.addr, lis.Addr().String()}, ClientConfig{Credentials: first.ca.creds(t, admin), ServerKinds: []pki.Kind{pki.KindCurator}})
 	if err != nil {

@@ -283,7 +283,9 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		s.grpc.Stop()
 		<-stopped
 	}
-	<-served
+	if err := <-served; err != nil {
+		return fmt.Errorf("serve gRPC on %s: %w", lis.Addr(), err)
+	}
 	return nil
 }
 

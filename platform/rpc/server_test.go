@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http/httptest"
 	"strings"
@@ -228,7 +229,7 @@ func TestServeStopsWithOpenStreams(t *testing.T) {
 	if err := env.stop(); err != nil {
 		t.Fatalf("Serve = %v, want nil", err)
 	}
-	if err := cs.RecvMsg(&out); err == nil || err == io.EOF {
+	if err := cs.RecvMsg(&out); err == nil || errors.Is(err, io.EOF) {
 		t.Fatalf("stream after stop: %v, want an error", err)
 	}
 	if !strings.Contains(env.logs.String(), "graceful stop timed out") {
@@ -283,14 +284,16 @@ func TestHealthAndReflection(t *testing.T) {
 			t.Fatalf("reflection lists %v, want %s", services, want)
 		}
 	}
-	stream.CloseSend()
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
 
 	// v1alpha, which older grpcurl versions use
 	alpha, err := reflectionv1alpha.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := alpha.Send(&reflectionv1alpha.ServerReflectionRequest{
+	if err := alpha.Send(&reflectionv1alpha.ServerReflectionRequest{ //nolint:staticcheck // SA1019: v1alpha on purpose, older grpcurl versions use it
 		MessageRequest: &reflectionv1alpha.ServerReflectionRequest_ListServices{},
 	}); err != nil {
 		t.Fatal(err)
@@ -298,7 +301,9 @@ func TestHealthAndReflection(t *testing.T) {
 	if _, err := alpha.Recv(); err != nil {
 		t.Fatalf("reflection v1alpha: %v", err)
 	}
-	alpha.CloseSend()
+	if err := alpha.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
 
 	// Only authenticated principals, though.
 	anon := env.dialTLS(t, env.rawClientTLS(env.ca.keyPair(t)))

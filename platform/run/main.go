@@ -2,6 +2,7 @@ package run
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -48,7 +49,7 @@ func Main(name string, addFlags func(*flag.FlagSet), build func(*slog.Logger) (S
 	lc := logging.DefaultConfig()
 	lc.AddFlags(fs)
 	if err := fs.Parse(os.Args[1:]); err != nil {
-		if err == flag.ErrHelp {
+		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
 		os.Exit(2)

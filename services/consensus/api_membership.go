@@ -198,7 +198,7 @@ func (c *change) carryOut(p *pendingChange, call func(context.Context) error) (i
 	begun := time.Now()
 	failpoint.Hold("after-commit")
 	deadline := begun.Add(p.deadline())
-	callErr := errNeverCalled
+	var callErr error
 	if time.Now().Before(deadline) {
 		// Not the caller's context: a client that hangs up must not leave
 		// the change half done.

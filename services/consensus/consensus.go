@@ -295,8 +295,11 @@ func nodeID(cfg Config) (string, error) {
 			return "", fmt.Errorf("--cert: %w", err)
 		}
 		p, err := pki.PrincipalFromCert(cert, cfg.Cluster)
-		if err != nil || p.Kind != pki.KindConsensus {
-			return "", fmt.Errorf("--cert %s is for %v, not a consensus/<node-id> (%v)", cfg.TLS.Cert, p, err)
+		if err != nil {
+			return "", fmt.Errorf("--cert %s: %w", cfg.TLS.Cert, err)
+		}
+		if p.Kind != pki.KindConsensus {
+			return "", fmt.Errorf("--cert %s is for %v, not a consensus/<node-id>", cfg.TLS.Cert, p)
 		}
 		id = p.Name
 	}
@@ -375,7 +378,9 @@ func (s *Service) runMember(ctx context.Context) error {
 func (s *Service) followCRL(ctx context.Context) error {
 	for ctx.Err() == nil {
 		if _, cli, err := s.member.running(); err == nil {
-			s.crl.Run(ctx, cli)
+			if err := s.crl.Run(ctx, cli); err != nil {
+				return fmt.Errorf("follow the CRL: %w", err)
+			}
 		}
 		t := time.NewTimer(time.Second)
 		select {
@@ -404,9 +409,12 @@ func serveMetrics(ctx context.Context, addr string, h http.Handler, health http.
 	hs := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// ctx is done: the requests in flight get 5s of their own.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		hs.Shutdown(sctx)
+		if err := hs.Shutdown(sctx); err != nil {
+			hs.Close() // the 5s passed: cut the connections left
+		}
 	}()
 	if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err

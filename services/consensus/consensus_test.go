@@ -527,13 +527,13 @@ func TestLeaveAfterRemovedWhileJoining(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	release := n2.Proc.Hold("before-ready")
+	release := n2.Hold("before-ready")
 	started := make(chan error, 1)
 	go func() {
 		_, err := n2.Self().Start(ctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: added.Join}})
 		started <- err
 	}()
-	n2.Proc.Reached("before-ready")
+	n2.Reached("before-ready")
 	if err := ct.RetryUnavailable(t, func() error {
 		_, err := nodes[0].Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: added.Join.MemberId}, Fence: nodes[0].Fenced(leader.Fence)})
 		return err

@@ -423,8 +423,9 @@ func (m *member) etcdConfig(mode startMode, initialCluster string) (*embed.Confi
 	ec.ListenClientUrls = []url.URL{{Scheme: "https", Host: m.cfg.ListenClient}}
 	ec.AdvertiseClientUrls = []url.URL{*client}
 	ec.InitialClusterToken = m.cfg.Cluster
-	ec.TickMs = uint(m.cfg.TickInterval / time.Millisecond)
-	ec.ElectionMs = uint(m.cfg.ElectionTimeout / time.Millisecond)
+	// Both positive (Config.Validate): an int64 fits a uint.
+	ec.TickMs = uint(m.cfg.TickInterval / time.Millisecond)        //nolint:gosec // G115: positive, see Validate
+	ec.ElectionMs = uint(m.cfg.ElectionTimeout / time.Millisecond) //nolint:gosec // G115: positive, see Validate
 	ec.UnsafeNoFsync = m.cfg.UnsafeNoFsync
 	ec.StrictReconfigCheck = !m.cfg.UnsafeNoStrictReconfig
 	ec.EnableGRPCGateway = false

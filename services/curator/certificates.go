@@ -5,6 +5,7 @@ import (
 	"crypto"
 	"crypto/ed25519"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -255,7 +256,7 @@ func (s *Service) resignCRL(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.lead.txn(ctx, []clientv3.Cmp{cmp}, put); err != nil && err != errConflict {
+	if _, err := s.lead.txn(ctx, []clientv3.Cmp{cmp}, put); err != nil && !errors.Is(err, errConflict) {
 		return err
 	}
 	s.log.Info("CRL signed by this curator's CA", "ca", s.ca.Cert.Subject.String())

@@ -41,9 +41,12 @@ func (s *Service) serveConnect(ctx context.Context, lis net.Listener) error {
 	hs := &http.Server{Handler: requireClientCert(transcoder), TLSConfig: tlsConfig, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// ctx is done: the requests in flight get 5s of their own.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		hs.Shutdown(sctx)
+		if err := hs.Shutdown(sctx); err != nil {
+			hs.Close() // the 5s passed: cut the connections left
+		}
 	}()
 	s.log.Info("admin API over Connect", "listen", lis.Addr().String())
 	if err := hs.ServeTLS(lis, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {

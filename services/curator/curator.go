@@ -286,6 +286,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 func (s *Service) Run(ctx context.Context) error {
 	defer s.etcd.Close()
 	defer s.consensus.close()
+	defer s.lead.closeConns()
 	lis, err := net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", s.cfg.Listen, err)

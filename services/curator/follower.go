@@ -116,7 +116,9 @@ func (l *leadership) forwardStream(srv any, ss grpc.ServerStream, info *grpc.Str
 	}()
 	// Leader → caller, headers first.
 	if md, err := cs.Header(); err == nil && len(md) > 0 {
-		ss.SetHeader(md)
+		if err := ss.SetHeader(md); err != nil {
+			return err
+		}
 	}
 	for {
 		m := out.New().Interface()

@@ -100,7 +100,9 @@ func hbOnce(ctx context.Context, cl curatorv1.CuratorClient) (*curatorv1.Heartbe
 	if err != nil {
 		return nil, err
 	}
-	st.CloseSend()
+	if err := st.CloseSend(); err != nil {
+		return nil, err
+	}
 	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("after CloseSend: %v, want EOF", err)
 	}

@@ -111,7 +111,7 @@ func orphan(s *concurrency.Session) {
 	s.Orphan()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	s.Client().Revoke(ctx, s.Lease())
+	_, _ = s.Client().Revoke(ctx, s.Lease()) // best effort: the lease expires anyway
 }
 
 func (l *leadership) stepDown(why string) {

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"regexp"
 
@@ -39,7 +40,7 @@ func (s *Service) becameLeader(ctx context.Context, term int64) {
 	_, err := s.lead.txn(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.RegisterTicket), "=", 0)},
 		clientv3.OpPut(keys.RegisterTicket, string(ticket)))
-	if err != nil && err != errConflict {
+	if err != nil && !errors.Is(err, errConflict) {
 		s.log.Warn("create register ticket", "term", term, "err", err)
 	}
 }
@@ -165,7 +166,7 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 	_, err = s.lead.txn(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0), noTomb},
 		putNode(n), s.auditOp(ctx, "cluster.bootstrap", id, "first node of the cluster"))
-	if err == errConflict {
+	if errors.Is(err, errConflict) {
 		return s.bootstrap(ctx, req) // created meanwhile: answer as for an existing node
 	}
 	if err != nil {
@@ -241,7 +242,7 @@ func (s *Service) register(ctx context.Context, req *curatorv1.RegisterNodeReque
 	_, err = s.lead.txn(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0), noTomb},
 		putNode(n))
-	if err != nil && err != errConflict {
+	if err != nil && !errors.Is(err, errConflict) {
 		return nil, err
 	}
 	if n, err = s.getNode(ctx, id); err != nil {

@@ -657,7 +657,7 @@ func (s *Service) dropOldTermLeases(ctx context.Context, term int64) error {
 		_, err := s.lead.txn(ctx,
 			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)},
 			clientv3.OpDelete(string(kv.Key)))
-		if err != nil && err != errConflict {
+		if err != nil && !errors.Is(err, errConflict) {
 			return fmt.Errorf("drop old-term lease %s: %w", kv.Key, err)
 		}
 		if err == nil {

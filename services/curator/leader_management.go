@@ -2,6 +2,7 @@ package curator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -193,7 +194,7 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 			s.log.Info("roles updated", "node", n.Id, "roles", roleNames(roles), "by", caller(ctx).String())
 			return s.getNode(ctx, n.Id)
 		}
-		if err != errConflict {
+		if !errors.Is(err, errConflict) {
 			return nil, err
 		}
 		if moved, err := s.membershipMoved(ctx, epoch); err != nil || moved {

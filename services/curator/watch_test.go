@@ -412,7 +412,7 @@ func TestWatchHubServe(t *testing.T) {
 			finished := make(chan struct{})
 			go func() {
 				defer close(finished)
-				h.serve(ctx, &watcher{cursor: 10}, func(r *curatorv1.WatchResponse) error {
+				err := h.serve(ctx, &watcher{cursor: 10}, func(r *curatorv1.WatchResponse) error {
 					if _, err := proto.Marshal(r); err != nil {
 						return err
 					}
@@ -424,6 +424,9 @@ func TestWatchHubServe(t *testing.T) {
 					outs[i] <- summary([]*curatorv1.WatchResponse{r})[0]
 					return nil
 				})
+				if err != nil && ctx.Err() == nil {
+					t.Errorf("serve: %v", err)
+				}
 			}()
 			t.Cleanup(func() { cancel(); <-finished })
 		}
@@ -470,7 +473,10 @@ func TestWatchHubServe(t *testing.T) {
 		finished := make(chan struct{})
 		go func() {
 			defer close(finished)
-			h.serve(ctx, &watcher{node: wid("a"), snapshot: true}, func(r *curatorv1.WatchResponse) error { got <- r; return nil })
+			err := h.serve(ctx, &watcher{node: wid("a"), snapshot: true}, func(r *curatorv1.WatchResponse) error { got <- r; return nil })
+			if err != nil && ctx.Err() == nil {
+				t.Errorf("serve: %v", err)
+			}
 		}()
 		defer func() { cancel(); <-finished }()
 		for i := range 2 { // the snapshot, then a change

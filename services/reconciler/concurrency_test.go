@@ -2,6 +2,7 @@ package reconciler_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -188,7 +189,7 @@ func (a *actor) record(err error) {
 	switch {
 	case err == nil:
 		a.accepted++
-	case err == errIdle:
+	case errors.Is(err, errIdle):
 		a.idle++
 	default:
 		a.refused++
@@ -405,13 +406,14 @@ func (w *world) duty(members *consensusv1.ListMembersResponse, lease *curatorv1.
 		}
 		m := byNode[n.ID]
 		idle := st.State == consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE
+		// A call that fails is made again next round, as an agent would.
 		switch {
 		case m == nil && !idle:
-			n.Self().Leave(ctx, &consensusv1.LeaveRequest{})
+			_, _ = n.Self().Leave(ctx, &consensusv1.LeaveRequest{})
 		case m != nil && m.Learner && !m.Started && idle:
 			join := w.joinParameters(ctx, n, lease, members.MembershipEpoch)
 			if join != nil {
-				n.Self().Start(ctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: join}})
+				_, _ = n.Self().Start(ctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: join}})
 			}
 		}
 	}

@@ -115,7 +115,9 @@ func TestBootstrapLocal(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			f.onStart = func() { cancel() }
 			f.startErr = status.Error(codes.Canceled, "crash")
-			bootstrapLocal(ctx, m, f, testNode, "consensus", discard)
+			if _, err := bootstrapLocal(ctx, m, f, testNode, "consensus", discard); err == nil {
+				t.Fatal("bootstrapLocal went on after the crash")
+			}
 			f.onStart, f.startErr = nil, nil
 		},
 		"crash after Start, before the member was recorded": crashAfterStart,

@@ -43,7 +43,7 @@ func prepareDataDir(dir string) (dataFiles, error) {
 		return dataFiles{}, fmt.Errorf("create data dir: %w", err)
 	}
 	// The directory holds private keys: owner only, also when it existed.
-	if err := os.Chmod(dir, 0o700); err != nil {
+	if err := os.Chmod(dir, 0o700); err != nil { //nolint:gosec // G302: a directory, owner only
 		return dataFiles{}, fmt.Errorf("restrict data dir: %w", err)
 	}
 	return dataFiles{

@@ -185,7 +185,7 @@ func (s *Service) launch(ctx context.Context, d reduce.Decision) {
 		phase, act = phaseLeaving, s.leave
 	}
 	bo := backoff.New(retryMin, s.cfg.RetryMax)
-	var lastCode codes.Code = codes.OK
+	lastCode := codes.OK
 	for attempt := int64(1); ; attempt++ {
 		s.setLauncher(phase, attempt, nil)
 		again, err := act(ctx)

@@ -225,7 +225,9 @@ func TestResume(t *testing.T) {
 		_, path := machineIn(t, StateRegistering)
 		ctx, cancel := context.WithCancel(context.Background())
 		s := &steps{crash: "await-approval", cancel: cancel}
-		drive(ctx, reload(t, path), s, quick(), discard)
+		if err := drive(ctx, reload(t, path), s, quick(), discard); err == nil {
+			t.Fatal("drive went on after the crash")
+		}
 		if got := reload(t, path).State(); got != StateWaitingForApproval {
 			t.Fatalf("state %s: register finished, so WAITING_FOR_APPROVAL was persisted", got)
 		}
@@ -274,7 +276,9 @@ func TestDriveErrors(t *testing.T) {
 		defer cancel()
 		// register fails once, and the run stops at its second attempt.
 		s := &crashAfter{steps: &steps{fail: map[string]error{"register": errors.New("wrong register ticket")}}, n: 2, cancel: cancel}
-		drive(ctx, m, s, quick(), discard)
+		if err := drive(ctx, m, s, quick(), discard); err == nil {
+			t.Fatal("drive went on after the crash")
+		}
 		if _, note := m.record(); !strings.Contains(note, "wrong register ticket") || m.State() != StateRegistering {
 			t.Fatalf("state %s, note %q", m.State(), note)
 		}

@@ -58,7 +58,12 @@ func TestProbe(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, lis) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
 
 	probe := func(extra ...string) (int, string) {
 		args := append([]string{"--addr", lis.Addr().String(), "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert, "--key", client.Key, "--timeout", "2s"}, extra...)

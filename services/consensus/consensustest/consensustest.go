@@ -14,6 +14,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -25,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
@@ -404,14 +406,20 @@ func (c *Cluster) Etcd(endpoints ...string) *clientv3.Client {
 type Leader struct {
 	Session *concurrency.Session
 	Fence   fence.Fence
+
+	t testing.TB
 }
 
 // Resign ends the leader's term: its key is gone, its fence stale.
 func (l *Leader) Resign() {
+	l.t.Helper()
 	l.Session.Orphan()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	l.Session.Client().Revoke(ctx, l.Session.Lease())
+	// A lease not found has gone already: what Resign is for.
+	if _, err := l.Session.Client().Revoke(ctx, l.Session.Lease()); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		l.t.Fatalf("resign: revoke the leader's lease: %v", err)
+	}
 }
 
 // Campaign wins the curator election through cli and returns its fence.
@@ -427,7 +435,8 @@ func (c *Cluster) Campaign(cli *clientv3.Client) *Leader {
 		s.Orphan()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		cli.Revoke(ctx, s.Lease())
+		// At worst the lease outlives the test by its TTL.
+		_, _ = cli.Revoke(ctx, s.Lease())
 	})
 	e := concurrency.NewElection(s, strings.TrimSuffix(keys.LeaderElection, "/"))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -435,7 +444,7 @@ func (c *Cluster) Campaign(cli *clientv3.Client) *Leader {
 	if err := e.Campaign(ctx, "test"); err != nil {
 		t.Fatal(err)
 	}
-	return &Leader{Session: s, Fence: fence.Fence{Conditions: []fence.Condition{{Key: e.Key(), CreateRevision: e.Rev()}}}}
+	return &Leader{Session: s, Fence: fence.Fence{Conditions: []fence.Condition{{Key: e.Key(), CreateRevision: e.Rev()}}}, t: t}
 }
 
 // Bootstrap starts n as a new single-member cluster.

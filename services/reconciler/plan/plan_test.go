@@ -501,7 +501,7 @@ func checkPass(t *rapid.T, s *model, o Observed, a Action) {
 		if a.Kind == AddRole && (!ok || mem.ID != a.MemberID || n.ConsensusMember) {
 			t.Fatalf("%v: node %+v is not member %x lacking ConsensusMember", a, *n, a.MemberID)
 		}
-		if a.Kind == RemoveRole && (ok || !(n.ConsensusMember || n.KubernetesController)) {
+		if a.Kind == RemoveRole && (ok || !n.ConsensusMember && !n.KubernetesController) {
 			t.Fatalf("%v: node %+v is a member, or has neither role", a, *n)
 		}
 	default:
