@@ -13,7 +13,7 @@ import (
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/rpcerr"
-	"curia.dev/services/reconciler/plan"
+	"curia.dev/services/reconciler/internal/plan"
 )
 
 // pass observes, plans and, when this replica holds the lease and is not

@@ -8,7 +8,7 @@ import (
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
-	"curia.dev/services/reconciler/plan"
+	"curia.dev/services/reconciler/internal/plan"
 )
 
 // policy: the reconciler's API is for admins.

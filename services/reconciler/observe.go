@@ -9,7 +9,7 @@ import (
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/failpoint"
-	"curia.dev/services/reconciler/plan"
+	"curia.dev/services/reconciler/internal/plan"
 )
 
 // snapshot is one observation with what act needs beyond the plan.

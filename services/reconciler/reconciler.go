@@ -17,7 +17,7 @@
 //	    └─ curator Leases.ReconcileNodeRoles                 (fence + epoch + node revision)
 //
 // Files: reconciler.go (config, run), lease.go (holding the lease),
-// observe.go, act.go, api.go (GetStatus, Plan, Pause, Resume), plan/.
+// observe.go, act.go, api.go (GetStatus, Plan, Pause, Resume), internal/plan/.
 package reconciler
 
 import (
@@ -44,7 +44,7 @@ import (
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
-	"curia.dev/services/reconciler/plan"
+	"curia.dev/services/reconciler/internal/plan"
 )
 
 // Config configures one reconciler replica.

@@ -14,7 +14,7 @@ import (
 	roleservev1 "curia.dev/gen/curia/roleserve/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
-	"curia.dev/services/roleserve/reduce"
+	"curia.dev/services/roleserve/internal/reduce"
 )
 
 // apiConsensusTimeout bounds GetStatus's call to the local consensus.

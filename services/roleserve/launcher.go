@@ -14,7 +14,7 @@ import (
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/backoff"
 	"curia.dev/platform/run"
-	"curia.dev/services/roleserve/reduce"
+	"curia.dev/services/roleserve/internal/reduce"
 )
 
 // The control loop reduces the inputs (bootstrap data, roles, local

@@ -24,7 +24,7 @@
 // machine), enrolment.go (what each enrolment state does), roles.go
 // (watching the node's roles), launcher.go (the reduce's decision carried
 // out on the local consensus), heartbeat.go (heartbeats and status
-// reports), api.go (GetStatus), errors.go (which errors are worth a retry), reduce/ (the
+// reports), api.go (GetStatus), errors.go (which errors are worth a retry), internal/reduce/ (the
 // pure control-plane reduce).
 package roleserve
 
@@ -51,7 +51,7 @@ import (
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
-	"curia.dev/services/roleserve/reduce"
+	"curia.dev/services/roleserve/internal/reduce"
 )
 
 // Version is the agent's version, reported to the curator (set with
