@@ -24,8 +24,8 @@
 // machine), enrolment.go (what each enrolment state does), roles.go
 // (watching the node's roles), launcher.go (the reduce's decision carried
 // out on the local consensus), heartbeat.go (heartbeats and status
-// reports), api.go (GetStatus), errors.go (which errors are worth a retry), internal/reduce/ (the
-// pure control-plane reduce).
+// reports), api.go (GetStatus), errors.go (which errors are worth a
+// retry), internal/reduce/ (the pure control-plane reduce).
 package roleserve
 
 import (
