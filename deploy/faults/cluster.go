@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -23,6 +22,7 @@ import (
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	roleservev1 "curia.dev/gen/curia/roleserve/v1"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/process"
 	"curia.dev/platform/rpc"
 )
 
@@ -44,7 +44,7 @@ type cluster struct {
 	out        io.Writer
 
 	mu    sync.Mutex
-	twins map[string]*exec.Cmd
+	twins map[string]*process.Process
 	conns map[string]*grpc.ClientConn
 
 	// lastMembers is the last member list the sampler read.
@@ -292,27 +292,18 @@ func (c *cluster) startTwin(name string) (stop func(), err error) {
 			argv[i+1] = host + ":" + twinPort
 		}
 	}
-	logf, err := os.OpenFile(filepath.Join(c.state, "logs", name+"-twin.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	p, err := process.Start(process.Spec{Argv: argv, Log: filepath.Join(c.state, "logs", name+"-twin.log")})
 	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
 		return nil, err
 	}
 	c.mu.Lock()
 	if c.twins == nil {
-		c.twins = map[string]*exec.Cmd{}
+		c.twins = map[string]*process.Process{}
 	}
-	c.twins[name+"-twin"] = cmd
+	c.twins[name+"-twin"] = p
 	c.mu.Unlock()
 	return func() {
-		_ = cmd.Process.Kill() // fails only once it has exited
-		_ = cmd.Wait()         // killed: no exit status to judge
-		logf.Close()
+		p.Stop(syscall.SIGKILL, time.Second)
 		c.mu.Lock()
 		delete(c.twins, name+"-twin")
 		c.mu.Unlock()

@@ -280,7 +280,7 @@ func startCluster(ctx context.Context, cfg Config) (*cluster, func(), error) {
 		}
 		c.mu.Lock()
 		for _, t := range c.twins {
-			_ = t.Process.Kill() // fails only once it has exited
+			t.Signal(syscall.SIGKILL)
 		}
 		c.mu.Unlock()
 		c.closeConns()

@@ -24,12 +24,12 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
+
+	"curia.dev/platform/process"
 )
 
 // Config says where the cluster lives.
@@ -131,16 +131,12 @@ type proc struct {
 	log  string
 	pid  string
 
-	// ctx and logger are the supervisor's, kept for a restart.
+	// ctx and logger are the cluster's, kept for a restart.
 	ctx    context.Context
 	logger *slog.Logger
 
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	stopped bool
-	exited  chan struct{}
-	// supervised is closed when the supervisor gives up the process.
-	supervised chan struct{}
+	mu  sync.Mutex
+	sup *process.Supervisor
 }
 
 func (c *Cluster) start(ctx context.Context, name, host, bin string, args ...string) *proc {
@@ -149,63 +145,22 @@ func (c *Cluster) start(ctx context.Context, name, host, bin string, args ...str
 	if c.cfg.Wrap != nil {
 		argv = append(c.cfg.Wrap(host), argv...)
 	}
-	p := &proc{name: name, args: argv, log: c.path("logs", name+".log"), pid: c.path("run", name+".pid"),
-		ctx: ctx, logger: c.cfg.Log, supervised: make(chan struct{})}
+	p := &proc{name: name, args: argv, log: c.path("logs", name+".log"), pid: c.path("run", name+".pid"), ctx: ctx, logger: c.cfg.Log}
 	c.procs = append(c.procs, p)
-	go p.supervise(ctx, c.cfg.Log, p.supervised)
+	p.supervise()
 	return p
 }
 
-func (p *proc) supervise(ctx context.Context, log *slog.Logger, supervised chan struct{}) {
-	defer close(supervised)
-	for backoff := time.Second; ctx.Err() == nil; {
-		logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-		if err != nil {
-			log.Error("open log", "process", p.name, "err", err)
-			return
+// supervise starts the process under a new supervisor.
+func (p *proc) supervise() {
+	sup := process.Supervise(p.ctx, process.Spec{Argv: p.args, Log: p.log}, p.logger.With("process", p.name), func(pid int) {
+		if err := os.WriteFile(p.pid, fmt.Appendf(nil, "%d\n", pid), 0o600); err != nil {
+			p.logger.Warn("write pid file", "process", p.name, "err", err)
 		}
-		cmd := exec.Command(p.args[0], p.args[1:]...)
-		cmd.Stdout, cmd.Stderr = logf, logf
-		// Ctrl-C reaches curia-local only, which stops the services in
-		// order; if curia-local dies, they die with it.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		begun := time.Now()
-		if err := cmd.Start(); err != nil {
-			logf.Close()
-			log.Error("start", "process", p.name, "err", err)
-			return
-		}
-		exited := make(chan struct{})
-		p.mu.Lock()
-		p.cmd, p.exited = cmd, exited
-		stopped := p.stopped
-		p.mu.Unlock()
-		if err := os.WriteFile(p.pid, []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o600); err != nil {
-			log.Warn("write pid file", "process", p.name, "err", err)
-		}
-		if stopped {
-			_ = cmd.Process.Signal(syscall.SIGTERM) // fails only once it has exited
-		}
-		err = cmd.Wait()
-		close(exited)
-		logf.Close()
-		p.mu.Lock()
-		stopped = p.stopped
-		p.mu.Unlock()
-		if stopped || ctx.Err() != nil {
-			return
-		}
-		if time.Since(begun) > time.Minute {
-			backoff = time.Second
-		}
-		log.Warn("process exited; restarting", "process", p.name, "err", err, "after", backoff)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 30*time.Second)
-	}
+	})
+	p.mu.Lock()
+	p.sup = sup
+	p.mu.Unlock()
 }
 
 // Processes are the names of the supervised processes, in start order.
@@ -220,19 +175,10 @@ func (c *Cluster) Processes() []string {
 // PID is the process id of the named process while it runs, else 0.
 func (c *Cluster) PID(name string) int {
 	for _, p := range c.procs {
-		if p.name != name {
-			continue
-		}
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.cmd == nil || p.cmd.Process == nil {
-			return 0
-		}
-		select {
-		case <-p.exited:
-			return 0
-		default:
-			return p.cmd.Process.Pid
+		if p.name == name {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return p.sup.PID()
 		}
 	}
 	return 0
@@ -252,21 +198,10 @@ func (c *Cluster) Argv(name string) []string {
 // stop sends SIGTERM and waits (SIGKILL after the grace period).
 func (p *proc) stop(grace time.Duration) {
 	p.mu.Lock()
-	p.stopped = true
-	cmd, exited := p.cmd, p.exited
+	sup := p.sup
 	p.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	// Both fail only once it has exited, which closes exited.
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-exited:
-	case <-time.After(grace):
-		_ = cmd.Process.Kill()
-		<-exited
-	}
-	os.Remove(p.pid)
+	sup.Stop(grace)
+	_ = os.Remove(p.pid) // gone already when it never started
 }
 
 // Restart stops the named process (SIGTERM, SIGKILL after grace), runs
@@ -278,17 +213,9 @@ func (c *Cluster) Restart(name string, grace time.Duration, meanwhile func() err
 		return fmt.Errorf("no process %s", name)
 	}
 	p := c.procs[i]
-	p.mu.Lock()
-	supervised := p.supervised
-	p.mu.Unlock()
 	p.stop(grace)
-	<-supervised // (a supervisor between two runs starts one more, and stops it)
 	err := meanwhile()
-	p.mu.Lock()
-	p.stopped, p.supervised = false, make(chan struct{})
-	supervised = p.supervised
-	p.mu.Unlock()
-	go p.supervise(p.ctx, p.logger, supervised)
+	p.supervise()
 	return err
 }
 

@@ -75,9 +75,9 @@ func (c *Cluster) startAll(ctx context.Context) {
 	}
 }
 
-// process is one process to start: its name, host, binary, flags, and the
+// procSpec is one process to start: its name, host, binary, flags, and the
 // identity whose secrets it reads.
-type process struct {
+type procSpec struct {
 	name, host, bin string
 	args            []string
 	identity        string
@@ -86,10 +86,10 @@ type process struct {
 // processes are every process of the cluster, in start order (consensus
 // first, then the curators, the node agents, the reconcilers). Each reads
 // public/ and its own identity's directory (layout.go).
-func (c *Cluster) processes() []process {
-	var out []process
+func (c *Cluster) processes() []procSpec {
+	var out []procSpec
 	add := func(name, host, bin, identity string, args ...string) {
-		out = append(out, process{name: name, host: host, bin: bin, args: args, identity: identity})
+		out = append(out, procSpec{name: name, host: host, bin: bin, args: args, identity: identity})
 	}
 	ca := c.public(pki.CACertFile)
 	tls := func(identity string) []string {
