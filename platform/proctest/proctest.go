@@ -1,6 +1,12 @@
 // Package proctest runs curia's binaries as real processes in tests, so that
 // a test can kill -9 a service the way a machine failure would, and polls
 // for conditions with a deadline instead of sleeping.
+//
+// Tests that start processes or etcd are skipped under `go test -short`
+// (make test-unit): Build and New skip, and so does every other helper that
+// starts etcd, through SkipShort. Binaries are built with -race when the
+// tests run with it (race.go), so that the race detector watches the
+// services too, not only the test's own goroutines.
 package proctest
 
 import (
@@ -17,6 +23,16 @@ import (
 	"time"
 )
 
+// SkipShort skips the test under `go test -short`: it is called where a
+// test starts processes (Build, New) or etcd (the in-process etcd helpers),
+// so that the fast tier never runs one and no test has to remember to skip.
+func SkipShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts processes or etcd: skipped with -short")
+	}
+}
+
 var (
 	buildMu sync.Mutex
 	built   = map[string]string{}
@@ -24,10 +40,12 @@ var (
 
 // Build builds the command package pkg (e.g.
 // "curia.dev/services/consensus/cmd/consensus") with the given build tags
-// once per test process and returns the binary's path. The test must run
-// inside the go.work.
+// once per test process and returns the binary's path, with -race when the
+// test binary has it. The test must run inside the go.work. Under -short it
+// skips the test.
 func Build(t testing.TB, pkg string, tags ...string) string {
 	t.Helper()
+	SkipShort(t)
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	key := pkg + " " + strings.Join(tags, ",")
@@ -39,7 +57,11 @@ func Build(t testing.TB, pkg string, tags ...string) string {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, filepath.Base(pkg))
-	out, err := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", bin, pkg).CombinedOutput()
+	args := []string{"build", "-tags", strings.Join(tags, ","), "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command("go", append(args, pkg)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 	}
@@ -69,6 +91,8 @@ type Proc struct {
 
 // New prepares a process; Start runs it. It is killed when the test ends.
 func New(t testing.TB, name, bin string, args ...string) *Proc {
+	t.Helper()
+	SkipShort(t)
 	p := &Proc{t: t, Name: name, bin: bin, args: args, Log: filepath.Join(t.TempDir(), name+".log"), Failpoints: t.TempDir()}
 	p.Env = append(os.Environ(), "CURIA_FAILPOINT_DIR="+p.Failpoints)
 	t.Cleanup(func() {

@@ -54,10 +54,6 @@ import (
 	"curia.dev/services/roleserve/reduce"
 )
 
-// Version is the agent's version, reported to the curator (set with
-// -ldflags "-X curia.dev/services/roleserve.Version=...").
-var Version = "dev"
-
 // Config configures one node agent.
 type Config struct {
 	// Cluster is the cluster name, the trust domain of every identity.
