@@ -10,8 +10,11 @@
 package proctest
 
 import (
+	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -313,4 +316,45 @@ func Eventually(t testing.TB, timeout time.Duration, f func() error) {
 			wait *= 2
 		}
 	}
+}
+
+// Get does a plain-HTTP GET (a process's /healthz or /metrics) and returns
+// the status code and body.
+func Get(url string) (code int, body string, err error) {
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// WaitHealthz polls http://addr/healthz until it answers code (200 once the
+// process is SERVING, 503 while it is not), or fails the test.
+func WaitHealthz(t testing.TB, addr string, code int, timeout time.Duration) {
+	t.Helper()
+	Eventually(t, timeout, func() error {
+		got, body, err := Get("http://" + addr + "/healthz")
+		if err != nil || got != code {
+			return fmt.Errorf("/healthz of %s = %d %q (%v), want %d", addr, got, strings.TrimSpace(body), err, code)
+		}
+		return nil
+	})
+}
+
+// MetricsHave fails the test unless http://addr/metrics names every metric
+// in names.
+func MetricsHave(t testing.TB, addr string, names ...string) string {
+	t.Helper()
+	code, body, err := Get("http://" + addr + "/metrics")
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("/metrics of %s = %d (%v)", addr, code, err)
+	}
+	for _, n := range names {
+		if !strings.Contains(body, "\n"+n) && !strings.HasPrefix(body, n) {
+			t.Errorf("/metrics of %s lacks %s", addr, n)
+		}
+	}
+	return body
 }
