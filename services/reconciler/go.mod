@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	curia.dev/gen v0.0.0
 	curia.dev/platform v0.0.0
+	curia.dev/services/consensus v0.0.0
 	curia.dev/services/curator v0.0.0
 	github.com/prometheus/client_golang v1.25.0
 	google.golang.org/grpc v1.85.0
@@ -13,7 +14,6 @@ require (
 )
 
 require (
-	curia.dev/services/consensus v0.0.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
