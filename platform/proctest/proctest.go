@@ -100,6 +100,11 @@ func New(t testing.TB, name, bin string, args ...string) *Proc {
 	p.Env = append(os.Environ(), "CURIA_FAILPOINT_DIR="+p.Failpoints)
 	t.Cleanup(func() {
 		p.Kill()
+		// A -race binary reports a race and runs on: the log is where it
+		// shows, and the test fails on it.
+		if raceEnabled && p.LogContains("WARNING: DATA RACE") {
+			t.Errorf("%s: the race detector found a data race (see its log)", name)
+		}
 		if t.Failed() {
 			b, _ := os.ReadFile(p.Log)
 			t.Logf("--- log of %s ---\n%s", name, tail(b, 80))
