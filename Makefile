@@ -105,6 +105,12 @@ check-tidy: ## fail if any module's go.mod/go.sum is not what `make tidy` makes
 test: ## run every test (real etcd, real mTLS, loopback)
 	go test -race -count=1 -timeout 15m work
 
+.PHONY: test-unit
+# Tests that start processes or etcd skip themselves under -short
+# (proctest.SkipShort); what is left runs in seconds.
+test-unit: ## the fast tier: go test -short, no processes, no etcd (under 30s with a warm build cache)
+	go test -short -count=1 -timeout 60s work
+
 .PHONY: bench
 bench: ## Go benchmarks (bootstrap-to-ready, join-to-voter, ...)
 	go test -run '^$$' -bench . -benchtime 3x ./services/consensus/ ./services/curator/
@@ -128,9 +134,11 @@ test-faults-mutations: ## show the fault suite fails when a safety mechanism is 
 	go test -tags faults -count=1 -timeout 60m -v -run 'TestMutationsCaught' ./deploy/faults/
 
 .PHONY: build
-build: ## static binaries into bin/
+# Every binary carries VERSION (platform/version; `<binary> --version`).
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+build: ## static binaries into bin/, stamped with VERSION (default: git describe --always --dirty)
 	@mkdir -p $(BIN)
-	for c in $(CMDS); do CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o $(BIN)/$$(basename $$c) ./$$c; done
+	for c in $(CMDS); do CGO_ENABLED=0 go build -trimpath -ldflags='-s -w -X curia.dev/platform/version.version=$(VERSION)' -o $(BIN)/$$(basename $$c) ./$$c; done
 
 .PHONY: tidy
 tidy: ## go mod tidy every module (each on its own, as CI's clean clone sees it)

@@ -273,9 +273,12 @@ func (c *cluster) armCrash(point string) error {
 
 func (c *cluster) disarmCrash(point string) { os.Remove(filepath.Join(c.failpoints, point+".crash")) }
 
-// twinPort is where a twin reconciler listens (its original keeps the
-// usual port).
-const twinPort = "7301"
+// twinPort and twinMetricsPort are where a twin reconciler listens (its
+// original keeps the usual ports).
+const (
+	twinPort        = "7301"
+	twinMetricsPort = "9301"
+)
 
 // startTwin starts a second process of a reconciler under the same name
 // on the same host: a restarted twin while the original is only paused.
@@ -287,9 +290,10 @@ func (c *cluster) startTwin(name string) (stop func(), err error) {
 	}
 	argv = slices.Clone(argv)
 	for i := range argv {
-		if argv[i] == "--listen" && i+1 < len(argv) {
+		port := map[string]string{"--listen": twinPort, "--listen-metrics": twinMetricsPort}[argv[i]]
+		if port != "" && i+1 < len(argv) {
 			host, _, _ := strings.Cut(argv[i+1], ":")
-			argv[i+1] = host + ":" + twinPort
+			argv[i+1] = host + ":" + port
 		}
 	}
 	p, err := process.Start(process.Spec{Argv: argv, Log: filepath.Join(c.state, "logs", name+"-twin.log")})

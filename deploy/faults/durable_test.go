@@ -13,11 +13,13 @@ import (
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/proctest"
 )
 
 // etcdForTest starts a single real etcd member on loopback.
 func etcdForTest(t *testing.T) *clientv3.Client {
 	t.Helper()
+	proctest.SkipShort(t)
 	cfg := embed.NewConfig()
 	cfg.Dir = t.TempDir()
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())

@@ -45,6 +45,16 @@ func (c *Cluster) Run(ctx context.Context) error {
 	begun := time.Now()
 	fmt.Fprintf(c.cfg.Out, "curia: starting %d control-plane nodes, %d worker(s), %d curators, %d reconcilers (logs in %s)\n",
 		c.cfg.ControlPlane, c.cfg.Workers, c.cfg.Curators, c.cfg.Reconcilers, c.path("logs"))
+	// Wait on health in dependency order: consensus (node-1's agent
+	// bootstraps etcd meanwhile, or the members restart from disk), then
+	// the curators on top, then the reconcilers on the curators. The other
+	// nodes' agents become healthy only once init approved them.
+	if err := c.waitHealthy(ctx, "consensus", "curator", "reconciler"); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 	// The first run shapes the cluster; later runs only wait until roles
 	// and membership agree again (an operator may have changed its shape).
 	shaped := c.path("initialized")
@@ -53,6 +63,9 @@ func (c *Cluster) Run(ctx context.Context) error {
 		err2 = c.waitAgreement(ctx, admin)
 	} else if err2 = c.Init(ctx, admin); err2 == nil {
 		err2 = os.WriteFile(shaped, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o600)
+	}
+	if err2 == nil {
+		err2 = c.waitHealthy(ctx, "roleserve")
 	}
 	if err2 != nil {
 		if ctx.Err() != nil {
@@ -89,6 +102,7 @@ type procSpec struct {
 func (c *Cluster) processes() []procSpec {
 	var out []procSpec
 	add := func(name, host, bin, identity string, args ...string) {
+		args = append(args, "--listen-metrics", metricsAddr(host, bin))
 		out = append(out, procSpec{name: name, host: host, bin: bin, args: args, identity: identity})
 	}
 	ca := c.public(pki.CACertFile)

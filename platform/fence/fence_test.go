@@ -23,6 +23,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/proctest"
 )
 
 // testTimeout bounds every test's etcd calls; a healthy run takes well under
@@ -48,6 +49,7 @@ func freeURL(t *testing.T) url.URL {
 // it. Both are closed when the test ends.
 func startEtcd(t *testing.T) *clientv3.Client {
 	t.Helper()
+	proctest.SkipShort(t)
 	var (
 		e         *embed.Etcd
 		clientURL url.URL

@@ -9,11 +9,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"curia.dev/platform/proctest"
 )
 
 // TestOpenSSLAccepts checks our PEMs against a second, independent
 // implementation: what etcd, curl and grpcurl accept, openssl accepts too.
 func TestOpenSSLAccepts(t *testing.T) {
+	proctest.SkipShort(t) // runs openssl
 	if _, err := exec.LookPath("openssl"); err != nil {
 		t.Skip("openssl not on PATH")
 	}

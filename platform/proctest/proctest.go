@@ -1,11 +1,20 @@
 // Package proctest runs curia's binaries as real processes in tests, so that
 // a test can kill -9 a service the way a machine failure would, and polls
 // for conditions with a deadline instead of sleeping.
+//
+// Tests that start processes or etcd are skipped under `go test -short`
+// (make test-unit): Build and New skip, and so does every other helper that
+// starts etcd, through SkipShort. Binaries are built with -race when the
+// tests run with it (race.go), so that the race detector watches the
+// services too, not only the test's own goroutines.
 package proctest
 
 import (
+	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +26,16 @@ import (
 	"time"
 )
 
+// SkipShort skips the test under `go test -short`: it is called where a
+// test starts processes (Build, New) or etcd (the in-process etcd helpers),
+// so that the fast tier never runs one and no test has to remember to skip.
+func SkipShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts processes or etcd: skipped with -short")
+	}
+}
+
 var (
 	buildMu sync.Mutex
 	built   = map[string]string{}
@@ -24,10 +43,12 @@ var (
 
 // Build builds the command package pkg (e.g.
 // "curia.dev/services/consensus/cmd/consensus") with the given build tags
-// once per test process and returns the binary's path. The test must run
-// inside the go.work.
+// once per test process and returns the binary's path, with -race when the
+// test binary has it. The test must run inside the go.work. Under -short it
+// skips the test.
 func Build(t testing.TB, pkg string, tags ...string) string {
 	t.Helper()
+	SkipShort(t)
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	key := pkg + " " + strings.Join(tags, ",")
@@ -39,7 +60,11 @@ func Build(t testing.TB, pkg string, tags ...string) string {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, filepath.Base(pkg))
-	out, err := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", bin, pkg).CombinedOutput()
+	args := []string{"build", "-tags", strings.Join(tags, ","), "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command("go", append(args, pkg)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 	}
@@ -69,10 +94,17 @@ type Proc struct {
 
 // New prepares a process; Start runs it. It is killed when the test ends.
 func New(t testing.TB, name, bin string, args ...string) *Proc {
+	t.Helper()
+	SkipShort(t)
 	p := &Proc{t: t, Name: name, bin: bin, args: args, Log: filepath.Join(t.TempDir(), name+".log"), Failpoints: t.TempDir()}
 	p.Env = append(os.Environ(), "CURIA_FAILPOINT_DIR="+p.Failpoints)
 	t.Cleanup(func() {
 		p.Kill()
+		// A -race binary reports a race and runs on: the log is where it
+		// shows, and the test fails on it.
+		if raceEnabled && p.LogContains("WARNING: DATA RACE") {
+			t.Errorf("%s: the race detector found a data race (see its log)", name)
+		}
 		if t.Failed() {
 			b, _ := os.ReadFile(p.Log)
 			t.Logf("--- log of %s ---\n%s", name, tail(b, 80))
@@ -298,4 +330,45 @@ func Eventually(t testing.TB, timeout time.Duration, f func() error) {
 			wait *= 2
 		}
 	}
+}
+
+// Get does a plain-HTTP GET (a process's /healthz or /metrics) and returns
+// the status code and body.
+func Get(url string) (code int, body string, err error) {
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// WaitHealthz polls http://addr/healthz until it answers code (200 once the
+// process is SERVING, 503 while it is not), or fails the test.
+func WaitHealthz(t testing.TB, addr string, code int, timeout time.Duration) {
+	t.Helper()
+	Eventually(t, timeout, func() error {
+		got, body, err := Get("http://" + addr + "/healthz")
+		if err != nil || got != code {
+			return fmt.Errorf("/healthz of %s = %d %q (%v), want %d", addr, got, strings.TrimSpace(body), err, code)
+		}
+		return nil
+	})
+}
+
+// MetricsHave fails the test unless http://addr/metrics names every metric
+// in names.
+func MetricsHave(t testing.TB, addr string, names ...string) string {
+	t.Helper()
+	code, body, err := Get("http://" + addr + "/metrics")
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("/metrics of %s = %d (%v)", addr, code, err)
+	}
+	for _, n := range names {
+		if !strings.Contains(body, "\n"+n) && !strings.HasPrefix(body, n) {
+			t.Errorf("/metrics of %s lacks %s", addr, n)
+		}
+	}
+	return body
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"curia.dev/platform/pki"
@@ -89,48 +90,55 @@ func TestLoadCredentials(t *testing.T) {
 // self-signed one again once it expired, so that the process can be given
 // a new one.
 func TestRenew(t *testing.T) {
-	ca, err := pki.NewCA(testCluster, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := pki.NewNodeKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyPEM, err := pki.MarshalEd25519PEM(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := pki.Principal{Kind: pki.KindConsensus, Name: node1.Name}
-	c, err := NewSelfSignedCredentials(testCluster, ca.CertPEM, key, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !c.SelfSigned() {
-		t.Fatal("new self-signed credentials are not self-signed")
-	}
-	issue := func(p pki.Principal, validity time.Duration) []byte {
-		iss, err := ca.Issue(pki.IssueRequest{Cluster: testCluster, Principal: p, PublicKey: key.Public(), Validity: validity})
+	// Fake time (testing/synctest): the CA, the certificates and the
+	// expiry all live on the bubble's clock.
+	synctest.Test(t, func(t *testing.T) {
+		ca, err := pki.NewCA(testCluster, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return iss.CertPEM
-	}
-	if err := c.Renew(issue(pki.Principal{Kind: pki.KindMember, Name: node1.Name}, time.Hour), keyPEM); err == nil {
-		t.Fatal("renewed with a certificate of another principal")
-	}
-	short := issue(p, 2*time.Second)
-	if err := c.Renew(short, keyPEM); err != nil {
-		t.Fatal(err)
-	}
-	if c.SelfSigned() || c.Leaf().NotAfter.After(time.Now().Add(3*time.Second)) {
-		t.Fatalf("after Renew: self-signed %v, expires %v", c.SelfSigned(), c.Leaf().NotAfter)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !c.SelfSigned() {
-		if time.Now().After(deadline) {
+		key, err := pki.NewNodeKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keyPEM, err := pki.MarshalEd25519PEM(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := pki.Principal{Kind: pki.KindConsensus, Name: node1.Name}
+		c, err := NewSelfSignedCredentials(testCluster, ca.CertPEM, key, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.SelfSigned() {
+			t.Fatal("new self-signed credentials are not self-signed")
+		}
+		issue := func(p pki.Principal, validity time.Duration) []byte {
+			iss, err := ca.Issue(pki.IssueRequest{Cluster: testCluster, Principal: p, PublicKey: key.Public(), Validity: validity})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return iss.CertPEM
+		}
+		if err := c.Renew(issue(pki.Principal{Kind: pki.KindMember, Name: node1.Name}, time.Hour), keyPEM); err == nil {
+			t.Fatal("renewed with a certificate of another principal")
+		}
+		short := issue(p, 2*time.Second)
+		if err := c.Renew(short, keyPEM); err != nil {
+			t.Fatal(err)
+		}
+		if c.SelfSigned() || c.Leaf().NotAfter.After(time.Now().Add(3*time.Second)) {
+			t.Fatalf("after Renew: self-signed %v, expires %v", c.SelfSigned(), c.Leaf().NotAfter)
+		}
+		// The condition is the time itself: the bubble's clock moves past the
+		// expiry at once.
+		time.Sleep(2 * time.Second)
+		if c.SelfSigned() {
+			t.Fatal("self-signed again before the certificate expired")
+		}
+		time.Sleep(time.Second)
+		if !c.SelfSigned() {
 			t.Fatal("the expired certificate is still presented")
 		}
-		time.Sleep(100 * time.Millisecond) // polling the clock: the condition is the time itself
-	}
+	})
 }

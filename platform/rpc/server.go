@@ -20,7 +20,6 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/validator"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -43,8 +42,12 @@ type ServerConfig struct {
 	Logger      *slog.Logger // nil discards
 	// Registry receives the server's metrics. It must not be the default
 	// registry: embedded etcd registers grpc_server_* there. Nil creates a
-	// private registry with Go and process collectors.
+	// private one (NewRegistry).
 	Registry *prometheus.Registry
+	// Health is the health server to register; nil creates one. A service
+	// whose server starts late (the node agent's, after enrolment) passes
+	// its own, so that /healthz answers from the start.
+	Health *health.Server
 	// IsRevoked, if set, is asked about every client certificate during the
 	// handshake (the CRL check); a revoked certificate fails the handshake.
 	IsRevoked func(*x509.Certificate) bool
@@ -80,7 +83,7 @@ type Server struct {
 }
 
 // NewServer builds a server. Its health status starts NOT_SERVING: the
-// service sets it to SERVING once its parts are ready (see run.Group).
+// service sets it to SERVING once its parts are ready (Readiness).
 func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Credentials == nil {
 		return nil, errors.New("rpc server: no credentials")
@@ -92,7 +95,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, errors.New("rpc server: enrolling nodes may not forward calls: anyone can be one")
 	}
 	s := &Server{
-		health:      health.NewServer(),
+		health:      cfg.Health,
 		registry:    cfg.Registry,
 		policy:      cfg.Policy,
 		logger:      cfg.Logger,
@@ -104,9 +107,11 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if s.gracePeriod <= 0 {
 		s.gracePeriod = DefaultGracePeriod
 	}
+	if s.health == nil {
+		s.health = health.NewServer()
+	}
 	if s.registry == nil {
-		s.registry = prometheus.NewRegistry()
-		s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		s.registry = NewRegistry()
 	}
 	s.metrics = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	// Panics skip the metrics interceptor (recovery sits outside it), so

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"curia.dev/platform/logging"
+	"curia.dev/platform/version"
 )
 
 // Service is what a curia command runs until its context ends.
@@ -42,17 +43,22 @@ func SplitList(s string) []string {
 // Main is every curia service's main: it parses the flags addFlags
 // registers (plus the logging flags), builds the service with the logger,
 // and runs it until SIGINT or SIGTERM. It exits 1 with the error, or 2 on a
-// usage error.
+// usage error. --version prints the build (platform/version) and exits.
 func Main(name string, addFlags func(*flag.FlagSet), build func(*slog.Logger) (Service, error)) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	addFlags(fs)
 	lc := logging.DefaultConfig()
 	lc.AddFlags(fs)
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
 		os.Exit(2)
+	}
+	if *showVersion {
+		version.Print(os.Stdout, name)
+		os.Exit(0)
 	}
 	err := func() error {
 		log, err := logging.New(os.Stderr, lc)

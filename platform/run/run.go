@@ -72,6 +72,15 @@ func (g *Group) Add(name string, r Runnable) {
 	g.ready[name] = false
 }
 
+// AddReady registers a part that needs no warm-up: it is ready as soon as
+// it starts.
+func (g *Group) AddReady(name string, r Runnable) {
+	g.Add(name, func(ctx context.Context) error {
+		g.Ready(name)
+		return r(ctx)
+	})
+}
+
 // Ready marks a part ready. Parts without a warm-up call it when they start.
 // It panics on a name that was never added.
 func (g *Group) Ready(name string) {

@@ -25,18 +25,18 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/crl"
+	"curia.dev/platform/logging"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
@@ -81,9 +81,14 @@ type Config struct {
 	// Default: https:// and the listen address.
 	AdvertisePeerURL   string
 	AdvertiseClientURL string
-	// ListenMetrics serves Prometheus metrics (/metrics) and health
-	// (/healthz) over plain HTTP when set (meant for loopback).
+	// ListenMetrics serves Prometheus metrics (/metrics: curia's and the
+	// embedded etcd's) and health (/healthz) over plain HTTP when set
+	// (meant for loopback).
 	ListenMetrics string
+	// EtcdLogLevel holds etcd's own lines at or above this level (a
+	// --log-level name); empty: the process's --log-level alone decides.
+	// etcd's lines always take the process's --log-format.
+	EtcdLogLevel string
 
 	// TickInterval and ElectionTimeout are etcd's heartbeat interval and
 	// election timeout.
@@ -108,6 +113,8 @@ type Config struct {
 
 	// nodeID is derived from the certificate in New.
 	nodeID string
+	// etcdLogLevel is EtcdLogLevel parsed.
+	etcdLogLevel slog.Level
 }
 
 // DefaultConfig returns the defaults.
@@ -143,7 +150,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ListenClient, "listen-client", c.ListenClient, "etcd client address (host:port)")
 	fs.StringVar(&c.AdvertisePeerURL, "advertise-peer-url", c.AdvertisePeerURL, "etcd peer URL others reach this member at (default https://<listen-peer>); must stay fixed")
 	fs.StringVar(&c.AdvertiseClientURL, "advertise-client-url", c.AdvertiseClientURL, "etcd client URL (default https://<listen-client>)")
-	fs.StringVar(&c.ListenMetrics, "listen-metrics", c.ListenMetrics, "plain-HTTP address of Prometheus metrics (/metrics) and health (/healthz), e.g. 127.0.0.1:9100 (off when empty)")
+	fs.StringVar(&c.ListenMetrics, "listen-metrics", c.ListenMetrics, "plain-HTTP address of Prometheus metrics (/metrics, curia's and etcd's) and health (/healthz), e.g. 127.0.0.1:9100 (off when empty)")
+	fs.StringVar(&c.EtcdLogLevel, "etcd-log-level", c.EtcdLogLevel, "hold etcd's own log lines at or above this level (debug, info, warn, error); default: --log-level alone decides")
 	fs.DurationVar(&c.TickInterval, "etcd-tick", c.TickInterval, "etcd heartbeat interval")
 	fs.DurationVar(&c.ElectionTimeout, "etcd-election-timeout", c.ElectionTimeout, "etcd election timeout")
 	fs.DurationVar(&c.StartTimeout, "start-timeout", c.StartTimeout, "how long Start waits for etcd to serve")
@@ -197,6 +205,14 @@ func (c *Config) Validate() error {
 	if c.StartTimeout <= 0 || c.HealthTimeout <= 0 || c.MemberCallTimeout <= 0 {
 		return errors.New("--start-timeout, --health-timeout and --member-call-timeout must be positive")
 	}
+	c.etcdLogLevel = slog.LevelDebug - 1 // the process's level decides
+	if c.EtcdLogLevel != "" {
+		l, err := logging.ParseLevel(c.EtcdLogLevel)
+		if err != nil {
+			return fmt.Errorf("--etcd-log-level: %w", err)
+		}
+		c.etcdLogLevel = l
+	}
 
 	return nil
 }
@@ -247,7 +263,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		return nil, fmt.Errorf("--ca: %w", err)
 	}
 	revocations := crl.New(cas, log.With("part", "crl"))
-	m, err := newMember(cfg, revocations, log.With("part", "member"))
+	m, err := newMember(cfg, revocations, log.With("part", "member"), log.With("part", "etcd"))
 	if err != nil {
 		return nil, err
 	}
@@ -271,6 +287,17 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	}
 	consensusv1.RegisterConsensusServer(srv.GRPC(), &server{s: s})
 	s.rpc = srv
+	if err := srv.Registry().Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "curia_consensus_member_running",
+		Help: "1 while this node's etcd member runs (lifecycle state RUNNING).",
+	}, func() float64 {
+		if _, _, err := m.running(); err != nil {
+			return 0
+		}
+		return 1
+	})); err != nil {
+		return nil, fmt.Errorf("register metrics: %w", err)
+	}
 	return s, nil
 }
 
@@ -314,39 +341,60 @@ func (s *Service) NodeID() string { return s.cfg.nodeID }
 
 // Run serves until ctx ends. A node with a member on disk restarts it at
 // once; otherwise the member waits idle for Start.
+//
+// Health (gRPC, and /healthz with --listen-metrics) is SERVING once the API
+// listens and the member is settled:
+//
+//   - no member on disk (a worker, or a node before its first Start): at
+//     once — the API's job is then to take Start, Leave and Status;
+//   - a member on disk: once the restarted etcd serves (RUNNING). While it
+//     waits for its quorum, or if the restart failed, the process says
+//     NOT_SERVING (Status tells why);
+//   - a member whose certificate is revoked (not restarted on purpose): at
+//     once — what is left to do is Leave.
+//
+// Health is a start gate: a member that Start or Leave moves later does not
+// flip it (Status and curia_consensus_member_running do). It turns
+// NOT_SERVING when the process stops.
 func (s *Service) Run(ctx context.Context) error {
 	lis, err := net.Listen("tcp", s.cfg.ListenAPI)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", s.cfg.ListenAPI, err)
 	}
-	// The API serves in every lifecycle state (Status explains the state),
-	// so the process is healthy as soon as it listens.
-	s.rpc.Health().SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.rpc.Health().SetServingStatus(consensusv1.Consensus_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	mlis, err := rpc.ListenMetrics(s.cfg.ListenMetrics)
+	if err != nil {
+		lis.Close()
+		return err
+	}
 	var g run.Group
-	g.Add("grpc", func(ctx context.Context) error { return s.rpc.Serve(ctx, lis) })
-	g.Add("member", s.runMember)
-	g.Add("crl", s.followCRL)
-	g.Add("crl-file", s.member.keepCRLFile)
+	g.AddReady("grpc", func(ctx context.Context) error { return s.rpc.Serve(ctx, lis) })
+	g.Add("member", func(ctx context.Context) error { return s.runMember(ctx, func() { g.Ready("member") }) })
+	g.AddReady("crl", s.followCRL)
+	g.AddReady("crl-file", s.member.keepCRLFile)
 	if s.curators != nil {
 		defer s.curators.Close()
-		g.Add("crl-curators", func(ctx context.Context) error {
+		g.AddReady("crl-curators", func(ctx context.Context) error {
 			return s.crl.Follow(ctx, func() (curatorv1.CuratorClient, error) { return curatorv1.NewCuratorClient(s.curators), nil })
 		})
 	}
-	g.Add("pending", s.followPending)
-	if s.cfg.ListenMetrics != "" {
-		g.Add("metrics", func(ctx context.Context) error {
-			return serveMetrics(ctx, s.cfg.ListenMetrics, s.rpc.MetricsHandler(), s.healthz)
-		})
+	g.AddReady("pending", s.followPending)
+	if mlis != nil {
+		// etcd registers its metrics (etcd_*) on the default registry,
+		// with its own go_* and grpc_server_* (its client port's): those
+		// of this process's API come first.
+		gatherers := rpc.FirstWins{s.rpc.Registry(), prometheus.DefaultGatherer}
+		g.AddReady("metrics", func(ctx context.Context) error { return rpc.ServeMetrics(ctx, mlis, gatherers, s.rpc.Health()) })
 	}
+	g.Add("health", rpc.Readiness(s.rpc.Health(), &g, "health", consensusv1.Consensus_ServiceDesc.ServiceName))
 	s.log.Info("consensus serving", "api", lis.Addr().String(), "peer_url", s.cfg.AdvertisePeerURL, "client_url", s.cfg.AdvertiseClientURL)
 	return g.Run(ctx)
 }
 
-// runMember restarts a member found on disk, then keeps etcd until ctx ends.
-func (s *Service) runMember(ctx context.Context) error {
+// runMember restarts a member found on disk, then keeps etcd until ctx
+// ends. It calls ready once the member is settled (see Run).
+func (s *Service) runMember(ctx context.Context, ready func()) error {
 	s.member.lifeMu.Lock()
+	restarting := false
 	switch {
 	case !s.member.hasData():
 	case s.member.id.memberRevoked():
@@ -358,6 +406,7 @@ func (s *Service) runMember(ctx context.Context) error {
 		// Not waited for: Start and Leave are not held up while a
 		// member that may never be let back in restarts (its state says
 		// STARTING meanwhile).
+		restarting = true
 		sctx, cancel := context.WithCancel(ctx)
 		cancel()
 		if err := s.member.start(sctx, modeRestart, ""); err != nil && !errors.Is(err, context.Canceled) {
@@ -366,6 +415,13 @@ func (s *Service) runMember(ctx context.Context) error {
 		}
 	}
 	s.member.lifeMu.Unlock()
+	if restarting {
+		select {
+		case <-s.member.ranOnce:
+		case <-ctx.Done():
+		}
+	}
+	ready()
 	<-ctx.Done()
 	s.member.stop()
 	return nil
@@ -388,36 +444,6 @@ func (s *Service) followCRL(ctx context.Context) error {
 		case <-t.C:
 		}
 		t.Stop()
-	}
-	return nil
-}
-
-// healthz answers 200 while the API serves.
-func (s *Service) healthz(w http.ResponseWriter, r *http.Request) {
-	resp, err := s.rpc.Health().Check(r.Context(), &healthpb.HealthCheckRequest{})
-	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-		http.Error(w, fmt.Sprintf("NOT_SERVING %v", err), http.StatusServiceUnavailable)
-		return
-	}
-	fmt.Fprintln(w, "SERVING")
-}
-
-func serveMetrics(ctx context.Context, addr string, h http.Handler, health http.HandlerFunc) error {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", h)
-	mux.Handle("/healthz", health)
-	hs := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		// ctx is done: the requests in flight get 5s of their own.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := hs.Shutdown(sctx); err != nil {
-			hs.Close() // the 5s passed: cut the connections left
-		}
-	}()
-	if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
 	}
 	return nil
 }

@@ -23,7 +23,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -34,6 +33,7 @@ import (
 	"curia.dev/platform/crl"
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/logging"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 )
@@ -77,6 +77,9 @@ type member struct {
 	// stopping is set while stop() stops etcd on purpose.
 	stopping bool
 	kept     persisted
+	// ranOnce is closed the first time etcd serves (state RUNNING).
+	ranOnce      chan struct{}
+	ranOnceClose sync.Once
 }
 
 // persisted is what a member remembers about itself across restarts, so that
@@ -92,17 +95,12 @@ type persisted struct {
 	Removed bool `json:"removed,omitempty"`
 }
 
-func newMember(cfg Config, revocations *crl.Watcher, log *slog.Logger) (*member, error) {
-	zc := zap.NewProductionConfig()
-	zc.Level = zap.NewAtomicLevelAt(zapcore.WarnLevel)
-	zc.OutputPaths = []string{"stderr"}
-	zc.ErrorOutputPaths = []string{"stderr"}
-	zl, err := zc.Build()
-	if err != nil {
-		return nil, fmt.Errorf("etcd logger: %w", err)
-	}
-	m := &member{cfg: cfg, crl: revocations, log: log, zap: zl.With(zap.String("node", cfg.nodeID)), changes: make(chan struct{}, 1)}
+// newMember prepares the member; etcdLog is the logger etcd's own lines go
+// to (the process's, so its format and level).
+func newMember(cfg Config, revocations *crl.Watcher, log, etcdLog *slog.Logger) (*member, error) {
+	m := &member{cfg: cfg, crl: revocations, log: log, zap: logging.Zap(etcdLog, cfg.etcdLogLevel), changes: make(chan struct{}, 1), ranOnce: make(chan struct{})}
 	m.state = consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE
+	var err error
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
@@ -220,6 +218,7 @@ func (m *member) finishStart(e *embed.Etcd, done chan struct{}, mode startMode, 
 	m.kept.Endpoints = cli.Endpoints()
 	m.state = consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING
 	m.reason = ""
+	m.ranOnceClose.Do(func() { close(m.ranOnce) })
 	err = m.save()
 	m.mu.Unlock()
 	if err != nil {

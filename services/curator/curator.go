@@ -18,8 +18,9 @@
 // leader_consensus_status.go, leader_audit.go, leader_leases.go (leases and
 // the reconciler's fenced role writes), watch.go (one etcd watch fanned out
 // to every Watch stream), consensus.go (calls to the consensus services),
-// policy.go (who may call what), errors.go (the one mapping to gRPC codes),
-// failpoint.go (test-only crash points).
+// metrics.go (what /metrics adds to the gRPC server's), policy.go (who may
+// call what), errors.go (the one mapping to gRPC codes), failpoint.go
+// (test-only crash points).
 package curator
 
 import (
@@ -36,7 +37,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/crl"
@@ -63,6 +63,9 @@ type Config struct {
 	// ListenHTTP serves the admin API over the Connect protocol (curl with
 	// JSON) when set, with the same mutual TLS.
 	ListenHTTP string
+	// ListenMetrics serves Prometheus metrics (/metrics) and health
+	// (/healthz) over plain HTTP when set (meant for loopback).
+	ListenMetrics string
 	// Etcd are etcd client URLs (https://host:port).
 	Etcd []string
 	// Consensus are consensus service API addresses (host:port) used for
@@ -113,6 +116,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.CAKey, "ca-key", c.CAKey, "cluster CA private key (PEM), to issue and revoke node certificates")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "gRPC address (host:port)")
 	fs.StringVar(&c.ListenHTTP, "listen-http", c.ListenHTTP, "HTTPS address for the admin API over the Connect protocol, for curl with JSON (off when empty)")
+	fs.StringVar(&c.ListenMetrics, "listen-metrics", c.ListenMetrics, "plain-HTTP address of Prometheus metrics (/metrics) and health (/healthz), e.g. 127.0.0.1:9100 (off when empty)")
 	fs.StringVar(&c.Advertise, "advertise", c.Advertise, "address other replicas forward to (default: --listen, or this host's first non-loopback address when listening on every interface)")
 	run.ListFlag(fs, "etcd", "etcd client URL", &c.Etcd)
 	run.ListFlag(fs, "consensus", "consensus service API address host:port", &c.Consensus)
@@ -278,11 +282,21 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	curatorv1.RegisterManagementServer(srv.GRPC(), &managementServer{s: s})
 	curatorv1.RegisterLeasesServer(srv.GRPC(), &leasesServer{s: s})
 	s.rpc = srv
+	if err := s.registerMetrics(srv.Registry()); err != nil {
+		cli.Close()
+		return nil, err
+	}
 	return s, nil
 }
 
 // Run serves until ctx ends; on the way out a leader resigns, so that a
 // follower leads at once.
+//
+// Health (gRPC, and /healthz with --listen-metrics) is SERVING once the
+// replica can answer for the cluster: it listens, it reached etcd (its
+// election session exists, so it campaigns), it knows who leads (itself or
+// another replica it forwards to), and its watch hub loaded the nodes. It
+// turns NOT_SERVING when the replica stops.
 func (s *Service) Run(ctx context.Context) error {
 	defer s.etcd.Close()
 	defer s.consensus.close()
@@ -291,21 +305,31 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", s.cfg.Listen, err)
 	}
-	s.rpc.Health().SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	mlis, err := rpc.ListenMetrics(s.cfg.ListenMetrics)
+	if err != nil {
+		lis.Close()
+		return err
+	}
 	var g run.Group
-	g.Add("grpc", func(ctx context.Context) error { return s.rpc.Serve(ctx, lis) })
-	g.Add("election", s.lead.campaign)
-	g.Add("observe", s.lead.observe)
+	g.AddReady("grpc", func(ctx context.Context) error { return s.rpc.Serve(ctx, lis) })
+	g.Add("election", func(ctx context.Context) error { return s.lead.campaign(ctx, func() { g.Ready("election") }) })
+	g.Add("observe", func(ctx context.Context) error { return s.lead.observe(ctx, func() { g.Ready("observe") }) })
+	s.watch.onLoad = func() { g.Ready("watch") }
 	g.Add("watch", s.watch.run)
-	g.Add("crl", func(ctx context.Context) error { return s.crl.Run(ctx, s.etcd) })
-	g.Add("audit-retention", s.pruneAuditLog)
+	g.AddReady("crl", func(ctx context.Context) error { return s.crl.Run(ctx, s.etcd) })
+	g.AddReady("audit-retention", s.pruneAuditLog)
 	if s.cfg.ListenHTTP != "" {
 		hl, err := net.Listen("tcp", s.cfg.ListenHTTP)
 		if err != nil {
 			return fmt.Errorf("listen %s: %w", s.cfg.ListenHTTP, err)
 		}
-		g.Add("connect", func(ctx context.Context) error { return s.serveConnect(ctx, hl) })
+		g.AddReady("connect", func(ctx context.Context) error { return s.serveConnect(ctx, hl) })
 	}
+	if mlis != nil {
+		g.AddReady("metrics", func(ctx context.Context) error { return rpc.ServeMetrics(ctx, mlis, s.rpc.Registry(), s.rpc.Health()) })
+	}
+	g.Add("health", rpc.Readiness(s.rpc.Health(), &g, "health",
+		curatorv1.Curator_ServiceDesc.ServiceName, curatorv1.Management_ServiceDesc.ServiceName, curatorv1.Leases_ServiceDesc.ServiceName))
 	s.log.Info("curator serving", "listen", lis.Addr().String(), "advertise", s.cfg.Advertise)
 	return g.Run(ctx)
 }

@@ -61,7 +61,8 @@ func newLeadership(s *Service) *leadership {
 
 // campaign runs for leader until ctx ends: it wins, leads until its session
 // dies, and campaigns again. On ctx's end a leader resigns before returning.
-func (l *leadership) campaign(ctx context.Context) error {
+// It calls ready once it holds a session (it reached etcd and campaigns).
+func (l *leadership) campaign(ctx context.Context, ready func()) error {
 	ttl := int(l.s.cfg.SessionTTL / time.Second)
 	val, _ := json.Marshal(leaderValue{Name: l.s.cfg.Name, Address: l.s.cfg.Advertise})
 	for ctx.Err() == nil {
@@ -71,6 +72,7 @@ func (l *leadership) campaign(ctx context.Context) error {
 			run.Sleep(ctx, time.Second)
 			continue
 		}
+		ready()
 		el := concurrency.NewElection(sess, electionPrefix)
 		if err := el.Campaign(ctx, string(val)); err != nil {
 			orphan(sess)
@@ -151,8 +153,9 @@ func (l *leadership) fence() (fence.Fence, error) {
 	return fence.Fence{Conditions: []fence.Condition{{Key: key, CreateRevision: term}}}, nil
 }
 
-// observe follows the election: who leads and since when.
-func (l *leadership) observe(ctx context.Context) error {
+// observe follows the election: who leads and since when. It calls ready
+// once it knows a leader.
+func (l *leadership) observe(ctx context.Context, ready func()) error {
 	for ctx.Err() == nil {
 		sess, err := concurrency.NewSession(l.s.etcd, concurrency.WithTTL(int(l.s.cfg.SessionTTL/time.Second)), concurrency.WithContext(ctx))
 		if err != nil {
@@ -170,6 +173,7 @@ func (l *leadership) observe(ctx context.Context) error {
 				continue
 			}
 			l.setCurrent(leaderInfo{leaderValue: v, Term: resp.Kvs[0].CreateRevision, Since: time.Now()})
+			ready()
 		}
 		orphan(sess)
 		run.Sleep(ctx, 100*time.Millisecond)

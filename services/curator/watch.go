@@ -280,6 +280,9 @@ type watchHub struct {
 	decorateNodes func(context.Context, []*curatorv1.Node) error
 	// minRevisionWait is watchMinRevisionWait (tests shorten it).
 	minRevisionWait time.Duration
+	// onLoad, if set, is called after every snapshot load (the service's
+	// readiness: the hub can answer).
+	onLoad func()
 }
 
 func newWatchHub(s *Service) *watchHub {
@@ -394,6 +397,9 @@ func (h *watchHub) install(nodes map[string]*curatorv1.Node, rev int64) error {
 	h.ring.reset()
 	h.advanceLocked()
 	h.log.Info("watch hub loaded nodes", "revision", rev, "nodes", len(nodes))
+	if h.onLoad != nil {
+		h.onLoad()
+	}
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -588,34 +589,47 @@ func TestWatchHubMinRevision(t *testing.T) {
 		}
 	})
 	t.Run("refused after the bound", func(t *testing.T) {
-		h := lagging(t, 12)
-		h.minRevisionWait = 200 * time.Millisecond
-		out, done := watchServe(t, h, minRevisionWatcher(t, 12))
-		st := watchRefused(t, out, done)
-		for _, says := range []string{"at revision 10", "min_revision 12", "any replica"} {
-			if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), says) {
-				t.Fatalf("stream ended with %v, want Unavailable saying %q", st, says)
+		// On the bubble's clock (testing/synctest): the real bound, not
+		// before it, at no cost.
+		synctest.Test(t, func(t *testing.T) {
+			h := lagging(t, 12)
+			begun := time.Now()
+			out, done := watchServe(t, h, minRevisionWatcher(t, 12))
+			st := watchRefused(t, out, done)
+			if waited := time.Since(begun); waited < watchMinRevisionWait {
+				t.Fatalf("refused after %v, before the bound %v", waited, watchMinRevisionWait)
 			}
-		}
+			for _, says := range []string{"at revision 10", "min_revision 12", "any replica"} {
+				if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), says) {
+					t.Fatalf("stream ended with %v, want Unavailable saying %q", st, says)
+				}
+			}
+		})
 	})
 	t.Run("above etcd's revision", func(t *testing.T) {
-		h := lagging(t, 11)
-		h.minRevisionWait = 200 * time.Millisecond
-		out, done := watchServe(t, h, minRevisionWatcher(t, 50))
-		st := watchRefused(t, out, done)
-		for _, says := range []string{"min_revision 50", "etcd itself is at revision 11"} {
-			if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), says) {
-				t.Fatalf("stream ended with %v, want Unavailable saying %q", st, says)
+		synctest.Test(t, func(t *testing.T) {
+			h := lagging(t, 11)
+			out, done := watchServe(t, h, minRevisionWatcher(t, 50))
+			st := watchRefused(t, out, done)
+			for _, says := range []string{"min_revision 50", "etcd itself is at revision 11"} {
+				if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), says) {
+					t.Fatalf("stream ended with %v, want Unavailable saying %q", st, says)
+				}
 			}
-		}
+		})
 	})
 	t.Run("the bound covers the first load", func(t *testing.T) {
-		h := watchTestHub(8, 12) // never loads
-		h.minRevisionWait = 200 * time.Millisecond
-		out, done := watchServe(t, h, minRevisionWatcher(t, 12))
-		if st := watchRefused(t, out, done); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "min_revision 12") {
-			t.Fatalf("stream ended with %v, want Unavailable", st)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			h := watchTestHub(8, 12) // never loads
+			begun := time.Now()
+			out, done := watchServe(t, h, minRevisionWatcher(t, 12))
+			if st := watchRefused(t, out, done); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "min_revision 12") {
+				t.Fatalf("stream ended with %v, want Unavailable", st)
+			}
+			if waited := time.Since(begun); waited < watchMinRevisionWait {
+				t.Fatalf("refused after %v, before the bound %v", waited, watchMinRevisionWait)
+			}
+		})
 	})
 }
 

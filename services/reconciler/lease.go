@@ -73,7 +73,9 @@ func (k *leaseKeeper) drop(why string) {
 	k.set(nil, "")
 }
 
-func (k *leaseKeeper) run(ctx context.Context) error {
+// run keeps campaigning for the lease until ctx ends. It calls ready once
+// the curator answered (the lease granted, or held by another replica).
+func (k *leaseKeeper) run(ctx context.Context, ready func()) error {
 	ttl := k.r.cfg.LeaseTTL
 	every := ttl / 3
 	for {
@@ -87,6 +89,9 @@ func (k *leaseKeeper) run(ctx context.Context) error {
 				k.set(resp.GetLease(), k.r.holder)
 			} else if ctx.Err() == nil {
 				k.r.setRole(reconcilerv1.Role_ROLE_STANDBY, status.Convert(err).Message(), nil)
+			}
+			if answered(err) {
+				ready()
 			}
 		} else {
 			resp, err := k.r.leases().KeepAlive(cctx, &curatorv1.KeepAliveRequest{Lease: held})
@@ -111,6 +116,16 @@ func (k *leaseKeeper) run(ctx context.Context) error {
 		case <-time.After(every):
 		}
 	}
+}
+
+// answered reports whether a call's error is the curator's answer, not a
+// failure to reach it.
+func answered(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unknown:
+		return false
+	}
+	return true
 }
 
 // release gives the lease up on shutdown, so a standby takes over at once.

@@ -34,7 +34,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
@@ -58,6 +57,9 @@ type Config struct {
 	TLS rpc.TLSFiles
 	// Listen is the gRPC API address.
 	Listen string
+	// ListenMetrics serves Prometheus metrics (/metrics) and health
+	// (/healthz) over plain HTTP when set (meant for loopback).
+	ListenMetrics string
 	// Curator and Consensus are the addresses (host:port) of the curator
 	// replicas and of consensus services.
 	Curator   []string
@@ -94,6 +96,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Name, "name", c.Name, "this replica's name; it holds the lease as <name>/<random incarnation>")
 	c.TLS.AddFlags(fs, "")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "gRPC API address (host:port)")
+	fs.StringVar(&c.ListenMetrics, "listen-metrics", c.ListenMetrics, "plain-HTTP address of Prometheus metrics (/metrics) and health (/healthz), e.g. 127.0.0.1:9100 (off when empty)")
 	run.ListFlag(fs, "curator", "curator address host:port", &c.Curator)
 	run.ListFlag(fs, "consensus", "consensus service address host:port", &c.Consensus)
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "TTL of the reconciler lease")
@@ -250,6 +253,11 @@ func (r *Reconciler) nextConsensus() {
 
 // Run serves and reconciles until ctx ends; an active replica releases its
 // lease on the way out so a standby takes over at once.
+//
+// Health (gRPC, and /healthz with --listen-metrics) is SERVING once the
+// replica listens and its lease campaign runs: the curator answered its
+// first Acquire, granted (active) or refused because another replica holds
+// the lease (standby). It turns NOT_SERVING when the replica stops.
 func (r *Reconciler) Run(ctx context.Context) error {
 	defer r.curator.Close()
 	defer func() {
@@ -261,16 +269,24 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", r.cfg.Listen, err)
 	}
-	r.rpc.Health().SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	mlis, err := rpc.ListenMetrics(r.cfg.ListenMetrics)
+	if err != nil {
+		lis.Close()
+		return err
+	}
 	var g run.Group
-	g.Add("grpc", func(ctx context.Context) error { return r.rpc.Serve(ctx, lis) })
-	g.Add("lease", r.lease.run)
-	g.Add("watch", r.watchNodes)
-	g.Add("watch-membership", r.watchMembership)
-	g.Add("loop", r.loop)
-	g.Add("crl", func(ctx context.Context) error {
+	g.AddReady("grpc", func(ctx context.Context) error { return r.rpc.Serve(ctx, lis) })
+	g.Add("lease", func(ctx context.Context) error { return r.lease.run(ctx, func() { g.Ready("lease") }) })
+	g.AddReady("watch", r.watchNodes)
+	g.AddReady("watch-membership", r.watchMembership)
+	g.AddReady("loop", r.loop)
+	g.AddReady("crl", func(ctx context.Context) error {
 		return r.crl.Follow(ctx, func() (curatorv1.CuratorClient, error) { return curatorv1.NewCuratorClient(r.curator), nil })
 	})
+	if mlis != nil {
+		g.AddReady("metrics", func(ctx context.Context) error { return rpc.ServeMetrics(ctx, mlis, r.rpc.Registry(), r.rpc.Health()) })
+	}
+	g.Add("health", rpc.Readiness(r.rpc.Health(), &g, "health", reconcilerv1.Reconciler_ServiceDesc.ServiceName))
 	r.log.Info("reconciler serving", "listen", lis.Addr().String())
 	return g.Run(ctx)
 }

@@ -27,6 +27,8 @@ import (
 // replica is one reconciler process.
 type replica struct {
 	name, addr string
+	// metrics is the plain-HTTP address of /metrics and /healthz.
+	metrics string
 	*proctest.Proc
 }
 
@@ -48,11 +50,12 @@ func newReconciler(t *testing.T, c *cut.Cluster, name string) *replica {
 	for _, v := range c.Voters {
 		consensus = append(consensus, v.API)
 	}
-	r := &replica{name: name, addr: proctest.FreeAddr(t)}
+	r := &replica{name: name, addr: proctest.FreeAddr(t), metrics: proctest.FreeAddr(t)}
 	r.Proc = proctest.New(t, name, proctest.Build(t, "curia.dev/services/reconciler/cmd/reconciler", "failpoints"),
 		"--cluster", c.PKI.Cluster, "--name", name,
 		"--ca", files.CA, "--cert", files.Cert, "--key", files.Key,
 		"--listen", r.addr,
+		"--listen-metrics", r.metrics,
 		"--curator", strings.Join(curators, ","),
 		"--consensus", strings.Join(consensus, ","),
 		"--lease-ttl", "3s", "--tick", "500ms",

@@ -6,7 +6,6 @@ import (
 	"net"
 	"time"
 
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -30,15 +29,16 @@ func policy() rpc.Policy {
 }
 
 // serveAPI serves RoleServer (with health and reflection) once the node
-// has its certificate, which is the server's identity.
-func (s *Service) serveAPI(ctx context.Context) error {
+// has its certificate, which is the server's identity; it calls ready once
+// it listens.
+func (s *Service) serveAPI(ctx context.Context, ready func()) error {
 	if !waitFor(ctx, s.credsReady) {
 		return nil
 	}
 	s.connMu.Lock()
 	creds := s.creds
 	s.connMu.Unlock()
-	srv, err := rpc.NewServer(rpc.ServerConfig{Credentials: creds, Policy: policy(), Logger: s.log.With("part", "grpc"), IsRevoked: s.crl.IsRevoked})
+	srv, err := rpc.NewServer(rpc.ServerConfig{Credentials: creds, Policy: policy(), Logger: s.log.With("part", "grpc"), IsRevoked: s.crl.IsRevoked, Health: s.health, Registry: s.registry})
 	if err != nil {
 		return err
 	}
@@ -47,8 +47,7 @@ func (s *Service) serveAPI(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", s.cfg.Listen, err)
 	}
-	srv.Health().SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	srv.Health().SetServingStatus(roleservev1.RoleServer_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	ready()
 	s.log.Info("node agent API serving", "listen", lis.Addr().String())
 	return srv.Serve(ctx, lis)
 }

@@ -14,6 +14,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/backoff"
 	"curia.dev/platform/run"
+	"curia.dev/platform/version"
 )
 
 // heartbeat keeps one Heartbeat stream open to a curator replica (followers
@@ -177,7 +178,7 @@ func (s *Service) updateStatus(ctx context.Context, st *curatorv1.NodeStatus) er
 // statusFrom is the node's status given the local consensus's (nil when
 // it never answered).
 func (s *Service) statusFrom(cs *consensusv1.StatusResponse) *curatorv1.NodeStatus {
-	st := &curatorv1.NodeStatus{Address: s.cfg.Address, Version: Version}
+	st := &curatorv1.NodeStatus{Address: s.cfg.Address, Version: version.String()}
 	if s.cfg.Consensus == "" {
 		return st
 	}

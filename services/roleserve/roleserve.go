@@ -44,19 +44,19 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	roleservev1 "curia.dev/gen/curia/roleserve/v1"
 	"curia.dev/platform/crl"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
 	"curia.dev/services/roleserve/internal/reduce"
 )
-
-// Version is the agent's version, reported to the curator (set with
-// -ldflags "-X curia.dev/services/roleserve.Version=...").
-var Version = "dev"
 
 // Config configures one node agent.
 type Config struct {
@@ -87,6 +87,10 @@ type Config struct {
 	Address string
 	// Listen is the RoleServer API address.
 	Listen string
+	// ListenMetrics serves Prometheus metrics (/metrics) and health
+	// (/healthz) over plain HTTP when set (meant for loopback). Unlike the
+	// API, it serves before the node has its certificate.
+	ListenMetrics string
 	// Labels are requested at registration.
 	Labels map[string]string
 	// HeartbeatInterval is the heartbeat interval until the curator names
@@ -130,6 +134,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Consensus, "consensus", c.Consensus, "the local consensus service's API host:port (empty: this node cannot run consensus)")
 	fs.StringVar(&c.Address, "address", c.Address, "the address reported to the curator (default: hostname)")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "RoleServer API address (host:port), served with the node certificate")
+	fs.StringVar(&c.ListenMetrics, "listen-metrics", c.ListenMetrics, "plain-HTTP address of Prometheus metrics (/metrics) and health (/healthz), e.g. 127.0.0.1:9100 (off when empty); serves from the start")
 	fs.Func("labels", "labels requested at registration, k=v[,k=v...] (repeatable)", func(s string) error {
 		if c.Labels == nil {
 			c.Labels = map[string]string{}
@@ -255,6 +260,12 @@ type Service struct {
 	// certKick asks for a certificate check now (the roles changed).
 	certKick chan struct{}
 
+	// health and registry are the API server's, made before it (which
+	// waits for the node certificate) so that /healthz and /metrics
+	// answer from the start.
+	health   *health.Server
+	registry *prometheus.Registry
+
 	connMu    sync.Mutex
 	creds     *rpc.Credentials
 	curator   *grpc.ClientConn
@@ -326,8 +337,14 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		statusKick: make(chan struct{}, 1),
 		certKick:   make(chan struct{}, 1),
 		crl:        crl.New(caCerts, log.With("part", "crl")),
+		health:     health.NewServer(),
+		registry:   rpc.NewRegistry(),
 	}
 	s.st.launcher.phase = phaseNone
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	if err := s.registerMetrics(); err != nil {
+		return nil, err
+	}
 
 	switch st := m.State(); st {
 	case StateNew:
@@ -373,18 +390,31 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 func (s *Service) NodeID() string { return s.id }
 
 // Run enrols the node and then follows its roles until ctx ends.
+//
+// Health (gRPC on the API, and /healthz with --listen-metrics) is SERVING
+// once the agent's API serves, which takes the node certificate: at once for
+// an enrolled node, after the commit for a new one (while it waits for
+// approval it is NOT_SERVING). It turns NOT_SERVING when the agent stops.
 func (s *Service) Run(ctx context.Context) error {
 	defer s.closeConns()
+	mlis, err := rpc.ListenMetrics(s.cfg.ListenMetrics)
+	if err != nil {
+		return err
+	}
 	s.log.Info("node agent starting", "state", s.machine.State(), "data_dir", s.cfg.DataDir, "curators", strings.Join(s.cfg.Curators, ","), "consensus", s.cfg.Consensus)
 	var g run.Group
-	g.Add("enrolment", s.runEnrolment)
-	g.Add("api", s.serveAPI)
-	g.Add("roles", s.watchRoles)
-	g.Add("control", s.control)
-	g.Add("heartbeat", s.heartbeat)
-	g.Add("status", s.reportStatus)
-	g.Add("crl", s.followCRL)
-	g.Add("certificates", s.certificates)
+	g.AddReady("enrolment", s.runEnrolment)
+	g.Add("api", func(ctx context.Context) error { return s.serveAPI(ctx, func() { g.Ready("api") }) })
+	g.AddReady("roles", s.watchRoles)
+	g.AddReady("control", s.control)
+	g.AddReady("heartbeat", s.heartbeat)
+	g.AddReady("status", s.reportStatus)
+	g.AddReady("crl", s.followCRL)
+	g.AddReady("certificates", s.certificates)
+	if mlis != nil {
+		g.AddReady("metrics", func(ctx context.Context) error { return rpc.ServeMetrics(ctx, mlis, s.registry, s.health) })
+	}
+	g.Add("health", rpc.Readiness(s.health, &g, "health", roleservev1.RoleServer_ServiceDesc.ServiceName))
 	return g.Run(ctx)
 }
 

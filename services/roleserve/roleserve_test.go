@@ -35,6 +35,8 @@ type agent struct {
 	pki     *ct.PKI
 	dataDir string
 	listen  string
+	// metrics is the plain-HTTP address of /metrics and /healthz.
+	metrics string
 }
 
 // startAgent starts roleserve for the node with key (as --node-key) and
@@ -50,7 +52,7 @@ func startAgent(t *testing.T, k *ct.PKI, node *ct.Node, args ...string) *agent {
 	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a := &agent{pki: k, dataDir: filepath.Join(dir, "data"), listen: proctest.FreeAddr(t)}
+	a := &agent{pki: k, dataDir: filepath.Join(dir, "data"), listen: proctest.FreeAddr(t), metrics: proctest.FreeAddr(t)}
 	a.Proc = proctest.New(t, "roleserve-"+node.ID, proctest.Build(t, "curia.dev/services/roleserve/cmd/roleserve"), append([]string{
 		"--cluster", k.Cluster,
 		"--data-dir", a.dataDir,
@@ -59,6 +61,7 @@ func startAgent(t *testing.T, k *ct.PKI, node *ct.Node, args ...string) *agent {
 		"--consensus", node.API,
 		"--address", "127.0.0.1",
 		"--listen", a.listen,
+		"--listen-metrics", a.metrics,
 		"--status-interval", "200ms",
 		"--retry-max", "1s",
 		"--log-level", "debug",

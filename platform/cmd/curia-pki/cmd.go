@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"curia.dev/platform/pki"
+	"curia.dev/platform/version"
 )
 
 // Exit codes.
@@ -43,6 +44,7 @@ const usage = `usage: curia-pki <command> [flags]
 commands:
   init    create a cluster CA and the admin, curator and reconciler certificates
   issue   issue one more certificate from an existing CA
+  version print the version
 
 Run "curia-pki <command> -h" for the flags of a command.
 `
@@ -59,6 +61,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		cmd = runInit
 	case "issue":
 		cmd = runIssue
+	case "-version", "--version", "version":
+		version.Print(stdout, "curia-pki")
+		return exitOK
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

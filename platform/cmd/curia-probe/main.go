@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/health/grpc_health_v1"
 
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/version"
 )
 
 func main() {
@@ -46,8 +47,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	service := fs.String("service", "", "health service name to check (empty: the server as a whole)")
 	quiet := fs.Bool("quiet", false, "print nothing when the server is SERVING")
 	httpURL := fs.String("http", "", "ask this plain-HTTP health URL (loopback) instead of gRPC health over mTLS")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *showVersion {
+		version.Print(stdout, "curia-probe")
+		return 0
 	}
 	if *httpURL != "" {
 		return probeHTTP(*httpURL, *timeout, *quiet, stdout, stderr)

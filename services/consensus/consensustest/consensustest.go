@@ -240,6 +240,8 @@ type Node struct {
 	PeerURL   string
 	ClientURL string
 	DataDir   string
+	// Metrics is the plain-HTTP address of /metrics and /healthz.
+	Metrics string
 	// TLS are the consensus process's files, as the deployment gives them
 	// to the bootstrap node: its key, its consensus certificate (TLS.Cert)
 	// and its member certificate (MemberCert), both of the key; a bare
@@ -271,6 +273,7 @@ func (c *Cluster) newNode(certified bool, flags ...string) *Node {
 		PeerURL:   "https://" + proctest.FreeAddr(t),
 		ClientURL: "https://" + proctest.FreeAddr(t),
 		DataDir:   filepath.Join(dir, "data"),
+		Metrics:   proctest.FreeAddr(t),
 		TLS:       rpc.TLSFiles{CA: filepath.Join(c.PKI.Dir, pki.CACertFile)},
 	}
 	args := []string{
@@ -298,6 +301,7 @@ func (c *Cluster) newNode(certified bool, flags ...string) *Node {
 	args = append(args,
 		"--crl", filepath.Join(c.PKI.Dir, pki.CRLFile),
 		"--listen", n.API,
+		"--listen-metrics", n.Metrics,
 		"--listen-peer", strings.TrimPrefix(n.PeerURL, "https://"),
 		"--listen-client", strings.TrimPrefix(n.ClientURL, "https://"),
 		"--etcd-tick", "50ms", "--etcd-election-timeout", "500ms",
@@ -308,6 +312,8 @@ func (c *Cluster) newNode(certified bool, flags ...string) *Node {
 		// (and without its 5s pause after every change).
 		"--unsafe-no-strict-reconfig",
 		"--log-level", "debug",
+		// etcd's own lines as before: warnings and errors.
+		"--etcd-log-level", "warn",
 	)
 	n.Proc = proctest.New(t, id, Binary(t), append(args, flags...)...)
 	c.Nodes = append(c.Nodes, n)

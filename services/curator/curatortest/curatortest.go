@@ -43,6 +43,8 @@ type Curator struct {
 	Addr string
 	// HTTPAddr serves the admin API over the Connect protocol.
 	HTTPAddr string
+	// Metrics is the plain-HTTP address of /metrics and /healthz.
+	Metrics string
 	*proctest.Proc
 }
 
@@ -115,7 +117,7 @@ func (c *Cluster) AddCurator() *Curator {
 	t.Helper()
 	files := c.PKI.Files(t, pki.Principal{Kind: pki.KindCurator})
 	name := fmt.Sprintf("curator-%d", len(c.Curators))
-	addr, httpAddr := proctest.FreeAddr(t), proctest.FreeAddr(t)
+	addr, httpAddr, metrics := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
 	var etcd, apis []string
 	for _, v := range c.Voters {
 		etcd = append(etcd, v.ClientURL)
@@ -127,12 +129,13 @@ func (c *Cluster) AddCurator() *Curator {
 		"--ca-key", filepath.Join(c.PKI.Dir, pki.CAKeyFile),
 		"--listen", addr,
 		"--listen-http", httpAddr,
+		"--listen-metrics", metrics,
 		"--etcd", strings.Join(etcd, ","),
 		"--consensus", strings.Join(apis, ","),
 		"--session-ttl", "2s",
 		"--log-level", "debug",
 	}, c.CuratorFlags...)
-	cur := &Curator{Name: name, Addr: addr, HTTPAddr: httpAddr, Proc: proctest.New(t, name, Binary(t), args...)}
+	cur := &Curator{Name: name, Addr: addr, HTTPAddr: httpAddr, Metrics: metrics, Proc: proctest.New(t, name, Binary(t), args...)}
 	cur.Start()
 	c.Curators = append(c.Curators, cur)
 	return cur

@@ -18,6 +18,7 @@ import (
 
 	"curia.dev/deploy/local"
 	"curia.dev/platform/logging"
+	"curia.dev/platform/version"
 )
 
 func main() {
@@ -46,8 +47,13 @@ func run(args []string) error {
 	fs.BoolVar(&cfg.Compose, "compose", false, "lay the cluster out for deploy/compose (host names instead of loopback addresses)")
 	lc := logging.DefaultConfig()
 	lc.AddFlags(fs)
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *showVersion {
+		version.Print(os.Stdout, "curia-local")
+		return nil
 	}
 	if cfg.ControlPlane < 1 || cfg.ControlPlane > 9 || cfg.Workers < 0 || cfg.Workers > 9 || cfg.Curators < 1 || cfg.Curators > 9 || cfg.Reconcilers < 1 || cfg.Reconcilers > 9 {
 		return fmt.Errorf("counts: 1..9 control-plane nodes, curators and reconcilers, 0..9 workers")

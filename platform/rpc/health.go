@@ -1,0 +1,133 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc/health"
+	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
+
+	"curia.dev/platform/run"
+	"curia.dev/platform/version"
+)
+
+// Readiness is the part of a run.Group that drives gRPC health (DESIGN §8):
+// it marks itself ready, waits until every other part of g is, then reports
+// SERVING for the server as a whole ("") and for services; when the group
+// stops it reports NOT_SERVING at once, before the parts wind down. Add it
+// under the name part:
+//
+//	g.Add("health", rpc.Readiness(srv.Health(), &g, "health", svcName))
+//
+// Readiness is a start gate: what a service needs before it can do its job
+// (a listener, a connection, a first snapshot). A part that loses what it
+// needs later keeps serving and says so in its status and metrics.
+func Readiness(h *health.Server, g *run.Group, part string, services ...string) run.Runnable {
+	return func(ctx context.Context) error {
+		g.Ready(part)
+		if err := g.WaitReady(ctx); err != nil {
+			return nil // stopped before ready: still NOT_SERVING
+		}
+		for _, s := range append([]string{""}, services...) {
+			h.SetServingStatus(s, healthgrpc.HealthCheckResponse_SERVING)
+		}
+		<-ctx.Done()
+		h.Shutdown() // NOT_SERVING for every service, and it stays so
+		return nil
+	}
+}
+
+// Healthz answers 200 "SERVING" while h reports the server as a whole
+// SERVING and 503 otherwise: gRPC health over plain HTTP, for probes that
+// hold no certificate (curia-probe --http).
+func Healthz(h *health.Server) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		resp, err := h.Check(r.Context(), &healthgrpc.HealthCheckRequest{})
+		if err != nil || resp.GetStatus() != healthgrpc.HealthCheckResponse_SERVING {
+			http.Error(w, fmt.Sprintf("NOT_SERVING %v", resp.GetStatus()), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "SERVING")
+	})
+}
+
+// NewRegistry is a service's private metrics registry: Go and process
+// collectors and curia_build_info. It is not the default registry, which
+// embedded etcd fills.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Collector())
+	return reg
+}
+
+// FirstWins gathers from each gatherer in turn and keeps, of every metric
+// family name, the first one found: a process with two registries that both
+// hold e.g. go_* or grpc_server_* (embedded etcd's default registry beside
+// curia's own) serves each name once instead of failing the scrape.
+type FirstWins []prometheus.Gatherer
+
+// Gather implements prometheus.Gatherer.
+func (f FirstWins) Gather() ([]*dto.MetricFamily, error) {
+	seen := map[string]bool{}
+	var out []*dto.MetricFamily
+	for _, g := range f {
+		mfs, err := g.Gather()
+		if err != nil {
+			return nil, err
+		}
+		for _, mf := range mfs {
+			if !seen[mf.GetName()] {
+				seen[mf.GetName()] = true
+				out = append(out, mf)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b *dto.MetricFamily) int { return strings.Compare(a.GetName(), b.GetName()) })
+	return out, nil
+}
+
+// ServeMetrics serves Prometheus metrics (/metrics, from gatherer) and
+// health (/healthz, from h) over plain HTTP on lis until ctx ends. Every
+// service runs it for --listen-metrics, meant for loopback.
+func ServeMetrics(ctx context.Context, lis net.Listener, gatherer prometheus.Gatherer, h *health.Server) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	mux.Handle("/healthz", Healthz(h))
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		hs.Shutdown(sctx)
+	}()
+	if err := hs.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve metrics on %s: %w", lis.Addr(), err)
+	}
+	<-stopped
+	return nil
+}
+
+// ListenMetrics listens on addr for ServeMetrics; an empty addr (the flag
+// not given) is no listener and no error.
+func ListenMetrics(addr string) (net.Listener, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen metrics %s: %w", addr, err)
+	}
+	return lis, nil
+}
