@@ -51,8 +51,12 @@ BIN     := $(CURDIR)/bin
 PROTOVALIDATE_VERSION := v1.2.2
 PROTOVALIDATE_LINK    := .buf-deps/protovalidate
 
-# Where buf breaking compares the protos to.
+# Where buf breaking compares the protos to: a git ref, in buf's form
+# (.git#branch=<ref>, .git#ref=<ref>) or plain. The ref is checked out into
+# a temporary directory with the same third-party protos linked: buf's own
+# git input would lack them (they are not in git).
 BREAKING_AGAINST ?= .git\#branch=main
+BREAKING_REF     = $(patsubst .git\#ref=%,%,$(patsubst .git\#branch=%,%,$(BREAKING_AGAINST)))
 
 .PHONY: help
 help: ## list the targets
@@ -107,7 +111,12 @@ lint: $(BUF) $(GOLANGCI_LINT) proto-deps ## gofmt, golangci-lint (.golangci.yml)
 
 .PHONY: breaking
 breaking: $(BUF) proto-deps ## buf breaking against main (BREAKING_AGAINST=...; CI: '.git#ref=HEAD~1')
-	buf breaking --against '$(BREAKING_AGAINST)'
+	@against=$$(mktemp -d); trap 'rm -rf "$$against"' EXIT; \
+	git archive --format=tar '$(BREAKING_REF)' | tar -x -C "$$against"; \
+	mkdir -p "$$against/$(dir $(PROTOVALIDATE_LINK))"; \
+	ln -sfn "$$(readlink -f $(PROTOVALIDATE_LINK))" "$$against/$(PROTOVALIDATE_LINK)"; \
+	(cd "$$against" && buf build proto -o "$$against/image.binpb"); \
+	buf breaking proto --against "$$against/image.binpb"
 
 .PHONY: check-tidy
 check-tidy: ## fail if any module's go.mod/go.sum is not what `make tidy` makes
