@@ -41,8 +41,22 @@ LINT_PACKAGES := $(foreach m,$(filter-out gen,$(MODULES)),./$(m)/...)
 CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator services/reconciler/cmd/reconciler services/roleserve/cmd/roleserve platform/cmd/curia-pki platform/cmd/curia-probe deploy/local/cmd/curia-local
 BIN     := $(CURDIR)/bin
 
-# Where buf breaking compares the protos to.
+# protovalidate's rules (buf/validate/validate.proto), which our protos
+# import: never copied into the repository, but taken from the Go module
+# cache at this version (downloaded by the go command like any module) and
+# linked where buf.yaml's second module expects it. It must match the Go
+# code of that proto, buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go
+# in gen/go.mod, which buf.build/go/protovalidate (platform/go.mod) checks
+# requests with.
+PROTOVALIDATE_VERSION := v1.2.2
+PROTOVALIDATE_LINK    := .buf-deps/protovalidate
+
+# Where buf breaking compares the protos to: a git ref, in buf's form
+# (.git#branch=<ref>, .git#ref=<ref>) or plain. The ref is checked out into
+# a temporary directory with the same third-party protos linked: buf's own
+# git input would lack them (they are not in git).
 BREAKING_AGAINST ?= .git\#branch=main
+BREAKING_REF     = $(patsubst .git\#ref=%,%,$(patsubst .git\#branch=%,%,$(BREAKING_AGAINST)))
 
 .PHONY: help
 help: ## list the targets
@@ -69,8 +83,14 @@ $(GRPCURL):
 $(GOLANGCI_LINT):
 	$(call go_install,github.com/golangci/golangci-lint/v2/cmd/golangci-lint,$(GOLANGCI_LINT_VERSION))
 
+.PHONY: proto-deps
+proto-deps: ## link the third-party protos buf imports (protovalidate) from the Go module cache
+	@dir=$$(cd / && GOWORK=off GOFLAGS=-mod=mod go mod download -json github.com/bufbuild/protovalidate@$(PROTOVALIDATE_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p'); \
+	test -f "$$dir/proto/protovalidate/buf/validate/validate.proto" || { echo "proto-deps: no buf/validate/validate.proto in github.com/bufbuild/protovalidate@$(PROTOVALIDATE_VERSION) ($$dir)" >&2; exit 1; }; \
+	mkdir -p $(dir $(PROTOVALIDATE_LINK)) && ln -sfn "$$dir/proto/protovalidate" $(PROTOVALIDATE_LINK)
+
 .PHONY: generate
-generate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) ## regenerate gen/ from proto/
+generate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) proto-deps ## regenerate gen/ from proto/
 	rm -rf gen/curia
 	buf generate
 
@@ -81,7 +101,7 @@ check-generate: generate ## regenerate and fail if gen/ differs from what is com
 		echo "gen/ is stale: run 'make generate' and commit the result" >&2; exit 1; fi
 
 .PHONY: lint
-lint: $(BUF) $(GOLANGCI_LINT) ## gofmt, golangci-lint (.golangci.yml), buf lint and buf format
+lint: $(BUF) $(GOLANGCI_LINT) proto-deps ## gofmt, golangci-lint (.golangci.yml), buf lint and buf format
 	@bad=$$(gofmt -l $(MODULES)); if [ -n "$$bad" ]; then echo "gofmt needed:" $$bad >&2; exit 1; fi
 	golangci-lint run $(LINT_PACKAGES)
 	@# The one file behind the failpoints tag (the binaries tests run).
@@ -90,8 +110,13 @@ lint: $(BUF) $(GOLANGCI_LINT) ## gofmt, golangci-lint (.golangci.yml), buf lint 
 	buf format -d --exit-code
 
 .PHONY: breaking
-breaking: $(BUF) ## buf breaking against main (BREAKING_AGAINST=...; CI: '.git#ref=HEAD~1')
-	buf breaking --against '$(BREAKING_AGAINST)'
+breaking: $(BUF) proto-deps ## buf breaking against main (BREAKING_AGAINST=...; CI: '.git#ref=HEAD~1')
+	@against=$$(mktemp -d); trap 'rm -rf "$$against"' EXIT; \
+	git archive --format=tar '$(BREAKING_REF)' | tar -x -C "$$against"; \
+	mkdir -p "$$against/$(dir $(PROTOVALIDATE_LINK))"; \
+	ln -sfn "$$(readlink -f $(PROTOVALIDATE_LINK))" "$$against/$(PROTOVALIDATE_LINK)"; \
+	(cd "$$against" && buf build proto -o "$$against/image.binpb"); \
+	buf breaking proto --against "$$against/image.binpb"
 
 .PHONY: check-tidy
 check-tidy: ## fail if any module's go.mod/go.sum is not what `make tidy` makes

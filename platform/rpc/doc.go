@@ -15,7 +15,8 @@
 //	   │              TrustForwardedFrom peer, the forwarded principal instead
 //	   │              (PermissionDenied from anyone else);
 //	   │              Policy[method] → PermissionDenied unless allowed
-//	5 validation      requests with Validate() error → InvalidArgument
+//	5 validation      the protovalidate rules of proto/ → InvalidArgument
+//	   │              naming field and rule, google.rpc.BadRequest details
 //	   ▼
 //	handler           rpc.PrincipalFromContext(ctx) says who is calling,
 //	                  rpc.ForwarderFromContext(ctx) who forwarded the call

@@ -18,7 +18,6 @@ import (
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/validator"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
@@ -174,9 +173,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		//    the original caller, whom the policy then judges. Nothing
 		//    below runs for a caller the policy does not allow.
 		authz.unary,
-		// 5. Validation: after authz, so that strangers learn nothing
-		//    about what a valid request looks like.
-		validator.UnaryServerInterceptor(),
+		// 5. Validation: every request against the rules declared next
+		//    to its message in proto/ (validate.go) → InvalidArgument
+		//    naming the field and the rule. After authz, so that
+		//    strangers learn nothing about what a valid request looks
+		//    like.
+		validateUnary,
 	}
 	stream := []grpc.StreamServerInterceptor{
 		recovery.StreamServerInterceptor(recovery.WithRecoveryHandlerContext(onPanic)),
@@ -184,7 +186,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		logging.StreamServerInterceptor(logger, logOpts...),
 		errorsStream(s.logger),
 		authz.stream,
-		validator.StreamServerInterceptor(),
+		validateStream, // every message the client sends
 	}
 
 	s.grpc = grpc.NewServer(

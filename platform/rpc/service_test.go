@@ -13,31 +13,70 @@ import (
 	"sync"
 	"testing"
 
+	"buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	"curia.dev/platform/pki"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/dynamicpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // A hand-written test service, "curia.test.v1.Echo", registered through a
 // grpc.ServiceDesc so that no generated code is needed. Requests decode into
-// echoRequest, a StringValue with a Validate method.
+// echoRequest, a dynamic message curia.test.v1.EchoRequest, wire-compatible
+// with StringValue, whose one field carries a protovalidate rule as a
+// generated message's would:
+//
+//	string value = 1 [(buf.validate.field).cel = {id: "echo.value", message: "value is required", expression: "this != ''"}];
 
 const echoService = "curia.test.v1.Echo"
 
 func echoMethod(name string) string { return "/" + echoService + "/" + name }
 
-type echoRequest struct{ *wrapperspb.StringValue }
-
-func newEchoRequest() *echoRequest { return &echoRequest{&wrapperspb.StringValue{}} }
-
-func (r *echoRequest) Validate() error {
-	if r.GetValue() == "" {
-		return errors.New("value is required")
+var echoRequestDesc = func() protoreflect.MessageDescriptor {
+	opts := &descriptorpb.FieldOptions{}
+	proto.SetExtension(opts, validate.E_Field, validate.FieldRules_builder{
+		Cel: []*validate.Rule{validate.Rule_builder{
+			Id:         proto.String("echo.value"),
+			Message:    proto.String("value is required"),
+			Expression: proto.String("this != ''"),
+		}.Build()},
+	}.Build())
+	fd, err := protodesc.NewFile(&descriptorpb.FileDescriptorProto{
+		Name:    proto.String("curia/test/v1/echo.proto"),
+		Package: proto.String("curia.test.v1"),
+		Syntax:  proto.String("proto3"),
+		MessageType: []*descriptorpb.DescriptorProto{{
+			Name: proto.String("EchoRequest"),
+			Field: []*descriptorpb.FieldDescriptorProto{{
+				Name:     proto.String("value"),
+				JsonName: proto.String("value"),
+				Number:   proto.Int32(1),
+				Label:    descriptorpb.FieldDescriptorProto_LABEL_OPTIONAL.Enum(),
+				Type:     descriptorpb.FieldDescriptorProto_TYPE_STRING.Enum(),
+				Options:  opts,
+			}},
+		}},
+	}, protoregistry.GlobalFiles)
+	if err != nil {
+		panic(err)
 	}
-	return nil
+	return fd.Messages().Get(0)
+}()
+
+type echoRequest struct{ *dynamicpb.Message }
+
+func newEchoRequest() *echoRequest { return &echoRequest{dynamicpb.NewMessage(echoRequestDesc)} }
+
+func (r *echoRequest) GetValue() string {
+	return r.Get(echoRequestDesc.Fields().Get(0)).String()
 }
 
 // echo answers "<principal>:<value>", followed by " via <forwarder>" for a

@@ -168,6 +168,11 @@ func ToStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 	if err == nil {
 		return nil
 	}
+	if se, ok := err.(interface{ GRPCStatus() *status.Status }); ok && se.GRPCStatus().Code() != codes.Unknown {
+		// A status as such, not wrapped (authz's and validation's
+		// refusals): its message and details are complete.
+		return err
+	}
 	var k *Kind
 	if !errors.As(err, &k) {
 		if st, ok := innerStatus(err); ok && st.Code() != codes.OK {

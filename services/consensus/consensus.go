@@ -217,13 +217,15 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// validatePeerURL checks an etcd URL: https, host and port, nothing else.
+// validatePeerURL checks an etcd URL flag: https, host and port, nothing
+// else. (Requests carry the same rule in their contract,
+// curia.validate.v1.https_host_port.)
 func validatePeerURL(s string) error {
 	u, err := url.Parse(s)
 	if err != nil {
 		return fmt.Errorf("URL %q: %w", s, err)
 	}
-	if u.Scheme != "https" || u.Host == "" || u.Port() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+	if u.Scheme != "https" || u.Hostname() == "" || u.Port() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
 		return fmt.Errorf("URL %q: want https://host:port and nothing else", s)
 	}
 	return nil

@@ -19,6 +19,7 @@ import (
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
 	"curia.dev/platform/rpcerr"
 	ct "curia.dev/services/consensus/consensustest"
 )
@@ -454,7 +455,7 @@ func TestBadRequests(t *testing.T) {
 	}{
 		"bad node id":     {&consensusv1.AddNodeRequest{NodeId: "bob", PeerUrl: "https://127.0.0.1:1", Fence: good}, "node id"},
 		"http peer URL":   {&consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "http://127.0.0.1:1", Fence: good}, "https://host:port"},
-		"no fence":        {&consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1"}, "no conditions"},
+		"no fence":        {&consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1"}, "fence: value is required"},
 		"no epoch":        {&consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: leader.Fence.Proto()}, "membership_epoch is required"},
 		"fence elsewhere": {&consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: fence.Fence{Conditions: []fence.Condition{{Key: "/curia/membership/epoch", CreateRevision: 1}}}.Proto()}, "not a leader or lease key"},
 	}
@@ -469,6 +470,95 @@ func TestBadRequests(t *testing.T) {
 	wantCode(t, err, codes.InvalidArgument, "lease")
 	if got := len(n1.Members().Members); got != 1 {
 		t.Fatalf("bad requests changed membership: %d members", got)
+	}
+}
+
+// TestRequestContracts: requests that break their contract (the rules in
+// proto/) are InvalidArgument over real gRPC and mTLS, naming the field and
+// the rule, before any handler runs; callers the policy refuses learn
+// nothing of the contract; a valid request passes.
+func TestRequestContracts(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	n1 := c.NewNode()
+	c.Bootstrap(n1)
+	leader := c.Campaign(c.Etcd(n1.ClientURL))
+	good := n1.Fenced(leader.Fence)
+	add := func(id, url string, f *consensusv1.Fence) func(consensusv1.ConsensusClient) error {
+		return func(cl consensusv1.ConsensusClient) error {
+			_, err := cl.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: id, PeerUrl: url, Fence: f})
+			return err
+		}
+	}
+	remove := func(req *consensusv1.RemoveMemberRequest) func(consensusv1.ConsensusClient) error {
+		return func(cl consensusv1.ConsensusClient) error {
+			req.Fence = good
+			_, err := cl.RemoveMember(ctx, req)
+			return err
+		}
+	}
+	start := func(req *consensusv1.StartRequest) func(consensusv1.ConsensusClient) error {
+		return func(cl consensusv1.ConsensusClient) error {
+			_, err := cl.Start(ctx, req)
+			return err
+		}
+	}
+	join := &consensusv1.JoinParameters{MemberId: 1, PeerUrl: "https://127.0.0.1:1", Voters: []*consensusv1.Peer{{Name: n1.ID, ClientUrls: []string{"https://127.0.0.1:2#members"}}}}
+	curator, self, node := n1.Curator(), n1.Self(), n1.Consensus(pki.Principal{Kind: pki.KindNode, Name: ct.NewNodeID(t)})
+	id := ct.NewNodeID(t)
+	tests := map[string]struct {
+		as          consensusv1.ConsensusClient
+		call        func(consensusv1.ConsensusClient) error
+		code        codes.Code
+		field, rule string
+	}{
+		"bad node id":       {as: curator, call: add("node-BOB", "https://127.0.0.1:1", good), code: codes.InvalidArgument, field: "node_id", rule: "curia.node_id"},
+		"URL with fragment": {as: curator, call: add(id, "https://127.0.0.1:1#f", good), code: codes.InvalidArgument, field: "peer_url", rule: "curia.https_host_port"},
+		"URL without host":  {as: curator, call: add(id, "https://:2380", good), code: codes.InvalidArgument, field: "peer_url", rule: "curia.https_host_port"},
+		"http URL":          {as: curator, call: add(id, "http://127.0.0.1:1", good), code: codes.InvalidArgument, field: "peer_url", rule: "curia.https_host_port"},
+		"no fence":          {as: curator, call: add(id, "https://127.0.0.1:1", nil), code: codes.InvalidArgument, field: "fence", rule: "required"},
+		"promote member 0": {as: curator, code: codes.InvalidArgument, field: "member_id", rule: "uint64.gt", call: func(cl consensusv1.ConsensusClient) error {
+			_, err := cl.PromoteMember(ctx, &consensusv1.PromoteMemberRequest{Fence: good})
+			return err
+		}},
+		"remove no target":        {as: curator, call: remove(&consensusv1.RemoveMemberRequest{}), code: codes.InvalidArgument, field: "target", rule: "required"},
+		"remove too-long reason":  {as: curator, call: remove(&consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: id}, Reason: strings.Repeat("x", 1025)}), code: codes.InvalidArgument, field: "reason", rule: "string.max_bytes"},
+		"start without a mode":    {as: self, call: start(&consensusv1.StartRequest{}), code: codes.InvalidArgument, field: "mode", rule: "required"},
+		"start join, voter URL #": {as: self, call: start(&consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: join}}), code: codes.InvalidArgument, field: "join.voters[0].client_urls[0]", rule: "curia.https_host_port"},
+		// Authorization first: a caller the policy refuses learns nothing
+		// about what a valid request looks like.
+		"stranger, bad request":       {as: node, call: add("node-BOB", "http://x", nil), code: codes.PermissionDenied},
+		"another node, start no mode": {as: node, call: start(&consensusv1.StartRequest{}), code: codes.PermissionDenied},
+		"valid":                       {as: curator, call: add(id, "https://127.0.0.1:1", good), code: codes.OK},
+	}
+	for name, tc := range tests {
+		if name == "valid" {
+			continue // last: it changes membership
+		}
+		t.Run(name, func(t *testing.T) {
+			err := tc.call(tc.as)
+			wantCode(t, err, tc.code, tc.field)
+			fv := rpc.FieldViolations(err)
+			if tc.code != codes.InvalidArgument {
+				if len(fv) != 0 {
+					t.Fatalf("%v: a refused caller sees the contract: %v", err, fv)
+				}
+				return
+			}
+			if len(fv) != 1 || fv[0].GetField() != tc.field || fv[0].GetReason() != tc.rule {
+				t.Fatalf("%v: field violations %v, want %s breaking %s", err, fv, tc.field, tc.rule)
+			}
+		})
+	}
+	if got := len(n1.Members().Members); got != 1 {
+		t.Fatalf("invalid requests changed membership: %d members", got)
+	}
+	err := ct.RetryUnavailable(t, func() error { return tests["valid"].call(curator) })
+	if err != nil {
+		t.Fatalf("valid request: %v", err)
+	}
+	if got := len(n1.Members().Members); got != 2 {
+		t.Fatalf("valid AddNode: %d members, want 2", got)
 	}
 }
 

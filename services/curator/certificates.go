@@ -323,9 +323,6 @@ func (x *curatorServer) IssueCertificates(ctx context.Context, req *curatorv1.Is
 // they certify. The certificates they renew stay valid until they expire.
 func (s *Service) issueCertificates(ctx context.Context, req *curatorv1.IssueCertificatesRequest) (*curatorv1.IssueCertificatesResponse, error) {
 	id := caller(ctx).Name
-	if k := req.GetConsensusPublicKey(); len(k) != 0 && len(k) != ed25519.PublicKeySize {
-		return nil, fmt.Errorf("%w: consensus_public_key must be a %d-byte ed25519 key, got %d bytes", errBadRequest, ed25519.PublicKeySize, len(k))
-	}
 	return retryConflicts(ctx, "issue certificates to node "+id, func() (*curatorv1.IssueCertificatesResponse, error) {
 		n, err := s.getNode(ctx, id)
 		if err != nil {

@@ -35,7 +35,7 @@ import (
 // evaluation error fails the call and names the node.
 //
 // A hostile filter cannot burn CPU: the source is at most filterMaxLen
-// characters and every evaluation stops at filterCostLimit (CEL's cost
+// characters (GetNodesRequest's contract, and CEL's parser limit) and every evaluation stops at filterCostLimit (CEL's cost
 // units, about one per operation and per element a comprehension visits).
 // Compiled programs are kept in a small LRU: operators repeat their filters.
 
@@ -97,9 +97,6 @@ func compileFilter(expr string) (func(*curatorv1.Node) (bool, error), error) {
 
 // compileProgram compiles, checks and plans one filter.
 func compileProgram(expr string) (cel.Program, error) {
-	if n := len([]rune(expr)); n > filterMaxLen {
-		return nil, fmt.Errorf("%w: filter is %d characters long; at most %d", errBadRequest, n, filterMaxLen)
-	}
 	env, err := filterEnv()
 	if err != nil {
 		return nil, fmt.Errorf("filter environment: %w", err)

@@ -31,13 +31,9 @@ func (x *managementServer) WatchAuditLog(req *curatorv1.WatchAuditLogRequest, st
 func (s *Service) watchAudit(req *curatorv1.WatchAuditLogRequest, stream curatorv1.Management_WatchAuditLogServer) error {
 	ctx := stream.Context()
 	backlog := req.GetBacklog()
+	// backlog and start_revision >= 0, and start_revision without backlog
+	// or no_follow: the request's contract.
 	switch {
-	case req.GetStartRevision() < 0:
-		return fmt.Errorf("%w: start_revision %d: want the revision of the last event received, or 0", errBadRequest, req.GetStartRevision())
-	case req.GetStartRevision() > 0 && (backlog != 0 || req.GetNoFollow()):
-		return fmt.Errorf("%w: start_revision resumes a stream: it takes neither backlog nor no_follow", errBadRequest)
-	case backlog < 0:
-		return fmt.Errorf("%w: backlog %d: want 0 (the default, %d) up to %d", errBadRequest, backlog, auditBacklogDefault, auditBacklogMax)
 	case backlog == 0:
 		backlog = auditBacklogDefault
 	case backlog > auditBacklogMax:

@@ -7,7 +7,6 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"regexp"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -64,11 +63,10 @@ func (s *Service) auditOp(ctx context.Context, action, nodeID, reason string) cl
 	})
 }
 
-func nodeKey(pub []byte) (ed25519.PublicKey, string, error) {
-	if len(pub) != ed25519.PublicKeySize {
-		return nil, "", fmt.Errorf("%w: public_key must be a %d-byte ed25519 key, got %d bytes", errBadRequest, ed25519.PublicKeySize, len(pub))
-	}
-	return ed25519.PublicKey(pub), pki.NodeID(pub), nil
+// nodeKey is a request's public key (32 bytes: its contract) and the node
+// id it makes.
+func nodeKey(pub []byte) (ed25519.PublicKey, string) {
+	return ed25519.PublicKey(pub), pki.NodeID(pub)
 }
 
 func (x *curatorServer) BootstrapCluster(ctx context.Context, req *curatorv1.BootstrapClusterRequest) (*curatorv1.BootstrapClusterResponse, error) {
@@ -81,16 +79,7 @@ func (x *curatorServer) BootstrapCluster(ctx context.Context, req *curatorv1.Boo
 // holds ConsensusMember (its join parameters from an idempotent AddNode)
 // and KubernetesController.
 func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapClusterRequest) (*curatorv1.BootstrapClusterResponse, error) {
-	pub, id, err := nodeKey(req.GetPublicKey())
-	if err != nil {
-		return nil, err
-	}
-	if p := caller(ctx); p.Kind == pki.KindNode && p.Name != id {
-		return nil, fmt.Errorf("%w: %s may bootstrap only itself, not %s", errDenied, p, id)
-	}
-	if err := validateStatus(req.GetStatus()); err != nil {
-		return nil, err
-	}
+	pub, id := nodeKey(req.GetPublicKey()) // a node's own (policy: ownKey)
 	certs, err := s.deploymentCertificates(id, req.GetCertificates())
 	if err != nil {
 		return nil, err
@@ -99,9 +88,6 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 		return nil, err
 	}
 	peerURL := req.GetStatus().GetConsensusPeerUrl()
-	if peerURL == "" {
-		return nil, fmt.Errorf("%w: status.consensus_peer_url is required: the bootstrap node runs the cluster's first etcd member", errBadRequest)
-	}
 	existing, err := s.etcd.Get(ctx, keys.NodesPrefix, clientv3.WithPrefix(), clientv3.WithLimit(2))
 	if err != nil {
 		return nil, fmt.Errorf("read nodes: %w", err)
@@ -180,39 +166,13 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 	return &curatorv1.BootstrapClusterResponse{Node: n}, nil
 }
 
-var labelRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$`)
-
-func validateLabels(labels map[string]string) error {
-	if len(labels) > 64 {
-		return fmt.Errorf("%w: at most 64 labels, got %d", errBadRequest, len(labels))
-	}
-	for k, v := range labels {
-		if !labelRE.MatchString(k) {
-			return fmt.Errorf("%w: label key %q: letters, digits, '.', '_', '/', '-', at most 63 characters", errBadRequest, k)
-		}
-		if v != "" && !labelRE.MatchString(v) {
-			return fmt.Errorf("%w: label %q value %q: letters, digits, '.', '_', '/', '-', at most 63 characters", errBadRequest, k, v)
-		}
-	}
-	return nil
-}
-
 func (x *curatorServer) RegisterNode(ctx context.Context, req *curatorv1.RegisterNodeRequest) (*curatorv1.RegisterNodeResponse, error) {
 	resp, err := x.s.register(ctx, req)
 	return resp, err
 }
 
 func (s *Service) register(ctx context.Context, req *curatorv1.RegisterNodeRequest) (*curatorv1.RegisterNodeResponse, error) {
-	pub, id, err := nodeKey(req.GetPublicKey())
-	if err != nil {
-		return nil, err
-	}
-	if p := caller(ctx); p.Name != id {
-		return nil, fmt.Errorf("%w: the call's certificate is for %s but public_key is %s's", errDenied, p.Name, id)
-	}
-	if err := validateLabels(req.GetLabels()); err != nil {
-		return nil, err
-	}
+	pub, id := nodeKey(req.GetPublicKey()) // the caller's own (policy: ownKey)
 	t, err := s.etcd.Get(ctx, keys.RegisterTicket)
 	if err != nil {
 		return nil, fmt.Errorf("read register ticket: %w", err)
@@ -321,12 +281,6 @@ func (x *curatorServer) UpdateNodeStatus(ctx context.Context, req *curatorv1.Upd
 }
 
 func (s *Service) updateStatus(ctx context.Context, req *curatorv1.UpdateNodeStatusRequest) error {
-	if p := caller(ctx); p.Name != req.GetNodeId() {
-		return fmt.Errorf("%w: %s may update only its own status, not %s's", errDenied, p, req.GetNodeId())
-	}
-	if err := validateStatus(req.GetStatus()); err != nil {
-		return err
-	}
 	_, err := retryConflicts(ctx, "update the status of node "+req.GetNodeId(), func() (struct{}, error) {
 		n, err := s.getNode(ctx, req.GetNodeId())
 		if err != nil || protoEqual(n.Status, req.GetStatus()) {

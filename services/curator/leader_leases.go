@@ -46,17 +46,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
-	"regexp"
 	"strings"
 	"time"
-	"unicode"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
-	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/audit"
 	"curia.dev/platform/fence"
@@ -74,19 +70,10 @@ type leasesServer struct {
 const (
 	// reconcilerLeaseName is the lease that fences the reconciler's writes.
 	reconcilerLeaseName = "reconciler"
-	// Bounds of AcquireRequest.
-	leaseMinTTL       = 2
-	leaseMaxTTL       = 60
-	leaseMaxHolderLen = 128
-	// reconcileMaxReason bounds the reason of a role write (audit log).
-	reconcileMaxReason = 1024
 	// acquireAttempts bounds how often Acquire decides again when the
 	// record changed under it (a concurrent Acquire, an expiry).
 	acquireAttempts = 5
 )
-
-// leaseNameRE: a DNS label, so that a name is a plain etcd key segment.
-var leaseNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 // leaseRecord is the value of keys.Lease(name), stored as JSON; the
 // consensus service reads it too, to pair a lease with its leader key.
@@ -119,17 +106,10 @@ func (x *leasesServer) Acquire(ctx context.Context, req *curatorv1.AcquireReques
 
 // acquire grants the lease, or returns the caller's own lease of this term
 // (kept alive), or says who holds it until when (FailedPrecondition). A
-// record of an older term, or one that expired, is replaced.
+// record of an older term, or one that expired, is replaced. The name (a
+// DNS label, so a plain etcd key segment), the holder and the TTL (2..60s)
+// are AcquireRequest's contract.
 func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int64) (*curatorv1.Lease, error) {
-	if err := validLeaseName(name); err != nil {
-		return nil, err
-	}
-	if err := validLeaseHolder(holder); err != nil {
-		return nil, err
-	}
-	if ttl < leaseMinTTL || ttl > leaseMaxTTL {
-		return nil, fmt.Errorf("%w: ttl_seconds %d: want %d..%d", errBadRequest, ttl, leaseMinTTL, leaseMaxTTL)
-	}
 	s := x.s
 	key := keys.Lease(name)
 	for range acquireAttempts {
@@ -370,36 +350,11 @@ func (sl *storedLease) proto(name, leaderKey string, expires time.Time) *curator
 	}
 }
 
-func validLeaseName(name string) error {
-	if !leaseNameRE.MatchString(name) {
-		return fmt.Errorf("%w: lease name %q: lower-case letters, digits and '-', at most 63 characters, starting and ending with a letter or digit", errBadRequest, name)
-	}
-	return nil
-}
-
-func validLeaseHolder(holder string) error {
-	if holder == "" || len(holder) > leaseMaxHolderLen {
-		return fmt.Errorf("%w: holder must be 1..%d bytes, got %d", errBadRequest, leaseMaxHolderLen, len(holder))
-	}
-	if strings.ContainsFunc(holder, func(r rune) bool { return r == '\uFFFD' || !unicode.IsPrint(r) }) {
-		return fmt.Errorf("%w: holder %q: printable UTF-8 only", errBadRequest, holder)
-	}
-	return nil
-}
-
 // parseLeaseClaim checks a lease as Acquire returned it: its fence is
-// [leader key @ term, leases/<name> @ revision].
+// [leader key @ term, leases/<name> @ revision]. That the lease is there,
+// and its name and holder, are the requests' contract.
 func parseLeaseClaim(l *curatorv1.Lease) (leaseClaim, error) {
-	if l == nil {
-		return leaseClaim{}, fmt.Errorf("%w: lease is required (as Acquire returned it)", errBadRequest)
-	}
 	c := leaseClaim{name: l.GetName(), holder: l.GetHolder()}
-	if err := validLeaseName(c.name); err != nil {
-		return c, err
-	}
-	if err := validLeaseHolder(c.holder); err != nil {
-		return c, err
-	}
 	leader, lease, err := leaseFenceShape(fence.FromProto(l.GetFence()), c.name)
 	if err != nil {
 		return c, err
@@ -457,34 +412,16 @@ func (x *leasesServer) reconcileNodeRoles(ctx context.Context, req *curatorv1.Re
 	if f.Epoch <= 0 {
 		return nil, fmt.Errorf("%w: fence.membership_epoch is required: the epoch read before listing members (ListMembersResponse.membership_epoch)", errBadRequest)
 	}
+	// The node id, a positive node revision, one change (join parameters
+	// that can be joined with, or remove_consensus_member=true) and a
+	// reason of at most 1024 bytes are the request's contract.
 	id, rev := req.GetNodeId(), req.GetNodeRevision()
-	if err := validNodeID(id); err != nil {
-		return nil, err
-	}
-	if rev <= 0 {
-		return nil, fmt.Errorf("%w: node_revision must be the node's revision as read (Node.revision), got %d", errBadRequest, rev)
-	}
-	var join *consensusv1.JoinParameters
-	var action string
-	switch req.GetChange().(type) {
-	case *curatorv1.ReconcileNodeRolesRequest_AddConsensusMember:
-		join = req.GetAddConsensusMember()
-		if err := validJoin(join); err != nil {
-			return nil, err
-		}
+	join := req.GetAddConsensusMember()
+	action := "roles.reconcile remove_consensus_member"
+	if join != nil {
 		action = "roles.reconcile add_consensus_member"
-	case *curatorv1.ReconcileNodeRolesRequest_RemoveConsensusMember:
-		if !req.GetRemoveConsensusMember() {
-			return nil, fmt.Errorf("%w: remove_consensus_member must be true", errBadRequest)
-		}
-		action = "roles.reconcile remove_consensus_member"
-	default:
-		return nil, fmt.Errorf("%w: change is required: add_consensus_member or remove_consensus_member", errBadRequest)
 	}
 	reason := req.GetReason()
-	if len(reason) > reconcileMaxReason {
-		return nil, fmt.Errorf("%w: reason: at most %d bytes, got %d", errBadRequest, reconcileMaxReason, len(reason))
-	}
 	if reason == "" {
 		reason = "ReconcileNodeRoles"
 	}
@@ -621,21 +558,6 @@ func cloneRoles(r *curatorv1.Roles) *curatorv1.Roles {
 		out.KubernetesWorker = r.KubernetesWorker
 	}
 	return out
-}
-
-// validJoin checks join parameters as AddNode returns them.
-func validJoin(j *consensusv1.JoinParameters) error {
-	if j.GetMemberId() == 0 {
-		return fmt.Errorf("%w: add_consensus_member.member_id is required (the join parameters AddNode returned)", errBadRequest)
-	}
-	u, err := url.Parse(j.GetPeerUrl())
-	if err != nil || u.Scheme != "https" || u.Port() == "" {
-		return fmt.Errorf("%w: add_consensus_member.peer_url %q: want https://host:port", errBadRequest, j.GetPeerUrl())
-	}
-	if len(j.GetVoters()) == 0 {
-		return fmt.Errorf("%w: add_consensus_member.voters is empty: a member cannot join without the current voters", errBadRequest)
-	}
-	return nil
 }
 
 // dropOldTermLeases deletes, when this replica becomes leader, every lease

@@ -91,7 +91,7 @@ func TestLeases(t *testing.T) {
 			}
 		}
 		_, err := viaFollower.KeepAlive(ctx, &curatorv1.KeepAliveRequest{})
-		wantCode(t, err, codes.InvalidArgument, "lease is required")
+		wantCode(t, err, codes.InvalidArgument, "lease: value is required")
 		// Only the reconciler uses leases.
 		admin := leasesAs(c, c.Leader(), cut.Admin)
 		_, err = admin.Acquire(ctx, &curatorv1.AcquireRequest{Name: "v", Holder: "a", TtlSeconds: 10})

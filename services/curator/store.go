@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -13,7 +11,6 @@ import (
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
-	"curia.dev/platform/pki"
 )
 
 // Nodes are stored as curia.curator.v1.Node under keys.Node(id), without the
@@ -88,9 +85,6 @@ func retryConflicts[T any](ctx context.Context, what string, attempt func() (T, 
 
 // getNode reads a node; its Revision is the record's ModRevision.
 func (s *Service) getNode(ctx context.Context, id string) (*curatorv1.Node, error) {
-	if err := validNodeID(id); err != nil {
-		return nil, err
-	}
 	resp, err := s.etcd.Get(ctx, keys.Node(id))
 	if err != nil {
 		return nil, fmt.Errorf("read node %s: %w", id, err)
@@ -126,41 +120,9 @@ func unchanged(n *curatorv1.Node) clientv3.Cmp {
 	return clientv3.Compare(clientv3.ModRevision(keys.Node(n.Id)), "=", n.Revision)
 }
 
-func validNodeID(id string) error {
-	if err := (pki.Principal{Kind: pki.KindNode, Name: id}).Validate(); err != nil {
-		return fmt.Errorf("%w: node id %q is not node-<32 hex digits>", errBadRequest, id)
-	}
-	return nil
-}
-
 // hasRoles reports whether a node holds any role.
 func hasRoles(r *curatorv1.Roles) bool {
 	return r.GetConsensusMember() != nil || r.GetKubernetesController() != nil || r.GetKubernetesWorker() != nil
 }
 
 func protoEqual(a, b proto.Message) bool { return proto.Equal(a, b) }
-
-// validateStatus checks what a node reports about itself.
-func validateStatus(st *curatorv1.NodeStatus) error {
-	for name, u := range map[string]string{"consensus_peer_url": st.GetConsensusPeerUrl(), "consensus_client_url": st.GetConsensusClientUrl()} {
-		if u == "" {
-			continue
-		}
-		parsed, err := url.Parse(u)
-		if err != nil || parsed.Scheme != "https" || parsed.Port() == "" || (parsed.Path != "" && parsed.Path != "/") {
-			return fmt.Errorf("%w: status.%s %q: want https://host:port", errBadRequest, name, u)
-		}
-	}
-	if a := st.GetConsensusApi(); a != "" {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			return fmt.Errorf("%w: status.consensus_api %q: want host:port", errBadRequest, a)
-		}
-	}
-	if k := st.GetConsensusPublicKey(); len(k) != 0 && len(k) != 32 {
-		return fmt.Errorf("%w: status.consensus_public_key must be a 32-byte ed25519 key, got %d bytes", errBadRequest, len(k))
-	}
-	if len(st.GetAddress()) > 253 || len(st.GetVersion()) > 128 || len(st.GetRunningServices()) > 32 {
-		return fmt.Errorf("%w: status too large (address ≤253, version ≤128 characters, ≤32 services)", errBadRequest)
-	}
-	return nil
-}

@@ -74,7 +74,6 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/backoff"
 	"curia.dev/platform/keys"
-	"curia.dev/platform/pki"
 	"curia.dev/platform/run"
 )
 
@@ -774,50 +773,14 @@ func (h *watchHub) decorate(ctx context.Context, it watchItem) (*curatorv1.Watch
 
 // Watch streams nodes from this replica's hub (see the top of this file).
 func (x *curatorServer) Watch(req *curatorv1.WatchRequest, stream curatorv1.Curator_WatchServer) error {
-	ctx := stream.Context()
-	w, err := newWatcher(caller(ctx), req)
-	if err != nil {
-		return err
-	}
-	return x.s.watch.serve(ctx, w, stream.Send)
+	return x.s.watch.serve(stream.Context(), newWatcher(req), stream.Send)
 }
 
-// selfOnly: a node, and an enrolling node (its agent waits for approval by
-// watching its own record), may watch only itself.
-func selfOnly(who pki.Principal) bool {
-	return who.Kind == pki.KindNode || who.Kind == pki.KindEnrolling
-}
-
-// newWatcher checks a WatchRequest from who: a node may watch only itself.
-func newWatcher(who pki.Principal, req *curatorv1.WatchRequest) (*watcher, error) {
-	if req.GetStartRevision() < 0 {
-		return nil, fmt.Errorf("%w: start_revision %d: want 0 (snapshot first) or the revision of the last response seen", errBadRequest, req.GetStartRevision())
-	}
-	switch min := req.GetMinRevision(); {
-	case min < 0:
-		return nil, fmt.Errorf("%w: min_revision %d: want 0 (any snapshot) or the revision the snapshot must be at least at, e.g. ListMembersResponse.revision", errBadRequest, min)
-	case min > 0 && req.GetStartRevision() > 0:
-		return nil, fmt.Errorf("%w: min_revision %d with start_revision %d: min_revision bounds the snapshot of start_revision 0; a resume sends no snapshot, only the changes after start_revision, so it is already as new as the client's view: drop min_revision, or watch from 0 for a snapshot at least at min_revision", errBadRequest, min, req.GetStartRevision())
-	}
-	w := &watcher{cursor: req.GetStartRevision(), snapshot: req.GetStartRevision() == 0, minRev: req.GetMinRevision()}
-	switch k := req.GetKind().(type) {
-	case *curatorv1.WatchRequest_NodeId:
-		if err := validNodeID(k.NodeId); err != nil {
-			return nil, err
-		}
-		if selfOnly(who) && who.Name != k.NodeId {
-			return nil, fmt.Errorf("%w: %s may watch only itself (node_id=%s), not %s", errDenied, who, who.Name, k.NodeId)
-		}
-		w.node = k.NodeId
-	case *curatorv1.WatchRequest_AllNodes:
-		if !k.AllNodes {
-			return nil, fmt.Errorf("%w: all_nodes=false selects nothing: set all_nodes=true or node_id", errBadRequest)
-		}
-		if selfOnly(who) {
-			return nil, fmt.Errorf("%w: %s may watch only itself: set node_id=%s instead of all_nodes", errDenied, who, who.Name)
-		}
-	default:
-		return nil, fmt.Errorf("%w: set node_id (one node) or all_nodes=true", errBadRequest)
-	}
-	return w, nil
+// newWatcher decides what a WatchRequest watches. Who may watch what (a
+// node only itself) is the policy's watchesItself; the request's shape
+// (one of node_id and all_nodes=true, revisions not negative, min_revision
+// only for a snapshot) is its contract. Both are checked before the
+// handler runs.
+func newWatcher(req *curatorv1.WatchRequest) *watcher {
+	return &watcher{cursor: req.GetStartRevision(), snapshot: req.GetStartRevision() == 0, minRev: req.GetMinRevision(), node: req.GetNodeId()}
 }

@@ -24,6 +24,7 @@ import (
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
+	"curia.dev/platform/rpc"
 	ct "curia.dev/services/consensus/consensustest"
 	cut "curia.dev/services/curator/curatortest"
 )
@@ -286,12 +287,13 @@ func TestWatchRequestRules(t *testing.T) {
 		"admin watches all":         {who: admin, req: all},
 		"reconciler watches all":    {who: pki.Principal{Kind: pki.KindReconciler}, req: all},
 		"invalid node id":           {who: admin, req: one("node-1"), code: codes.InvalidArgument, says: "node-<32 hex digits>"},
-		"node with invalid id":      {who: node, req: one("nope"), code: codes.InvalidArgument},
-		"neither":                   {who: admin, req: &curatorv1.WatchRequest{}, code: codes.InvalidArgument, says: "set node_id"},
-		"all_nodes false":           {who: admin, req: &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{}}, code: codes.InvalidArgument, says: "all_nodes=true"},
+		"node with invalid id":      {who: node, req: one("nope"), code: codes.PermissionDenied, says: "may watch only itself"},
+		"node, all_nodes false":     {who: node, req: &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{}}, code: codes.PermissionDenied, says: "may watch only itself"},
+		"neither":                   {who: admin, req: &curatorv1.WatchRequest{}, code: codes.InvalidArgument, says: "kind: exactly one field is required in oneof"},
+		"all_nodes false":           {who: admin, req: &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{}}, code: codes.InvalidArgument, says: "all_nodes: must equal true"},
 		"negative start revision":   {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, StartRevision: -1}, code: codes.InvalidArgument, says: "start_revision"},
 		"snapshot at a revision":    {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, MinRevision: 7}},
-		"negative min revision":     {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, MinRevision: -1}, code: codes.InvalidArgument, says: "min_revision -1"},
+		"negative min revision":     {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, MinRevision: -1}, code: codes.InvalidArgument, says: "min_revision: must be greater than or equal to 0"},
 		"min revision on a resume":  {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, StartRevision: 7, MinRevision: 7}, code: codes.InvalidArgument, says: "a resume"},
 		"node snapshot at a rev":    {who: node, req: &curatorv1.WatchRequest{Kind: one(self).Kind, MinRevision: 7}},
 		"resume asks no snapshot":   {who: admin, req: &curatorv1.WatchRequest{Kind: all.Kind, StartRevision: 7}},
@@ -303,7 +305,16 @@ func TestWatchRequestRules(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			w, err := newWatcher(tc.who, tc.req)
+			// As the server does: the policy's check on who asks, the
+			// request's contract, then the handler.
+			err := policy()["/curia.curator.v1.Curator/Watch"].Check(context.Background(), tc.who, tc.req)
+			if err == nil {
+				err = rpc.ValidateRequest(tc.req)
+			}
+			var w *watcher
+			if err == nil {
+				w = newWatcher(tc.req)
+			}
 			st := status.Convert(toStatus(err))
 			if st.Code() != tc.code || !strings.Contains(st.Message(), tc.says) {
 				t.Fatalf("got %v, want %v saying %q", st, tc.code, tc.says)
@@ -521,11 +532,7 @@ func TestWatchHubServe(t *testing.T) {
 // at least at min.
 func minRevisionWatcher(t *testing.T, min int64) *watcher {
 	t.Helper()
-	w, err := newWatcher(pki.Principal{Kind: pki.KindAdmin, Name: "ops"}, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}, MinRevision: min})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return w
+	return newWatcher(&curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}, MinRevision: min})
 }
 
 // watchRefused waits for a stream that must fail before it sent anything,

@@ -7,6 +7,8 @@
 package consensusv1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
+	_ "curia.dev/gen/curia/validate/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
@@ -1008,7 +1010,8 @@ func (x *AddNodeRequest) GetFence() *Fence {
 // Peer is a voting member a joining node contacts.
 type Peer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The member's name (node id).
+	// The member's name (node id; a member added outside curia may have
+	// another name).
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Its peer URLs.
 	PeerUrls []string `protobuf:"bytes,2,rep,name=peer_urls,json=peerUrls,proto3" json:"peer_urls,omitempty"`
@@ -1069,7 +1072,10 @@ func (x *Peer) GetClientUrls() []string {
 	return nil
 }
 
-// JoinParameters is everything a node needs to join the etcd cluster.
+// JoinParameters is everything a node needs to join the etcd cluster. Its
+// rules hold for every request that carries it (Start, the reconciler's
+// role write) and for the role a node agent acts on; whether it is for this
+// cluster and this node is the receiver's question.
 type JoinParameters struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// PEM cluster CA certificate.
@@ -1341,6 +1347,8 @@ type RemoveMemberRequest struct {
 	// (the reconciler's rule "member without a node"): the member must be
 	// this node's, and the fenced transaction proves that nodes/<id> does
 	// not exist, so a stale view of the registry never removes a live member.
+	// Not necessarily a node id (a member added outside curia is named by its
+	// peer URL's host), but never a key path.
 	AbsentNodeId string `protobuf:"bytes,4,opt,name=absent_node_id,json=absentNodeId,proto3" json:"absent_node_id,omitempty"`
 	// Why, in words, for the audit log (e.g. the reconciler's plan reason or
 	// the operator's reason for the role change). At most 1024 bytes.
@@ -1884,7 +1892,7 @@ var File_curia_consensus_v1_consensus_proto protoreflect.FileDescriptor
 
 const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\n" +
-	"\"curia/consensus/v1/consensus.proto\x12\x12curia.consensus.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"v\n" +
+	"\"curia/consensus/v1/consensus.proto\x12\x12curia.consensus.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"v\n" +
 	"\x05Fence\x12B\n" +
 	"\n" +
 	"conditions\x18\x01 \x03(\v2\".curia.consensus.v1.FenceConditionR\n" +
@@ -1949,48 +1957,49 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"recordedBy\x124\n" +
 	"\astarted\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\astarted\x125\n" +
 	"\bdeadline\x18\n" +
-	" \x01(\v2\x19.google.protobuf.DurationR\bdeadline\"u\n" +
-	"\x0eAddNodeRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x19\n" +
-	"\bpeer_url\x18\x02 \x01(\tR\apeerUrl\x12/\n" +
-	"\x05fence\x18\x03 \x01(\v2\x19.curia.consensus.v1.FenceR\x05fence\"X\n" +
-	"\x04Peer\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
-	"\tpeer_urls\x18\x02 \x03(\tR\bpeerUrls\x12\x1f\n" +
-	"\vclient_urls\x18\x03 \x03(\tR\n" +
-	"clientUrls\"\xb3\x01\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\bdeadline\"\x93\x01\n" +
+	"\x0eAddNodeRequest\x12\"\n" +
+	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x12$\n" +
+	"\bpeer_url\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01R\apeerUrl\x127\n" +
+	"\x05fence\x18\x03 \x01(\v2\x19.curia.consensus.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\"\x82\x01\n" +
+	"\x04Peer\x12\x1c\n" +
+	"\x04name\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\xfd\x01R\x04name\x12+\n" +
+	"\tpeer_urls\x18\x02 \x03(\tB\x0e\xbaH\v\x92\x01\b\"\x06r\x04\xd0\xd5\"\x01R\bpeerUrls\x12/\n" +
+	"\vclient_urls\x18\x03 \x03(\tB\x0e\xbaH\v\x92\x01\b\"\x06r\x04\xd0\xd5\"\x01R\n" +
+	"clientUrls\"\xfb\x02\n" +
 	"\x0eJoinParameters\x12%\n" +
 	"\x0eca_certificate\x18\x01 \x01(\fR\rcaCertificate\x12\x10\n" +
-	"\x03crl\x18\x02 \x01(\fR\x03crl\x120\n" +
-	"\x06voters\x18\x03 \x03(\v2\x18.curia.consensus.v1.PeerR\x06voters\x12\x1b\n" +
-	"\tmember_id\x18\x04 \x01(\x04R\bmemberId\x12\x19\n" +
-	"\bpeer_url\x18\x05 \x01(\tR\apeerUrl\"\x9b\x01\n" +
+	"\x03crl\x18\x02 \x01(\fR\x03crl\x12:\n" +
+	"\x06voters\x18\x03 \x03(\v2\x18.curia.consensus.v1.PeerB\b\xbaH\x05\x92\x01\x02\b\x01R\x06voters\x12$\n" +
+	"\tmember_id\x18\x04 \x01(\x04B\a\xbaH\x042\x02 \x00R\bmemberId\x12$\n" +
+	"\bpeer_url\x18\x05 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01R\apeerUrl:\xa7\x01\xbaH\xa3\x01\x1a\xa0\x01\n" +
+	"\x15join.voter_client_url\x12=voters: at least one voter needs a client URL to join through\x1aHsize(this.voters) == 0 || this.voters.exists(v, size(v.client_urls) > 0)\"\x9b\x01\n" +
 	"\x0fAddNodeResponse\x126\n" +
 	"\x04join\x18\x01 \x01(\v2\".curia.consensus.v1.JoinParametersR\x04join\x12%\n" +
 	"\x0ealready_member\x18\x02 \x01(\bR\ralreadyMember\x12)\n" +
-	"\x10membership_epoch\x18\x03 \x01(\x03R\x0fmembershipEpoch\"d\n" +
-	"\x14PromoteMemberRequest\x12\x1b\n" +
-	"\tmember_id\x18\x01 \x01(\x04R\bmemberId\x12/\n" +
-	"\x05fence\x18\x02 \x01(\v2\x19.curia.consensus.v1.FenceR\x05fence\"g\n" +
+	"\x10membership_epoch\x18\x03 \x01(\x03R\x0fmembershipEpoch\"u\n" +
+	"\x14PromoteMemberRequest\x12$\n" +
+	"\tmember_id\x18\x01 \x01(\x04B\a\xbaH\x042\x02 \x00R\bmemberId\x127\n" +
+	"\x05fence\x18\x02 \x01(\v2\x19.curia.consensus.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\"g\n" +
 	"\x15PromoteMemberResponse\x12#\n" +
 	"\ralready_voter\x18\x01 \x01(\bR\falreadyVoter\x12)\n" +
-	"\x10membership_epoch\x18\x02 \x01(\x03R\x0fmembershipEpoch\"\xc8\x01\n" +
-	"\x13RemoveMemberRequest\x12\x1d\n" +
-	"\tmember_id\x18\x01 \x01(\x04H\x00R\bmemberId\x12\x19\n" +
-	"\anode_id\x18\x02 \x01(\tH\x00R\x06nodeId\x12/\n" +
-	"\x05fence\x18\x03 \x01(\v2\x19.curia.consensus.v1.FenceR\x05fence\x12$\n" +
-	"\x0eabsent_node_id\x18\x04 \x01(\tR\fabsentNodeId\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reasonB\b\n" +
-	"\x06target\"\xb0\x01\n" +
+	"\x10membership_epoch\x18\x02 \x01(\x03R\x0fmembershipEpoch\"\x83\x02\n" +
+	"\x13RemoveMemberRequest\x12&\n" +
+	"\tmember_id\x18\x01 \x01(\x04B\a\xbaH\x042\x02 \x00H\x00R\bmemberId\x12$\n" +
+	"\anode_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01H\x00R\x06nodeId\x127\n" +
+	"\x05fence\x18\x03 \x01(\v2\x19.curia.consensus.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x122\n" +
+	"\x0eabsent_node_id\x18\x04 \x01(\tB\f\xbaH\tr\a(\xfd\x01\xba\x01\x01/R\fabsentNodeId\x12 \n" +
+	"\x06reason\x18\x05 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reasonB\x0f\n" +
+	"\x06target\x12\x05\xbaH\x02\b\x01\"\xb0\x01\n" +
 	"\x14RemoveMemberResponse\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\x04R\bmemberId\x12%\n" +
 	"\x0ealready_absent\x18\x02 \x01(\bR\ralreadyAbsent\x12)\n" +
 	"\x10moved_leadership\x18\x03 \x01(\bR\x0fmovedLeadership\x12)\n" +
-	"\x10membership_epoch\x18\x04 \x01(\x03R\x0fmembershipEpoch\"\x8f\x01\n" +
+	"\x10membership_epoch\x18\x04 \x01(\x03R\x0fmembershipEpoch\"\x96\x01\n" +
 	"\fStartRequest\x12=\n" +
 	"\tbootstrap\x18\x01 \x01(\v2\x1d.curia.consensus.v1.BootstrapH\x00R\tbootstrap\x128\n" +
-	"\x04join\x18\x02 \x01(\v2\".curia.consensus.v1.JoinParametersH\x00R\x04joinB\x06\n" +
-	"\x04mode\"\v\n" +
+	"\x04join\x18\x02 \x01(\v2\".curia.consensus.v1.JoinParametersH\x00R\x04joinB\r\n" +
+	"\x04mode\x12\x05\xbaH\x02\b\x01\"\v\n" +
 	"\tBootstrap\"t\n" +
 	"\rStartResponse\x12:\n" +
 	"\x06status\x18\x01 \x01(\v2\".curia.consensus.v1.StatusResponseR\x06status\x12'\n" +

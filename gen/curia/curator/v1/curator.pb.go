@@ -7,7 +7,9 @@
 package curatorv1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	v1 "curia.dev/gen/curia/consensus/v1"
+	_ "curia.dev/gen/curia/validate/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -28,7 +30,9 @@ type BootstrapClusterRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node's ed25519 public key (32 bytes).
 	PublicKey []byte `protobuf:"bytes,1,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
-	// What the node reports about itself (its consensus endpoints).
+	// What the node reports about itself (its consensus endpoints). The
+	// bootstrap node runs the cluster's first etcd member: its peer URL is
+	// required.
 	Status *NodeStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
 	// PEM certificates the deployment issued to the node (its node
 	// certificate, ...): each must be of the cluster CA and for this node.
@@ -149,7 +153,9 @@ type RegisterNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The cluster's register ticket (GetRegisterTicket).
 	RegisterTicket []byte `protobuf:"bytes,1,opt,name=register_ticket,json=registerTicket,proto3" json:"register_ticket,omitempty"`
-	// Labels the node asks for.
+	// Labels the node asks for: at most 64; keys and values (which may be
+	// empty) of letters, digits, '.', '_', '/' and '-', at most 63
+	// characters, starting and ending with a letter or digit.
 	Labels map[string]string `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The node's ed25519 public key (32 bytes); it must be the key of the
 	// certificate the call is made with.
@@ -457,7 +463,8 @@ type WatchRequest_NodeId struct {
 }
 
 type WatchRequest_AllNodes struct {
-	// Watch every node (curator, reconciler and admins only).
+	// Watch every node (curator, reconciler and admins only); false
+	// selects nothing and is refused.
 	AllNodes bool `protobuf:"varint,2,opt,name=all_nodes,json=allNodes,proto3,oneof"`
 }
 
@@ -1146,20 +1153,21 @@ var File_curia_curator_v1_curator_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_curator_proto_rawDesc = "" +
 	"\n" +
-	"\x1ecuria/curator/v1/curator.proto\x12\x10curia.curator.v1\x1a\"curia/consensus/v1/consensus.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\x01\n" +
-	"\x17BootstrapClusterRequest\x12\x1d\n" +
+	"\x1ecuria/curator/v1/curator.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\"curia/consensus/v1/consensus.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc0\x02\n" +
+	"\x17BootstrapClusterRequest\x12&\n" +
 	"\n" +
-	"public_key\x18\x01 \x01(\fR\tpublicKey\x124\n" +
-	"\x06status\x18\x02 \x01(\v2\x1c.curia.curator.v1.NodeStatusR\x06status\x12\"\n" +
+	"public_key\x18\x01 \x01(\fB\a\xbaH\x04z\x02h R\tpublicKey\x12\xd8\x01\n" +
+	"\x06status\x18\x02 \x01(\v2\x1c.curia.curator.v1.NodeStatusB\xa1\x01\xbaH\x9d\x01\xba\x01\x96\x01\n" +
+	"\x1cbootstrap.consensus_peer_url\x12Wconsensus_peer_url is required: the bootstrap node runs the cluster's first etcd member\x1a\x1dthis.consensus_peer_url != ''\xc8\x01\x01R\x06status\x12\"\n" +
 	"\fcertificates\x18\x03 \x03(\fR\fcertificates\"y\n" +
 	"\x18BootstrapClusterResponse\x12*\n" +
 	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\x121\n" +
-	"\x14already_bootstrapped\x18\x02 \x01(\bR\x13alreadyBootstrapped\"\xe3\x01\n" +
+	"\x14already_bootstrapped\x18\x02 \x01(\bR\x13alreadyBootstrapped\"\xe6\x02\n" +
 	"\x13RegisterNodeRequest\x12'\n" +
-	"\x0fregister_ticket\x18\x01 \x01(\fR\x0eregisterTicket\x12I\n" +
-	"\x06labels\x18\x02 \x03(\v21.curia.curator.v1.RegisterNodeRequest.LabelsEntryR\x06labels\x12\x1d\n" +
+	"\x0fregister_ticket\x18\x01 \x01(\fR\x0eregisterTicket\x12\xc2\x01\n" +
+	"\x06labels\x18\x02 \x03(\v21.curia.curator.v1.RegisterNodeRequest.LabelsEntryBw\xbaHt\x9a\x01q\x10@\"4r220^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$*7r523^([A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?)?$R\x06labels\x12&\n" +
 	"\n" +
-	"public_key\x18\x03 \x01(\fR\tpublicKey\x1a9\n" +
+	"public_key\x18\x03 \x01(\fB\a\xbaH\x04z\x02h R\tpublicKey\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"B\n" +
@@ -1169,21 +1177,22 @@ const file_curia_curator_v1_curator_proto_rawDesc = "" +
 	"\x12CommitNodeResponse\x12*\n" +
 	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\x12 \n" +
 	"\vcertificate\x18\x02 \x01(\fR\vcertificate\x12%\n" +
-	"\x0eca_certificate\x18\x03 \x01(\fR\rcaCertificate\"\x9a\x01\n" +
-	"\fWatchRequest\x12\x19\n" +
-	"\anode_id\x18\x01 \x01(\tH\x00R\x06nodeId\x12\x1d\n" +
-	"\tall_nodes\x18\x02 \x01(\bH\x00R\ballNodes\x12%\n" +
-	"\x0estart_revision\x18\x03 \x01(\x03R\rstartRevision\x12!\n" +
-	"\fmin_revision\x18\x04 \x01(\x03R\vminRevisionB\x06\n" +
-	"\x04kind\"\x8f\x01\n" +
+	"\x0eca_certificate\x18\x03 \x01(\fR\rcaCertificate\"\xd7\x03\n" +
+	"\fWatchRequest\x12$\n" +
+	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01H\x00R\x06nodeId\x12&\n" +
+	"\tall_nodes\x18\x02 \x01(\bB\a\xbaH\x04j\x02\b\x01H\x00R\ballNodes\x12.\n" +
+	"\x0estart_revision\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\rstartRevision\x12*\n" +
+	"\fmin_revision\x18\x04 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vminRevision:\x8d\x02\xbaH\x89\x02\x1a\x86\x02\n" +
+	"\x19watch.min_revision_resume\x12\xb4\x01min_revision bounds the snapshot of start_revision 0; a resume (start_revision > 0) sends no snapshot, so drop min_revision, or watch from 0 for a snapshot at least at min_revision\x1a2this.min_revision == 0 || this.start_revision == 0B\r\n" +
+	"\x04kind\x12\x05\xbaH\x02\b\x01\"\x8f\x01\n" +
 	"\rWatchResponse\x12,\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x16.curia.curator.v1.NodeR\x05nodes\x12\x18\n" +
 	"\adeleted\x18\x02 \x03(\tR\adeleted\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x03R\brevision\x12\x1a\n" +
-	"\bsnapshot\x18\x04 \x01(\bR\bsnapshot\"h\n" +
-	"\x17UpdateNodeStatusRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x124\n" +
-	"\x06status\x18\x02 \x01(\v2\x1c.curia.curator.v1.NodeStatusR\x06status\"\x1a\n" +
+	"\bsnapshot\x18\x04 \x01(\bR\bsnapshot\"{\n" +
+	"\x17UpdateNodeStatusRequest\x12\"\n" +
+	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x12<\n" +
+	"\x06status\x18\x02 \x01(\v2\x1c.curia.curator.v1.NodeStatusB\x06\xbaH\x03\xc8\x01\x01R\x06status\"\x1a\n" +
 	"\x18UpdateNodeStatusResponse\"\x12\n" +
 	"\x10HeartbeatRequest\"<\n" +
 	"\x11HeartbeatResponse\x12'\n" +
@@ -1200,9 +1209,10 @@ const file_curia_curator_v1_curator_proto_rawDesc = "" +
 	"\x0fWatchCRLRequest\"<\n" +
 	"\x10WatchCRLResponse\x12\x10\n" +
 	"\x03crl\x18\x01 \x01(\fR\x03crl\x12\x16\n" +
-	"\x06number\x18\x02 \x01(\tR\x06number\"L\n" +
-	"\x18IssueCertificatesRequest\x120\n" +
-	"\x14consensus_public_key\x18\x01 \x01(\fR\x12consensusPublicKey\"\xd1\x01\n" +
+	"\x06number\x18\x02 \x01(\tR\x06number\"X\n" +
+	"\x18IssueCertificatesRequest\x12<\n" +
+	"\x14consensus_public_key\x18\x01 \x01(\fB\n" +
+	"\xbaH\a\xd8\x01\x01z\x02h R\x12consensusPublicKey\"\xd1\x01\n" +
 	"\x19IssueCertificatesResponse\x12)\n" +
 	"\x10node_certificate\x18\x01 \x01(\fR\x0fnodeCertificate\x123\n" +
 	"\x15consensus_certificate\x18\x02 \x01(\fR\x14consensusCertificate\x12-\n" +

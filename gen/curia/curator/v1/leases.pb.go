@@ -7,7 +7,9 @@
 package curatorv1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	v1 "curia.dev/gen/curia/consensus/v1"
+	_ "curia.dev/gen/curia/validate/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -111,7 +113,8 @@ type AcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The lease's name.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// Who asks (e.g. the reconciler replica's name).
+	// Who asks (e.g. the reconciler replica's name): 1..128 bytes of
+	// printable text.
 	Holder string `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
 	// How long the lease lives without a keep-alive, in seconds (2..60).
 	TtlSeconds    int64 `protobuf:"varint,3,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
@@ -408,7 +411,7 @@ type ReconcileNodeRolesRequest struct {
 	//	*ReconcileNodeRolesRequest_AddConsensusMember
 	//	*ReconcileNodeRolesRequest_RemoveConsensusMember
 	Change isReconcileNodeRolesRequest_Change `protobuf_oneof:"change"`
-	// Why, for the audit log.
+	// Why, for the audit log. At most 1024 bytes.
 	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -507,7 +510,8 @@ type ReconcileNodeRolesRequest_AddConsensusMember struct {
 }
 
 type ReconcileNodeRolesRequest_RemoveConsensusMember struct {
-	// Take ConsensusMember, and KubernetesController with it.
+	// Take ConsensusMember, and KubernetesController with it (must be
+	// true).
 	RemoveConsensusMember bool `protobuf:"varint,5,opt,name=remove_consensus_member,json=removeConsensusMember,proto3,oneof"`
 }
 
@@ -565,35 +569,35 @@ var File_curia_curator_v1_leases_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_leases_proto_rawDesc = "" +
 	"\n" +
-	"\x1dcuria/curator/v1/leases.proto\x12\x10curia.curator.v1\x1a\"curia/consensus/v1/consensus.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xae\x01\n" +
-	"\x05Lease\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
-	"\x06holder\x18\x02 \x01(\tR\x06holder\x12/\n" +
-	"\x05fence\x18\x03 \x01(\v2\x19.curia.consensus.v1.FenceR\x05fence\x124\n" +
+	"\x1dcuria/curator/v1/leases.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\"curia/consensus/v1/consensus.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd1\x01\n" +
+	"\x05Lease\x12\x1d\n" +
+	"\x04name\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xd8\xd5\"\x01R\x04name\x12&\n" +
+	"\x06holder\x18\x02 \x01(\tB\x0e\xbaH\vr\t\xe0\xd5\"\x01 \x01(\x80\x01R\x06holder\x127\n" +
+	"\x05fence\x18\x03 \x01(\v2\x19.curia.consensus.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x124\n" +
 	"\aexpires\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\x12\x12\n" +
-	"\x04term\x18\x05 \x01(\x03R\x04term\"]\n" +
-	"\x0eAcquireRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
-	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x1f\n" +
-	"\vttl_seconds\x18\x03 \x01(\x03R\n" +
+	"\x04term\x18\x05 \x01(\x03R\x04term\"\x83\x01\n" +
+	"\x0eAcquireRequest\x12\x1d\n" +
+	"\x04name\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xd8\xd5\"\x01R\x04name\x12&\n" +
+	"\x06holder\x18\x02 \x01(\tB\x0e\xbaH\vr\t\xe0\xd5\"\x01 \x01(\x80\x01R\x06holder\x12*\n" +
+	"\vttl_seconds\x18\x03 \x01(\x03B\t\xbaH\x06\"\x04\x18<(\x02R\n" +
 	"ttlSeconds\"@\n" +
 	"\x0fAcquireResponse\x12-\n" +
-	"\x05lease\x18\x01 \x01(\v2\x17.curia.curator.v1.LeaseR\x05lease\"A\n" +
-	"\x10KeepAliveRequest\x12-\n" +
-	"\x05lease\x18\x01 \x01(\v2\x17.curia.curator.v1.LeaseR\x05lease\"B\n" +
+	"\x05lease\x18\x01 \x01(\v2\x17.curia.curator.v1.LeaseR\x05lease\"I\n" +
+	"\x10KeepAliveRequest\x125\n" +
+	"\x05lease\x18\x01 \x01(\v2\x17.curia.curator.v1.LeaseB\x06\xbaH\x03\xc8\x01\x01R\x05lease\"B\n" +
 	"\x11KeepAliveResponse\x12-\n" +
-	"\x05lease\x18\x01 \x01(\v2\x17.curia.curator.v1.LeaseR\x05lease\"?\n" +
-	"\x0eReleaseRequest\x12-\n" +
-	"\x05lease\x18\x01 \x01(\v2\x17.curia.curator.v1.LeaseR\x05lease\"\x11\n" +
-	"\x0fReleaseResponse\"\xbe\x02\n" +
-	"\x19ReconcileNodeRolesRequest\x12/\n" +
-	"\x05fence\x18\x01 \x01(\v2\x19.curia.consensus.v1.FenceR\x05fence\x12\x17\n" +
-	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12#\n" +
-	"\rnode_revision\x18\x03 \x01(\x03R\fnodeRevision\x12V\n" +
-	"\x14add_consensus_member\x18\x04 \x01(\v2\".curia.consensus.v1.JoinParametersH\x00R\x12addConsensusMember\x128\n" +
-	"\x17remove_consensus_member\x18\x05 \x01(\bH\x00R\x15removeConsensusMember\x12\x16\n" +
-	"\x06reason\x18\x06 \x01(\tR\x06reasonB\b\n" +
-	"\x06change\"H\n" +
+	"\x05lease\x18\x01 \x01(\v2\x17.curia.curator.v1.LeaseR\x05lease\"G\n" +
+	"\x0eReleaseRequest\x125\n" +
+	"\x05lease\x18\x01 \x01(\v2\x17.curia.curator.v1.LeaseB\x06\xbaH\x03\xc8\x01\x01R\x05lease\"\x11\n" +
+	"\x0fReleaseResponse\"\xf4\x02\n" +
+	"\x19ReconcileNodeRolesRequest\x127\n" +
+	"\x05fence\x18\x01 \x01(\v2\x19.curia.consensus.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x12\"\n" +
+	"\anode_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x12,\n" +
+	"\rnode_revision\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02 \x00R\fnodeRevision\x12V\n" +
+	"\x14add_consensus_member\x18\x04 \x01(\v2\".curia.consensus.v1.JoinParametersH\x00R\x12addConsensusMember\x12A\n" +
+	"\x17remove_consensus_member\x18\x05 \x01(\bB\a\xbaH\x04j\x02\b\x01H\x00R\x15removeConsensusMember\x12 \n" +
+	"\x06reason\x18\x06 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reasonB\x0f\n" +
+	"\x06change\x12\x05\xbaH\x02\b\x01\"H\n" +
 	"\x1aReconcileNodeRolesResponse\x12*\n" +
 	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node2\xef\x02\n" +
 	"\x06Leases\x12N\n" +

@@ -7,7 +7,9 @@
 package curatorv1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	v1 "curia.dev/gen/curia/audit/v1"
+	_ "curia.dev/gen/curia/validate/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -27,7 +29,7 @@ type GetNodesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A CEL expression over `node` (curia.curator.v1.Node), e.g.
 	// `node.state == NODE_STATE_UP && has(node.roles.consensus_member)`.
-	// Empty matches every node.
+	// Empty matches every node. At most 4096 characters.
 	Filter        string `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -219,7 +221,7 @@ type UpdateNodeRolesRequest struct {
 	KubernetesController *bool `protobuf:"varint,3,opt,name=kubernetes_controller,json=kubernetesController,proto3,oneof" json:"kubernetes_controller,omitempty"`
 	// Give or take KubernetesWorker.
 	KubernetesWorker *bool `protobuf:"varint,4,opt,name=kubernetes_worker,json=kubernetesWorker,proto3,oneof" json:"kubernetes_worker,omitempty"`
-	// Why, for the audit log.
+	// Why, for the audit log. At most 1024 bytes.
 	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -889,7 +891,8 @@ func (x *GetRegisterTicketResponse) GetTicket() []byte {
 // WatchAuditLogRequest selects audit events.
 type WatchAuditLogRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Send at most this many past events before following (0: 100).
+	// Send at most this many past events before following (0: 100; more
+	// than 10000 sends the newest 10000).
 	Backlog int64 `protobuf:"varint,1,opt,name=backlog,proto3" json:"backlog,omitempty"`
 	// Stop after the backlog instead of following new events.
 	NoFollow bool `protobuf:"varint,2,opt,name=no_follow,json=noFollow,proto3" json:"no_follow,omitempty"`
@@ -1012,28 +1015,28 @@ var File_curia_curator_v1_management_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\n" +
-	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1acuria/audit/v1/audit.proto\x1a\x1bcuria/curator/v1/node.proto\")\n" +
-	"\x0fGetNodesRequest\x12\x16\n" +
-	"\x06filter\x18\x01 \x01(\tR\x06filter\"@\n" +
+	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/audit/v1/audit.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\"3\n" +
+	"\x0fGetNodesRequest\x12 \n" +
+	"\x06filter\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06filter\"@\n" +
 	"\x10GetNodesResponse\x12,\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x16.curia.curator.v1.NodeR\x05nodes\"-\n" +
-	"\x12ApproveNodeRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"A\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x16.curia.curator.v1.NodeR\x05nodes\"8\n" +
+	"\x12ApproveNodeRequest\x12\"\n" +
+	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\"A\n" +
 	"\x13ApproveNodeResponse\x12*\n" +
-	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\"\xaa\x02\n" +
-	"\x16UpdateNodeRolesRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12.\n" +
+	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\"\xbf\x02\n" +
+	"\x16UpdateNodeRolesRequest\x12\"\n" +
+	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x12.\n" +
 	"\x10consensus_member\x18\x02 \x01(\bH\x00R\x0fconsensusMember\x88\x01\x01\x128\n" +
 	"\x15kubernetes_controller\x18\x03 \x01(\bH\x01R\x14kubernetesController\x88\x01\x01\x120\n" +
-	"\x11kubernetes_worker\x18\x04 \x01(\bH\x02R\x10kubernetesWorker\x88\x01\x01\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reasonB\x13\n" +
+	"\x11kubernetes_worker\x18\x04 \x01(\bH\x02R\x10kubernetesWorker\x88\x01\x01\x12 \n" +
+	"\x06reason\x18\x05 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reasonB\x13\n" +
 	"\x11_consensus_memberB\x18\n" +
 	"\x16_kubernetes_controllerB\x14\n" +
 	"\x12_kubernetes_worker\"E\n" +
 	"\x17UpdateNodeRolesResponse\x12*\n" +
-	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\"\xac\x01\n" +
-	"\x11DeleteNodeRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x125\n" +
+	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\"\xb7\x01\n" +
+	"\x11DeleteNodeRequest\x12\"\n" +
+	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x125\n" +
 	"\x17safety_bypass_has_roles\x18\x02 \x01(\bR\x14safetyBypassHasRoles\x12G\n" +
 	" safety_bypass_not_decommissioned\x18\x03 \x01(\bR\x1dsafetyBypassNotDecommissioned\"d\n" +
 	"\x12DeleteNodeResponse\x12%\n" +
@@ -1071,11 +1074,12 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x10membership_epoch\x18\x03 \x01(\x03R\x0fmembershipEpoch\"\x1a\n" +
 	"\x18GetRegisterTicketRequest\"3\n" +
 	"\x19GetRegisterTicketResponse\x12\x16\n" +
-	"\x06ticket\x18\x01 \x01(\fR\x06ticket\"t\n" +
-	"\x14WatchAuditLogRequest\x12\x18\n" +
-	"\abacklog\x18\x01 \x01(\x03R\abacklog\x12\x1b\n" +
-	"\tno_follow\x18\x02 \x01(\bR\bnoFollow\x12%\n" +
-	"\x0estart_revision\x18\x03 \x01(\x03R\rstartRevision\"`\n" +
+	"\x06ticket\x18\x01 \x01(\fR\x06ticket\"\xab\x02\n" +
+	"\x14WatchAuditLogRequest\x12!\n" +
+	"\abacklog\x18\x01 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\abacklog\x12\x1b\n" +
+	"\tno_follow\x18\x02 \x01(\bR\bnoFollow\x12.\n" +
+	"\x0estart_revision\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\rstartRevision:\xa2\x01\xbaH\x9e\x01\x1a\x9b\x01\n" +
+	"\faudit.resume\x12Gstart_revision resumes a stream: it takes neither backlog nor no_follow\x1aBthis.start_revision == 0 || (this.backlog == 0 && !this.no_follow)\"`\n" +
 	"\x15WatchAuditLogResponse\x12+\n" +
 	"\x05event\x18\x01 \x01(\v2\x15.curia.audit.v1.EventR\x05event\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision2\xa6\x06\n" +

@@ -7,7 +7,9 @@
 package curatorv1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	v1 "curia.dev/gen/curia/consensus/v1"
+	_ "curia.dev/gen/curia/validate/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -337,7 +339,8 @@ func (x *Roles) GetKubernetesWorker() *KubernetesWorker {
 	return nil
 }
 
-// NodeStatus is what a node reports about itself.
+// NodeStatus is what a node reports about itself. Every field may be empty
+// (a node without a consensus process reports none of its endpoints).
 type NodeStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The address others reach the node at (host or IP).
@@ -675,7 +678,7 @@ var File_curia_curator_v1_node_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1bcuria/curator/v1/node.proto\x12\x10curia.curator.v1\x1a\"curia/consensus/v1/consensus.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"x\n" +
+	"\x1bcuria/curator/v1/node.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\"curia/consensus/v1/consensus.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"x\n" +
 	"\x0fConsensusMember\x126\n" +
 	"\x04join\x18\x01 \x01(\v2\".curia.consensus.v1.JoinParametersR\x04join\x12-\n" +
 	"\x12member_certificate\x18\x02 \x01(\fR\x11memberCertificate\"\x16\n" +
@@ -684,16 +687,17 @@ const file_curia_curator_v1_node_proto_rawDesc = "" +
 	"\x05Roles\x12L\n" +
 	"\x10consensus_member\x18\x01 \x01(\v2!.curia.curator.v1.ConsensusMemberR\x0fconsensusMember\x12[\n" +
 	"\x15kubernetes_controller\x18\x02 \x01(\v2&.curia.curator.v1.KubernetesControllerR\x14kubernetesController\x12O\n" +
-	"\x11kubernetes_worker\x18\x03 \x01(\v2\".curia.curator.v1.KubernetesWorkerR\x10kubernetesWorker\"\xa2\x02\n" +
+	"\x11kubernetes_worker\x18\x03 \x01(\v2\".curia.curator.v1.KubernetesWorkerR\x10kubernetesWorker\"\xff\x02\n" +
 	"\n" +
-	"NodeStatus\x12\x18\n" +
-	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\tR\aversion\x12)\n" +
-	"\x10running_services\x18\x03 \x03(\tR\x0frunningServices\x12#\n" +
-	"\rconsensus_api\x18\x04 \x01(\tR\fconsensusApi\x12,\n" +
-	"\x12consensus_peer_url\x18\x05 \x01(\tR\x10consensusPeerUrl\x120\n" +
-	"\x14consensus_client_url\x18\x06 \x01(\tR\x12consensusClientUrl\x120\n" +
-	"\x14consensus_public_key\x18\a \x01(\fR\x12consensusPublicKey\"\xf1\x04\n" +
+	"NodeStatus\x12\"\n" +
+	"\aaddress\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\xfd\x01R\aaddress\x12&\n" +
+	"\aversion\x18\x02 \x01(\tB\f\xbaH\tr\a\xe0\xd5\"\x01(\x80\x01R\aversion\x129\n" +
+	"\x10running_services\x18\x03 \x03(\tB\x0e\xbaH\v\x92\x01\b\x10 \"\x04r\x02(@R\x0frunningServices\x120\n" +
+	"\rconsensus_api\x18\x04 \x01(\tB\v\xbaH\b\xd8\x01\x01r\x03\x80\x02\x01R\fconsensusApi\x12:\n" +
+	"\x12consensus_peer_url\x18\x05 \x01(\tB\f\xbaH\t\xd8\x01\x01r\x04\xd0\xd5\"\x01R\x10consensusPeerUrl\x12>\n" +
+	"\x14consensus_client_url\x18\x06 \x01(\tB\f\xbaH\t\xd8\x01\x01r\x04\xd0\xd5\"\x01R\x12consensusClientUrl\x12<\n" +
+	"\x14consensus_public_key\x18\a \x01(\fB\n" +
+	"\xbaH\a\xd8\x01\x01z\x02h R\x12consensusPublicKey\"\xf1\x04\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +

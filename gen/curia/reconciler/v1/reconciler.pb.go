@@ -7,6 +7,7 @@
 package reconcilerv1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	v1 "curia.dev/gen/curia/consensus/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -481,7 +482,7 @@ func (x *PlanResponse) GetNodes() int64 {
 // PauseRequest pauses acting.
 type PauseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Why, shown in GetStatus.
+	// Why, shown in GetStatus. At most 1024 bytes.
 	Reason        string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -639,7 +640,7 @@ var File_curia_reconciler_v1_reconciler_proto protoreflect.FileDescriptor
 
 const file_curia_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\n" +
-	"$curia/reconciler/v1/reconciler.proto\x12\x13curia.reconciler.v1\x1a\"curia/consensus/v1/consensus.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\x01\n" +
+	"$curia/reconciler/v1/reconciler.proto\x12\x13curia.reconciler.v1\x1a\x1bbuf/validate/validate.proto\x1a\"curia/consensus/v1/consensus.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\x01\n" +
 	"\x06Action\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\x04R\bmemberId\x12\x17\n" +
@@ -671,9 +672,9 @@ const file_curia_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\fPlanResponse\x123\n" +
 	"\x06action\x18\x01 \x01(\v2\x1b.curia.reconciler.v1.ActionR\x06action\x12\x18\n" +
 	"\amembers\x18\x02 \x01(\x03R\amembers\x12\x14\n" +
-	"\x05nodes\x18\x03 \x01(\x03R\x05nodes\"&\n" +
-	"\fPauseRequest\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x0f\n" +
+	"\x05nodes\x18\x03 \x01(\x03R\x05nodes\"0\n" +
+	"\fPauseRequest\x12 \n" +
+	"\x06reason\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reason\"\x0f\n" +
 	"\rPauseResponse\"\x0f\n" +
 	"\rResumeRequest\"\x10\n" +
 	"\x0eResumeResponse*?\n" +

@@ -37,7 +37,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net/url"
+
+	"buf.build/go/protovalidate"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
@@ -155,13 +156,17 @@ func MemberChanged(a, b Decision) bool {
 	return a.Join.GetMemberId() != b.Join.GetMemberId()
 }
 
-// ValidateJoin checks a ConsensusMember role's join parameters against the
-// cluster CA: the same CA, a voter to join through (with well-formed client
-// URLs), a member id, a peer URL, and a CRL, when present, that the CA
-// signed.
+// ValidateJoin checks a ConsensusMember role's join parameters: their
+// contract (JoinParameters' rules in proto/: a member id, https URLs, a
+// voter with a client URL to join through), which the role, read from the
+// curator, has not passed through any server's validation; then, against
+// the cluster CA, the same CA and a CRL, when present, that the CA signed.
 func ValidateJoin(j *consensusv1.JoinParameters, cas []*x509.Certificate) error {
 	if j == nil {
 		return errors.New("the role carries no join parameters")
+	}
+	if err := protovalidate.Validate(j); err != nil {
+		return fmt.Errorf("join parameters: %w", err)
 	}
 	if len(cas) == 0 {
 		return errors.New("no cluster CA to check the join parameters against")
@@ -173,46 +178,10 @@ func ValidateJoin(j *consensusv1.JoinParameters, cas []*x509.Certificate) error 
 	if !pki.SharesCert(roleCAs, cas) {
 		return fmt.Errorf("join parameters: CA %q is not this cluster's CA %q", roleCAs[0].Subject, cas[0].Subject)
 	}
-	if len(j.GetVoters()) == 0 {
-		return errors.New("join parameters: no voters")
-	}
-	clientURLs := 0
-	for _, v := range j.GetVoters() {
-		for _, u := range v.GetClientUrls() {
-			if err := httpsURL(u); err != nil {
-				return fmt.Errorf("join parameters: voter %q client URL: %w", v.GetName(), err)
-			}
-			clientURLs++
-		}
-	}
-	if clientURLs == 0 {
-		return errors.New("join parameters: no voter has a client URL to join through")
-	}
-	if j.GetMemberId() == 0 {
-		return errors.New("join parameters: no member id")
-	}
-	if err := httpsURL(j.GetPeerUrl()); err != nil {
-		return fmt.Errorf("join parameters: peer URL: %w", err)
-	}
 	if len(j.GetCrl()) > 0 {
 		if _, _, err := pki.VerifyCRLOf(j.GetCrl(), cas); err != nil {
 			return fmt.Errorf("join parameters: CRL: %w", err)
 		}
-	}
-	return nil
-}
-
-// httpsURL checks an etcd URL: https://host:port.
-func httpsURL(s string) error {
-	if s == "" {
-		return errors.New("empty")
-	}
-	u, err := url.Parse(s)
-	if err != nil {
-		return err
-	}
-	if u.Scheme != "https" || u.Hostname() == "" || u.Port() == "" {
-		return fmt.Errorf("%q: want https://host:port", s)
 	}
 	return nil
 }

@@ -132,23 +132,23 @@ func TestReduce(t *testing.T) {
 		},
 		"unparsable: no voters": {
 			in:   bad(func(j *consensusv1.JoinParameters) { j.Voters = nil }),
-			says: "no voters",
+			says: "voters: must contain at least 1 item",
 		},
 		"unparsable: voters without client URLs": {
 			in:   bad(func(j *consensusv1.JoinParameters) { j.Voters[0].ClientUrls = nil }),
-			says: "no voter has a client URL",
+			says: "at least one voter needs a client URL",
 		},
 		"unparsable: a broken client URL": {
 			in:   bad(func(j *consensusv1.JoinParameters) { j.Voters[0].ClientUrls = []string{"http://10.0.0.1"} }),
-			says: "client URL",
+			says: "voters[0].client_urls[0]: must be https://host:port",
 		},
 		"unparsable: no member id": {
 			in:   bad(func(j *consensusv1.JoinParameters) { j.MemberId = 0 }),
-			says: "no member id",
+			says: "member_id: must be greater than 0",
 		},
 		"unparsable: no peer URL": {
 			in:   bad(func(j *consensusv1.JoinParameters) { j.PeerUrl = "" }),
-			says: "peer URL",
+			says: "peer_url: must be https://host:port",
 		},
 		"unparsable: CRL garbage": {
 			in:   bad(func(j *consensusv1.JoinParameters) { j.Crl = []byte("garbage") }),
