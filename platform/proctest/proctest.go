@@ -351,7 +351,7 @@ func WaitHealthz(t testing.TB, addr string, code int, timeout time.Duration) {
 	Eventually(t, timeout, func() error {
 		got, body, err := Get("http://" + addr + "/healthz")
 		if err != nil || got != code {
-			return fmt.Errorf("/healthz of %s = %d %q (%v), want %d", addr, got, strings.TrimSpace(body), err, code)
+			return fmt.Errorf("/healthz of %s = %d %q (%w), want %d", addr, got, strings.TrimSpace(body), err, code)
 		}
 		return nil
 	})

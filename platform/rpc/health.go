@@ -108,9 +108,12 @@ func ServeMetrics(ctx context.Context, lis net.Listener, gatherer prometheus.Gat
 	go func() {
 		defer close(stopped)
 		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// ctx is done: the requests in flight get 5s of their own.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		hs.Shutdown(sctx)
+		if err := hs.Shutdown(sctx); err != nil {
+			_ = hs.Close() // the 5s passed: cut the connections left
+		}
 	}()
 	if err := hs.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve metrics on %s: %w", lis.Addr(), err)

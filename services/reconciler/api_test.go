@@ -37,7 +37,12 @@ func TestRequestContracts(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, lis) }()
-	t.Cleanup(func() { cancel(); <-served })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
 
 	client := func(p pki.Principal) reconcilerv1.ReconcilerClient {
 		cc, err := rpc.Dial(lis.Addr().String(), rpc.ClientConfig{Credentials: k.Creds(t, p), ServerKinds: []pki.Kind{pki.KindReconciler}})
