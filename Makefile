@@ -55,8 +55,9 @@ PROTOVALIDATE_LINK    := .buf-deps/protovalidate
 # (.git#branch=<ref>, .git#ref=<ref>) or plain. The ref is checked out into
 # a temporary directory with the same third-party protos linked: buf's own
 # git input would lack them (they are not in git).
-BREAKING_AGAINST ?= .git\#branch=main
-BREAKING_REF     = $(patsubst .git\#ref=%,%,$(patsubst .git\#branch=%,%,$(BREAKING_AGAINST)))
+BREAKING_AGAINST ?= main
+HASH             := \#
+BREAKING_REF      = $(subst .git$(HASH)ref=,,$(subst .git$(HASH)branch=,,$(BREAKING_AGAINST)))
 
 .PHONY: help
 help: ## list the targets
@@ -110,7 +111,7 @@ lint: $(BUF) $(GOLANGCI_LINT) proto-deps ## gofmt, golangci-lint (.golangci.yml)
 	buf format -d --exit-code
 
 .PHONY: breaking
-breaking: $(BUF) proto-deps ## buf breaking against main (BREAKING_AGAINST=...; CI: '.git#ref=HEAD~1')
+breaking: $(BUF) proto-deps ## buf breaking against main (BREAKING_AGAINST=<git ref>; CI: HEAD~1)
 	@against=$$(mktemp -d); trap 'rm -rf "$$against"' EXIT; \
 	git archive --format=tar '$(BREAKING_REF)' | tar -x -C "$$against"; \
 	mkdir -p "$$against/$(dir $(PROTOVALIDATE_LINK))"; \
