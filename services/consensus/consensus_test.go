@@ -351,8 +351,8 @@ func TestStaleFence(t *testing.T) {
 		})
 	}
 	after := n1.Members()
-	if diff := cmp.Diff(before, after, protocmp.Transform(), protocmp.IgnoreFields(&consensusv1.ListMembersResponse{}, "revision")); diff != "" {
-		t.Fatalf("stale calls changed membership (-before +after):\n%s", diff)
+	if diff := cmp.Diff(before.Members, after.Members, protocmp.Transform()); diff != "" || after.MembershipEpoch != before.MembershipEpoch {
+		t.Fatalf("stale calls changed membership (epoch %d, then %d; -before +after):\n%s", before.MembershipEpoch, after.MembershipEpoch, diff)
 	}
 
 	// A fresh term works again and moves the epoch.
