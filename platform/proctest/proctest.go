@@ -10,6 +10,7 @@
 package proctest
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -100,15 +101,11 @@ func New(t testing.TB, name, bin string, args ...string) *Proc {
 	p.Env = append(os.Environ(), "CURIA_FAILPOINT_DIR="+p.Failpoints)
 	t.Cleanup(func() {
 		p.Kill()
-		// A -race binary reports a race and runs on: the log is where it
-		// shows. Known races in consensus (member start) and protovalidate's
-		// lazy rule building are open; until they are fixed a race is
-		// reported, not failed on (CURIA_RACE_FATAL=1 fails).
-		if raceEnabled && p.LogContains("WARNING: DATA RACE") {
-			if os.Getenv("CURIA_RACE_FATAL") != "" {
-				t.Errorf("%s: the race detector found a data race (see its log)", name)
-			} else {
-				t.Logf("%s: the race detector found a data race (see its log)", name)
+		// A -race binary reports a race and runs on: its log is where
+		// the race shows, and the test fails on it.
+		if raceEnabled {
+			if b, _ := os.ReadFile(p.Log); bytes.Contains(b, []byte(raceWarning)) {
+				t.Errorf("%s: the race detector found a data race:\n%s", name, firstRace(b))
 			}
 		}
 		if t.Failed() {
@@ -377,4 +374,13 @@ func MetricsHave(t testing.TB, addr string, names ...string) string {
 		}
 	}
 	return body
+}
+
+const raceWarning = "WARNING: DATA RACE"
+
+// firstRace is the first race report in a -race binary's log.
+func firstRace(log []byte) []byte {
+	_, report, _ := bytes.Cut(log, []byte(raceWarning))
+	report, _, _ = bytes.Cut(report, []byte("=================="))
+	return append([]byte(raceWarning), report...)
 }

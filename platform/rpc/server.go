@@ -93,6 +93,11 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if slices.Contains(cfg.TrustForwardedFrom, pki.KindEnrolling) {
 		return nil, errors.New("rpc server: enrolling nodes may not forward calls: anyone can be one")
 	}
+	// The request rules compile now, not on the first call: a rule that
+	// does not compile stops the process at start.
+	if _, err := validator(); err != nil {
+		return nil, fmt.Errorf("rpc server: request rules: %w", err)
+	}
 	s := &Server{
 		health:      cfg.Health,
 		registry:    cfg.Registry,

@@ -68,6 +68,11 @@ var echoRequestDesc = func() protoreflect.MessageDescriptor {
 	if err != nil {
 		panic(err)
 	}
+	// Registered, as generated code registers its files: the validator
+	// compiles the rules of registered curia messages.
+	if err := protoregistry.GlobalFiles.RegisterFile(fd); err != nil {
+		panic(err)
+	}
 	return fd.Messages().Get(0)
 }()
 

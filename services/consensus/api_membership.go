@@ -441,7 +441,7 @@ func learnerCaughtUp(ctx context.Context, cli *clientv3.Client, snap *membership
 	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	ls, err := cli.Status(pctx, m.ClientURLs[0])
+	ls, err := statusAt(pctx, cli, m.ClientURLs[0])
 	if err != nil {
 		return rpcerr.RetryAfter(fmt.Errorf("%w: learner %s (node %q) does not answer (%v): it cannot be promoted until it runs", errLearnerPending, types.ID(m.ID), node, err), time.Second)
 	}
@@ -449,7 +449,7 @@ func learnerCaughtUp(ctx context.Context, cli *clientv3.Client, snap *membership
 	if leader == nil || len(leader.ClientURLs) == 0 {
 		return rpcerr.RetryAfter(fmt.Errorf("%w: learner %s (node %q) knows no leader yet", errLearnerPending, types.ID(m.ID), node), time.Second)
 	}
-	lead, err := cli.Status(pctx, leader.ClientURLs[0])
+	lead, err := statusAt(pctx, cli, leader.ClientURLs[0])
 	if err != nil {
 		return fmt.Errorf("ask leader %s for its raft index: %w", types.ID(leader.ID), err)
 	}
@@ -669,7 +669,7 @@ func (c *change) probe(ctx context.Context, m *etcdMember) (*clientv3.StatusResp
 	}
 	pctx, cancel := context.WithTimeout(ctx, c.x.s.cfg.HealthTimeout)
 	defer cancel()
-	st, err := c.cli.Status(pctx, m.ClientURLs[0])
+	st, err := statusAt(pctx, c.cli, m.ClientURLs[0])
 	if err != nil {
 		return nil, err
 	}

@@ -513,6 +513,19 @@ func voterEndpoints(e *embed.Etcd) []string {
 	return eps
 }
 
+// endpointsMu keeps SetEndpoints apart from calls to one endpoint
+// (statusAt): etcd's client (v3.7.3) dials one endpoint reading its
+// endpoint list unguarded, which SetEndpoints writes; the race detector
+// found it.
+var endpointsMu sync.RWMutex
+
+// statusAt is cli.Status(ctx, url), never concurrent with SetEndpoints.
+func statusAt(ctx context.Context, cli *clientv3.Client, url string) (*clientv3.StatusResponse, error) {
+	endpointsMu.RLock()
+	defer endpointsMu.RUnlock()
+	return cli.Status(ctx, url)
+}
+
 // followVoters points the client at the current voters whenever membership
 // changes (this member's promotion, a removed voter), until etcd stops. A
 // client left on a removed voter would hang until its caller's deadline.
@@ -532,7 +545,9 @@ func (m *member) followVoters(e *embed.Etcd, cli *clientv3.Client) {
 		if len(eps) == 0 || slices.Equal(eps, last) {
 			continue
 		}
+		endpointsMu.Lock()
 		cli.SetEndpoints(eps...)
+		endpointsMu.Unlock()
 		last = eps
 		m.log.Debug("etcd client endpoints follow the voters", "endpoints", eps)
 	}
@@ -549,11 +564,20 @@ func (m *member) dial(endpoints []string) (*clientv3.Client, error) {
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
-		Logger:               m.zap,
+		// Never idle: see below.
+		DialOptions: []grpc.DialOption{grpc.WithIdleTimeout(0)},
+		Logger:      m.zap,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client for %v: %w", endpoints, err)
 	}
+	// etcd's resolver is built when the connection leaves idle mode, and
+	// that build races with SetEndpoints (followVoters) in etcd's client
+	// (v3.7.3: both touch the resolver's fields unguarded; the race
+	// detector found it). Connect leaves idle mode now, synchronously,
+	// before anything calls SetEndpoints; with no idle timeout it never
+	// enters it again.
+	cli.ActiveConnection().Connect()
 	return cli, nil
 }
 
