@@ -9,12 +9,12 @@ import (
 	"errors"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"testing"
 
 	"buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/rpcerr/rpcerrtest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -27,6 +27,8 @@ import (
 	"google.golang.org/protobuf/types/dynamicpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
+
+var wantCode = rpcerrtest.WantCode
 
 // A hand-written test service, "curia.test.v1.Echo", registered through a
 // grpc.ServiceDesc so that no generated code is needed. Requests decode into
@@ -331,17 +333,4 @@ func callEcho(ctx context.Context, conn *grpc.ClientConn, method, value string) 
 		return "", err
 	}
 	return out.GetValue(), nil
-}
-
-// wantCode fails unless err has code and, for a failure, a message
-// containing msg.
-func wantCode(t *testing.T, err error, code codes.Code, msg string) {
-	t.Helper()
-	st, _ := status.FromError(err)
-	if st.Code() != code {
-		t.Fatalf("got %v, want code %v", err, code)
-	}
-	if code != codes.OK && !strings.Contains(st.Message(), msg) {
-		t.Fatalf("got message %q, want it to contain %q", st.Message(), msg)
-	}
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,37 +18,20 @@ import (
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
-	"curia.dev/platform/rpcerr"
+	"curia.dev/platform/rpcerr/rpcerrtest"
 	cut "curia.dev/services/curator/curatortest"
+)
+
+// The error assertions every test of this package makes.
+var (
+	wantCode = rpcerrtest.WantCode
+	wantKind = rpcerrtest.WantKind
 )
 
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-func wantCode(t *testing.T, err error, code codes.Code, contains string) {
-	t.Helper()
-	if status.Code(err) != code {
-		t.Fatalf("got %v, want code %v", err, code)
-	}
-	if contains != "" && !strings.Contains(status.Convert(err).Message(), contains) {
-		t.Fatalf("error %q does not say %q", status.Convert(err).Message(), contains)
-	}
-}
-
-// wantKind is wantCode for refusals a caller branches on: the kind's code and
-// its ErrorInfo reason, and for a stale fence the part that went stale.
-func wantKind(t *testing.T, err error, k *rpcerr.Kind, part, contains string) {
-	t.Helper()
-	wantCode(t, err, k.Code(), contains)
-	if got := rpcerr.Reason(err); got != k.Reason() {
-		t.Fatalf("reason %q, want %q (%v)", got, k.Reason(), err)
-	}
-	if got := rpcerr.Meta(err, "part"); got != part {
-		t.Fatalf("stale part %q, want %q (%v)", got, part, err)
-	}
 }
 
 func getNodes(t *testing.T, m curatorv1.ManagementClient, filter string) map[string]*curatorv1.Node {

@@ -2,14 +2,18 @@ package curator_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/proctest"
+	"curia.dev/platform/rpcerr"
 	cut "curia.dev/services/curator/curatortest"
 )
 
@@ -141,6 +145,49 @@ func TestUpdateNodeRolesFollowsMembership(t *testing.T) {
 		}
 		if got := resp.Node.Roles.GetConsensusMember().GetJoin().GetMemberId(); got != id {
 			t.Fatalf("the role names member %x, etcd has %x", got, id)
+		}
+	})
+
+	t.Run("a membership change in flight refuses with CHANGE_PENDING", func(t *testing.T) {
+		// The removal of a's member is held in consensus between its
+		// pending change record and the etcd call; another role change
+		// meanwhile must be refused with the reason callers retry on,
+		// and the held removal still finishes.
+		if etcdMember(c, a.ID) == 0 {
+			t.Fatal("the node is no etcd member to begin with")
+		}
+		// Held in both consensus processes: the curator calls either.
+		releases := []func(){c.Voters[0].Hold("after-commit"), n.Hold("after-commit")}
+		removed := make(chan error, 1)
+		go func() {
+			_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(false)})
+			removed <- err
+		}()
+		proctest.Eventually(t, time.Minute, func() error {
+			resp, err := c.Etcd(c.Voters[0].ClientURL).Get(ctx, keys.MembershipPending, clientv3.WithKeysOnly())
+			if err != nil || len(resp.Kvs) == 0 {
+				return fmt.Errorf("no pending membership change yet (%v)", err)
+			}
+			return nil
+		})
+		_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesWorker: new(true)})
+		wantKind(t, err, rpcerr.ChangePending, "", "is in flight")
+		if r := storedNode(t, c, a.ID).Roles; r.GetKubernetesWorker() != nil {
+			t.Fatalf("roles written while a membership change was in flight: %v", r)
+		}
+		for _, release := range releases {
+			release()
+		}
+		select {
+		case err := <-removed:
+			if err != nil {
+				t.Fatalf("the held removal: %v", err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("the held removal did not return")
+		}
+		if id := etcdMember(c, a.ID); id != 0 {
+			t.Fatalf("member %x stays after the held removal finished", id)
 		}
 	})
 
