@@ -7,8 +7,7 @@
 //
 //	Hold(name)   while $CURIA_FAILPOINT_DIR/<name> exists: write <name>/reached, wait;
 //	             when $CURIA_FAILPOINT_DIR/<name>.delay holds a duration: sleep that long
-//	Crash(name)  when $CURIA_FAILPOINTS (comma-separated) names it, or once when a test
-//	             creates $CURIA_FAILPOINT_DIR/<name>.crash: exit with code 86
+//	Crash(name)  once when $CURIA_FAILPOINT_DIR/<name>.crash exists: remove it, exit with code 86
 //	Mutated(m)   when $CURIA_MUTATIONS (comma-separated) names it: a safety mechanism is
 //	             switched off, so that a test can show the fault suite catches its absence
 package failpoint
@@ -56,18 +55,16 @@ func Hold(name string) {
 }
 
 // Crash exits the process at the named point, as a machine failure there
-// would: every time when $CURIA_FAILPOINTS names it, or once when the file
-// $CURIA_FAILPOINT_DIR/<name>.crash exists (the process that removes it
-// crashes; a test arms it again by creating it again).
+// would, once when the file $CURIA_FAILPOINT_DIR/<name>.crash exists: the
+// process that removes it crashes; a test arms it again by creating it
+// again.
 func Crash(name string) {
-	crash := slices.Contains(strings.Split(os.Getenv("CURIA_FAILPOINTS"), ","), name)
-	if dir := os.Getenv("CURIA_FAILPOINT_DIR"); dir != "" && os.Remove(filepath.Join(dir, name+".crash")) == nil {
-		crash = true
+	dir := os.Getenv("CURIA_FAILPOINT_DIR")
+	if dir == "" || os.Remove(filepath.Join(dir, name+".crash")) != nil {
+		return
 	}
-	if crash {
-		os.Stderr.WriteString("failpoint " + name + ": exiting\n")
-		os.Exit(86)
-	}
+	os.Stderr.WriteString("failpoint " + name + ": exiting\n")
+	os.Exit(86)
 }
 
 // Mutated reports whether the named safety mechanism is switched off

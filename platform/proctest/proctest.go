@@ -239,6 +239,16 @@ func (p *Proc) Hold(name string) (release func()) {
 	return release
 }
 
+// ArmCrash makes the process exit (code 86) the next time it passes the
+// named failpoint (platform/failpoint.Crash); once: arm it again for
+// another crash.
+func (p *Proc) ArmCrash(name string) {
+	p.t.Helper()
+	if err := os.WriteFile(filepath.Join(p.Failpoints, name+".crash"), nil, 0o600); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
 // Delay makes the process sleep d every time it passes the named
 // failpoint (until the test ends).
 func (p *Proc) Delay(name string, d time.Duration) {

@@ -105,8 +105,8 @@ func ConsensusKey(t testing.TB) []byte {
 	return key.Public().(ed25519.PublicKey)
 }
 
-// Binary builds the curator command, with failpoints (off unless
-// CURIA_FAILPOINTS names one).
+// Binary builds the curator command, with failpoints (platform/failpoint:
+// off until a test arms one).
 func Binary(t testing.TB) string {
 	return proctest.Build(t, "curia.dev/services/curator/cmd/curator", "failpoints")
 }
