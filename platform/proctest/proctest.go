@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"curia.dev/platform/process"
 )
 
 // SkipShort skips the test under `go test -short`: it is called where a
@@ -89,8 +91,7 @@ type Proc struct {
 	Failpoints string
 
 	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *process.Process // nil before Start and after a stop
 }
 
 // New prepares a process; Start runs it. It is killed when the test ends.
@@ -124,62 +125,40 @@ func tail(b []byte, lines int) string {
 	return strings.Join(ls, "\n")
 }
 
-// Start starts the process unless it runs.
+// Start starts the process unless it runs (platform/process: its own
+// process group, killed if the test binary dies).
 func (p *Proc) Start() {
 	p.t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cmd != nil {
-		select {
-		case <-p.done: // it exited on its own: start it again
-		default:
-			return
-		}
+	if p.proc != nil && p.proc.Running() {
+		return
 	}
-	logf, err := os.OpenFile(p.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	// The exit status of the one before is not the test's verdict: tests
+	// stop and kill their processes on purpose, and judge them by API and
+	// log.
+	proc, err := process.Start(process.Spec{Argv: append([]string{p.bin}, p.args...), Env: p.Env, Log: p.Log})
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	cmd := exec.Command(p.bin, p.args...)
-	cmd.Env = p.Env
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		p.t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		// The exit status is not the test's verdict: tests stop and kill
-		// their processes on purpose, and judge them by API and log.
-		_ = cmd.Wait()
-		logf.Close()
-		close(done)
-	}()
-	p.cmd, p.done = cmd, done
+	p.proc = proc
 }
 
 // Running reports whether the process runs (started and not exited).
 func (p *Proc) Running() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return false
-	}
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
+	return p.proc != nil && p.proc.Running()
 }
 
 // PID is the running process's id (0 when stopped).
 func (p *Proc) PID() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cmd == nil {
+	if p.proc == nil {
 		return 0
 	}
-	return p.cmd.Process.Pid
+	return p.proc.PID()
 }
 
 // Kill sends SIGKILL and waits for the process to die.
@@ -198,29 +177,20 @@ func (p *Proc) Resume() { p.send(syscall.SIGCONT) }
 func (p *Proc) send(sig syscall.Signal) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cmd != nil {
-		// It fails only when the process has exited, which its done
-		// channel reports.
-		_ = p.cmd.Process.Signal(sig)
+	if p.proc != nil {
+		p.proc.Signal(sig)
 	}
 }
 
-// Signal sends sig and waits for the process to exit (SIGKILL after 30s).
+// Signal sends sig and waits for the process to exit (SIGKILL after 30s; a
+// paused process is resumed to see sig).
 func (p *Proc) Signal(sig syscall.Signal) {
 	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.cmd = nil
+	proc := p.proc
+	p.proc = nil
 	p.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	// Both fail only when the process has exited: done is closed then.
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
+	if proc != nil {
+		proc.Stop(sig, 30*time.Second)
 	}
 }
 
