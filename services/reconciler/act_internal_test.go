@@ -17,6 +17,20 @@ import (
 	"curia.dev/platform/rpcerr"
 )
 
+// newBareReconciler is a replica with no connections: enough for its
+// decisions, which these tests drive by hand.
+func newBareReconciler(cfg Config) *Reconciler {
+	r := &Reconciler{
+		cfg:     cfg,
+		log:     slog.New(slog.DiscardHandler),
+		trigger: make(chan struct{}, 1),
+		status:  &reconcilerv1.GetStatusResponse{},
+		metrics: newMetrics(prometheus.NewRegistry()),
+	}
+	r.lease = newLeaseKeeper(r)
+	return r
+}
+
 // TestAfterFailure: the reconciler reacts to why its action was refused,
 // from the status as it arrives over the wire (code, ErrorInfo reason and
 // metadata, RetryInfo), never from its text.
@@ -42,14 +56,7 @@ func TestAfterFailure(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			r := &Reconciler{
-				cfg:     Config{Tick: time.Hour},
-				log:     slog.New(slog.DiscardHandler),
-				trigger: make(chan struct{}, 1),
-				status:  &reconcilerv1.GetStatusResponse{},
-				metrics: newMetrics(prometheus.NewRegistry()),
-			}
-			r.lease = newLeaseKeeper(r)
+			r := newBareReconciler(Config{Tick: time.Hour})
 			r.lease.set(&curatorv1.Lease{Name: leaseName, Holder: "me"}, "me")
 			<-r.trigger // the kick of becoming active
 
