@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"curia.dev/deploy/faults/registry"
+	"curia.dev/deploy/faults/internal/registry"
 	"curia.dev/deploy/local"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
