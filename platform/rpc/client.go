@@ -7,10 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
-	"curia.dev/platform/pki"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -18,6 +19,11 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
+
+	"curia.dev/platform/pki"
 )
 
 // ClientConfig configures Dial.
@@ -32,10 +38,6 @@ type ClientConfig struct {
 	// to its own node's agent). Nothing about such a server is verified;
 	// send it nothing secret.
 	AllowSelfSignedServer bool
-	// IdempotentMethods are full method names that are safe to repeat;
-	// calls to them are retried on UNAVAILABLE (up to 4 attempts, backoff
-	// 0.1s to 1s). Nothing else is retried.
-	IdempotentMethods []string
 	// Logger, if set, gets one line per finished call (Debug when OK).
 	Logger *slog.Logger
 }
@@ -99,8 +101,8 @@ func dial(target string, tlsConfig *tls.Config, cfg ClientConfig, extra ...grpc.
 			PermitWithoutStream: true,
 		}),
 	}
-	if len(cfg.IdempotentMethods) > 0 {
-		sc, err := retryServiceConfig(cfg.IdempotentMethods)
+	if methods := declaredWithoutSideEffects(); len(methods) > 0 {
+		sc, err := retryServiceConfig(methods)
 		if err != nil {
 			return nil, err
 		}
@@ -133,6 +135,36 @@ func clientCodeToLevel(code codes.Code) logging.Level {
 	}
 	return logging.LevelInfo
 }
+
+// declaredWithoutSideEffects are the full names of the methods, in the
+// registered files of curia's proto packages, that their proto declares
+// safe to repeat (option idempotency_level = NO_SIDE_EFFECTS: reads). Every
+// client retries them on UNAVAILABLE, transparently (up to 4 attempts,
+// backoff 0.1s to 1s): a replica that is stopping, a curator that lost
+// leadership a moment ago. Nothing else is retried: a write retried after
+// its first attempt took effect would answer for a different world (a
+// second DeleteNode says NotFound).
+var declaredWithoutSideEffects = sync.OnceValue(func() []string {
+	var out []string
+	protoregistry.GlobalFiles.RangeFiles(func(f protoreflect.FileDescriptor) bool {
+		if !strings.HasPrefix(string(f.Package()), "curia.") {
+			return true
+		}
+		for i := range f.Services().Len() {
+			svc := f.Services().Get(i)
+			for j := range svc.Methods().Len() {
+				m := svc.Methods().Get(j)
+				opts, _ := m.Options().(*descriptorpb.MethodOptions)
+				if opts.GetIdempotencyLevel() == descriptorpb.MethodOptions_NO_SIDE_EFFECTS {
+					out = append(out, "/"+string(svc.FullName())+"/"+string(m.Name()))
+				}
+			}
+		}
+		return true
+	})
+	slices.Sort(out)
+	return out
+})
 
 // retryServiceConfig renders the gRPC service config that retries the given
 // methods on UNAVAILABLE. See

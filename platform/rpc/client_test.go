@@ -41,13 +41,13 @@ func TestClientChecksServerKind(t *testing.T) {
 	wantCode(t, err, codes.Unavailable, "certificate signed by unknown authority")
 }
 
-func TestClientRetriesIdempotentMethods(t *testing.T) {
+// TestClientRetriesReads: a method its proto declares without side effects
+// is retried on UNAVAILABLE by every client, transparently; any other is
+// tried once.
+func TestClientRetriesReads(t *testing.T) {
 	env := startServer(t, nil)
 	ctx := testContext(t)
-	conn := env.dialConfig(t, ClientConfig{
-		Credentials:       env.ca.creds(t, admin),
-		IdempotentMethods: []string{echoMethod("Flaky")},
-	})
+	conn := env.dialConfig(t, ClientConfig{Credentials: env.ca.creds(t, admin)})
 
 	// Flaky fails twice with UNAVAILABLE, then answers: within 4 attempts.
 	if got, err := callEcho(ctx, conn, echoMethod("Flaky"), "ok"); err != nil || got != "ok" {
@@ -56,7 +56,7 @@ func TestClientRetriesIdempotentMethods(t *testing.T) {
 	if got := env.flaky.count("Flaky"); got != 3 {
 		t.Fatalf("Flaky called %d times, want 3", got)
 	}
-	// FlakyUnsafe is not declared idempotent: one attempt only.
+	// FlakyUnsafe is not declared without side effects: one attempt only.
 	_, err := callEcho(ctx, conn, echoMethod("FlakyUnsafe"), "ok")
 	wantCode(t, err, codes.Unavailable, "try again")
 	if got := env.flaky.count("FlakyUnsafe"); got != 1 {

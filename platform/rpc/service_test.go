@@ -66,6 +66,19 @@ var echoRequestDesc = func() protoreflect.MessageDescriptor {
 				Options:  opts,
 			}},
 		}},
+		// The methods as a generated service's file declares them (the
+		// ServiceDesc below serves them): Flaky is a read, safe to repeat.
+		Service: []*descriptorpb.ServiceDescriptorProto{{
+			Name: proto.String("Echo"),
+			Method: []*descriptorpb.MethodDescriptorProto{
+				{Name: proto.String("Echo"), InputType: proto.String(".curia.test.v1.EchoRequest"), OutputType: proto.String(".curia.test.v1.EchoRequest")},
+				{
+					Name: proto.String("Flaky"), InputType: proto.String(".curia.test.v1.EchoRequest"), OutputType: proto.String(".curia.test.v1.EchoRequest"),
+					Options: &descriptorpb.MethodOptions{IdempotencyLevel: descriptorpb.MethodOptions_NO_SIDE_EFFECTS.Enum()},
+				},
+				{Name: proto.String("FlakyUnsafe"), InputType: proto.String(".curia.test.v1.EchoRequest"), OutputType: proto.String(".curia.test.v1.EchoRequest")},
+			},
+		}},
 	}, protoregistry.GlobalFiles)
 	if err != nil {
 		panic(err)

@@ -69,9 +69,10 @@
 // call: its return time is infinite (math.MaxInt64) and the model allows
 // both. A get that did not answer says nothing and is left out.
 //
-// The model assumes calls are not retried by the client (platform/rpc
-// retries only IdempotentMethods, which the suite does not set): a retried
-// delete would answer NotFound after its first attempt deleted the node.
+// The model assumes writes are not retried by the client (platform/rpc
+// retries only the reads the protos declare without side effects): a
+// retried delete would answer NotFound after its first attempt deleted the
+// node.
 package registry
 
 import (
