@@ -12,10 +12,9 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/protobuf/proto"
 
-	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/records"
 )
 
 // ackedRoles is one acknowledged UpdateNodeRoles(consensus_member=cm):
@@ -80,8 +79,7 @@ func (c *checker) checkDurable(ctx context.Context, cli *clientv3.Client, a *ack
 				break
 			}
 			kv := resp.Kvs[0]
-			var n curatorv1.Node
-			if proto.Unmarshal(kv.Value, &n) == nil && (n.GetRoles().GetConsensusMember() != nil) == w.cm {
+			if n, err := records.DecodeNode(kv.Value); err == nil && (n.GetRoles().GetConsensusMember() != nil) == w.cm {
 				found = true
 			}
 			if kv.ModRevision <= w.before {

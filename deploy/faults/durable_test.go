@@ -9,11 +9,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
-	"google.golang.org/protobuf/proto"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/proctest"
+	"curia.dev/platform/records"
 )
 
 // etcdForTest starts a single real etcd member on loopback.
@@ -58,7 +58,7 @@ func TestCheckDurable(t *testing.T) {
 		if cm {
 			n.Roles.ConsensusMember = &curatorv1.ConsensusMember{}
 		}
-		b, err := proto.Marshal(n)
+		b, err := records.EncodeNode(n)
 		if err != nil {
 			t.Fatal(err)
 		}

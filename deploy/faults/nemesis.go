@@ -14,10 +14,10 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/protobuf/proto"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/records"
 	"curia.dev/platform/run"
 )
 
@@ -391,14 +391,15 @@ func (c *cluster) reinstall(name string) error {
 	m := curatorv1.NewManagementClient(c.admin)
 	var approveErr error // the last approval's, for the timeout
 	for {
-		var node curatorv1.Node
-		if got, err := c.etcd.Get(ctx, keys.Node(id)); err == nil && len(got.Kvs) > 0 && proto.Unmarshal(got.Kvs[0].Value, &node) == nil {
-			switch node.GetState() {
-			case curatorv1.NodeState_NODE_STATE_UP:
-				return nil
-			case curatorv1.NodeState_NODE_STATE_NEW:
-				_, approveErr = m.ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: id})
-			}
+		var node *curatorv1.Node // nil (no state) until a record decodes
+		if got, err := c.etcd.Get(ctx, keys.Node(id)); err == nil && len(got.Kvs) > 0 {
+			node, _ = records.DecodeNode(got.Kvs[0].Value)
+		}
+		switch node.GetState() {
+		case curatorv1.NodeState_NODE_STATE_UP:
+			return nil
+		case curatorv1.NodeState_NODE_STATE_NEW:
+			_, approveErr = m.ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: id})
 		}
 		if !run.Sleep(ctx, 200*time.Millisecond) {
 			if approveErr != nil {

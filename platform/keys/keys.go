@@ -1,6 +1,9 @@
 // Package keys is the layout of curia's data in etcd. Every key curia reads or
 // writes is built here, with a comment saying what it holds and who writes it.
-// Values are protobuf unless a comment says otherwise.
+// Values are protobuf unless a comment says otherwise. Node records and the
+// pending membership change are private curia.storage.v1 records, not the
+// API messages they are served as, read and written through
+// platform/records.
 //
 //	/curia/
 //	├── leader/<lease id>          curator election (concurrency.Election)
@@ -62,7 +65,7 @@ const (
 	MembershipEpoch = Prefix + "membership/epoch"
 
 	// MembershipPending is the one membership change in flight, cluster-wide
-	// (curia.consensus.v1.PendingChange). The fenced transaction that allows
+	// (curia.storage.v1.PendingChangeRecord). The fenced transaction that allows
 	// a change creates it (CreateRevision == 0, so a second change anywhere
 	// is refused); the transaction that finishes the change deletes it. A
 	// record whose recorder died is resolved from the live member list by
@@ -81,7 +84,8 @@ const (
 	// event, ordered by time: audit/<unix nanos, 20 digits>-<recorder>.
 	AuditPrefix = Prefix + "audit/"
 
-	// NodesPrefix holds the node registry, nodes/<node id>.
+	// NodesPrefix holds the node registry, nodes/<node id> =
+	// curia.storage.v1.NodeRecord, written by the curator leader.
 	NodesPrefix = Prefix + "nodes/"
 
 	// HeartbeatsPrefix holds heartbeats/<node id> = time of the node's last

@@ -11,7 +11,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -23,6 +22,7 @@ import (
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/records"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/rpcerr"
 )
@@ -138,9 +138,9 @@ func (c *change) commit(ctx context.Context, nodeID string, memberID uint64, pee
 		Started:    timestamppb.Now(),
 		Deadline:   durationpb.New(s.cfg.MemberCallTimeout),
 	}
-	val, err := proto.Marshal(p)
+	val, err := records.EncodePendingChange(p)
 	if err != nil {
-		return nil, fmt.Errorf("encode pending change: %w", err)
+		return nil, err
 	}
 	noPending := failpoint.Mutated(failpoint.NoPending)
 	if !noPending {

@@ -50,13 +50,13 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/proto"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/audit"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/records"
 	"curia.dev/platform/rpcerr"
 )
 
@@ -71,9 +71,11 @@ type pendingChange struct {
 	createRev int64
 }
 
+// decodePending reads the record stored under keys.MembershipPending
+// (curia.storage.v1.PendingChangeRecord) at createRev.
 func decodePending(value []byte, createRev int64) (*pendingChange, error) {
-	p := &consensusv1.PendingChange{}
-	if err := proto.Unmarshal(value, p); err != nil {
+	p, err := records.DecodePendingChange(value)
+	if err != nil {
 		return nil, fmt.Errorf("decode %s: %w", keys.MembershipPending, err)
 	}
 	return &pendingChange{PendingChange: p, createRev: createRev}, nil

@@ -11,11 +11,11 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/protobuf/proto"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/records"
 	cut "curia.dev/services/curator/curatortest"
 )
 
@@ -40,7 +40,7 @@ func seedNodes(b *testing.B, cli *clientv3.Client, n int) []string {
 			b.Fatal(err)
 		}
 		id := pki.NodeID(pub)
-		v, err := proto.Marshal(&curatorv1.Node{
+		v, err := records.EncodeNode(&curatorv1.Node{
 			Id: id, PublicKey: pub, State: curatorv1.NodeState_NODE_STATE_UP,
 			Status: &curatorv1.NodeStatus{Address: "10.0.0.1", Version: "bench"},
 			Labels: map[string]string{"zone": "a"},
@@ -133,15 +133,15 @@ func BenchmarkRoleUpdates(b *testing.B) {
 			if err != nil {
 				return err
 			}
-			n := &curatorv1.Node{}
-			if err := proto.Unmarshal(resp.Kvs[0].Value, n); err != nil {
+			n, err := records.DecodeNode(resp.Kvs[0].Value)
+			if err != nil {
 				return err
 			}
 			n.Roles = &curatorv1.Roles{}
 			if i%2 == 0 {
 				n.Roles.KubernetesWorker = &curatorv1.KubernetesWorker{}
 			}
-			v, _ := proto.Marshal(n)
+			v, _ := records.EncodeNode(n)
 			_, err = cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(keys.Node(id)), "=", resp.Kvs[0].ModRevision)).
 				Then(clientv3.OpPut(keys.Node(id), string(v))).Commit()
 			return err

@@ -8,11 +8,11 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/proto"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/proctest"
+	"curia.dev/platform/records"
 	"curia.dev/platform/rpcerr"
 	cut "curia.dev/services/curator/curatortest"
 )
@@ -24,8 +24,8 @@ func storedNode(t *testing.T, c *cut.Cluster, id string) *curatorv1.Node {
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("node %s: %v %v", id, resp, err)
 	}
-	n := &curatorv1.Node{}
-	if err := proto.Unmarshal(resp.Kvs[0].Value, n); err != nil {
+	n, err := records.DecodeNode(resp.Kvs[0].Value)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -43,7 +43,7 @@ func storeRoles(t *testing.T, c *cut.Cluster, id string, roles *curatorv1.Roles)
 // storeNode writes a node's record straight to etcd.
 func storeNode(t *testing.T, c *cut.Cluster, n *curatorv1.Node) {
 	t.Helper()
-	b, err := proto.Marshal(n)
+	b, err := records.EncodeNode(n)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,10 +11,14 @@ import (
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/records"
 )
 
-// Nodes are stored as curia.curator.v1.Node under keys.Node(id), without the
-// fields computed on read (health, last heartbeat, revision).
+// Nodes are stored as curia.storage.v1.NodeRecord under keys.Node(id)
+// (platform/records converts): decodeNode and putNode are the curator's
+// only reader and writer of it. The fields computed on read (health, last
+// heartbeat) are filled in by the callers that serve a node; the revision
+// is the key's ModRevision.
 
 // nodePage is how many node records one read of a scan takes.
 const nodePage = 1000
@@ -95,22 +99,21 @@ func (s *Service) getNode(ctx context.Context, id string) (*curatorv1.Node, erro
 	return decodeNode(resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
 }
 
+// decodeNode reads a node record stored at rev.
 func decodeNode(b []byte, rev int64) (*curatorv1.Node, error) {
-	n := &curatorv1.Node{}
-	if err := proto.Unmarshal(b, n); err != nil {
+	n, err := records.DecodeNode(b)
+	if err != nil {
 		return nil, fmt.Errorf("%w: the node record does not decode (%v): restore it, or delete it with DeleteNode's safety bypasses", errCorrupt, err)
 	}
 	n.Revision = rev
 	return n, nil
 }
 
-// putNode is the operation that stores n.
+// putNode is the operation that stores n (what is stored of it).
 func putNode(n *curatorv1.Node) clientv3.Op {
-	c := proto.Clone(n).(*curatorv1.Node)
-	c.Health, c.LastHeartbeat, c.Revision = curatorv1.NodeHealth_NODE_HEALTH_UNSPECIFIED, nil, 0
-	b, err := proto.Marshal(c)
+	b, err := records.EncodeNode(n)
 	if err != nil {
-		panic(fmt.Sprintf("marshal node: %v", err)) // cannot happen for a valid message
+		panic(err) // cannot happen for a valid message
 	}
 	return clientv3.OpPut(keys.Node(n.Id), string(b))
 }

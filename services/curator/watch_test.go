@@ -24,6 +24,7 @@ import (
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
+	"curia.dev/platform/records"
 	"curia.dev/platform/rpc"
 	ct "curia.dev/services/consensus/consensustest"
 	cut "curia.dev/services/curator/curatortest"
@@ -53,7 +54,7 @@ func resps(items []watchItem) []*curatorv1.WatchResponse {
 func wid(c string) string { return "node-" + strings.Repeat("0", 31) + c }
 
 func wput(rev int64, c, version string) nodeChange {
-	b, err := proto.Marshal(&curatorv1.Node{Id: wid(c), Status: &curatorv1.NodeStatus{Version: version}})
+	b, err := records.EncodeNode(&curatorv1.Node{Id: wid(c), Status: &curatorv1.NodeStatus{Version: version}})
 	if err != nil {
 		panic(err)
 	}

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
@@ -20,6 +18,7 @@ import (
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
+	"curia.dev/platform/records"
 	"curia.dev/platform/rpc"
 	cut "curia.dev/services/curator/curatortest"
 )
@@ -142,9 +141,7 @@ func eventuallyState(t *testing.T, c *cut.Cluster, want map[string]consensusStat
 // management change that was interrupted half-way.
 func putRecord(t *testing.T, c *cut.Cluster, n *curatorv1.Node) {
 	t.Helper()
-	n = proto.Clone(n).(*curatorv1.Node)
-	n.Revision, n.Health, n.LastHeartbeat = 0, 0, nil
-	b, err := proto.Marshal(n)
+	b, err := records.EncodeNode(n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,8 +156,8 @@ func node(t *testing.T, c *cut.Cluster, id string) *curatorv1.Node {
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("node %s: %v %v", id, resp, err)
 	}
-	n := &curatorv1.Node{}
-	if err := proto.Unmarshal(resp.Kvs[0].Value, n); err != nil {
+	n, err := records.DecodeNode(resp.Kvs[0].Value)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return n

@@ -24,6 +24,7 @@ import (
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
+	"curia.dev/platform/records"
 	"curia.dev/platform/rpc"
 	ct "curia.dev/services/consensus/consensustest"
 	cut "curia.dev/services/curator/curatortest"
@@ -365,8 +366,8 @@ func nodeRecord(t *testing.T, cli *clientv3.Client, id string) *curatorv1.Node {
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("node %s: %v %v", id, resp, err)
 	}
-	n := &curatorv1.Node{}
-	if err := proto.Unmarshal(resp.Kvs[0].Value, n); err != nil {
+	n, err := records.DecodeNode(resp.Kvs[0].Value)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -376,9 +377,7 @@ func nodeRecord(t *testing.T, cli *clientv3.Client, id string) *curatorv1.Node {
 // change the curator's API would not make.
 func putNodeRecord(t *testing.T, cli *clientv3.Client, n *curatorv1.Node) {
 	t.Helper()
-	n = proto.Clone(n).(*curatorv1.Node)
-	n.Revision, n.Health, n.LastHeartbeat = 0, 0, nil
-	b, err := proto.Marshal(n)
+	b, err := records.EncodeNode(n)
 	if err != nil {
 		t.Fatal(err)
 	}
