@@ -24,8 +24,8 @@ import (
 	"google.golang.org/grpc"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
-	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
@@ -353,7 +353,7 @@ func TestE2E(t *testing.T) {
 
 // acceptedWithFence counts the audit events recorded after since whose fence
 // has every condition of f: changes accepted from its holder.
-func acceptedWithFence(t *testing.T, c *cluster, f *consensusv1.Fence, since time.Time) int {
+func acceptedWithFence(t *testing.T, c *cluster, f *fencev1.Fence, since time.Time) int {
 	t.Helper()
 	if len(f.GetConditions()) == 0 {
 		t.Fatal("no fence to look for")

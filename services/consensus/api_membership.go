@@ -17,6 +17,7 @@ import (
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/audit"
 	"curia.dev/platform/crl"
 	"curia.dev/platform/failpoint"
@@ -44,7 +45,7 @@ type change struct {
 // begin checks the caller's fence, takes the change lock and reads
 // membership at the caller's epoch. It refuses while another change is
 // pending anywhere in the cluster. The caller must call end.
-func (x *server) begin(ctx context.Context, pf *consensusv1.Fence, op consensusv1.MembershipOperation, action string) (*change, error) {
+func (x *server) begin(ctx context.Context, pf *fencev1.Fence, op consensusv1.MembershipOperation, action string) (*change, error) {
 	actor, _ := rpc.PrincipalFromContext(ctx)
 	f := fence.FromProto(pf)
 	if err := checkFence(actor, f); err != nil {

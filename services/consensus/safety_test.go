@@ -18,6 +18,7 @@ import (
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
@@ -64,7 +65,7 @@ func memberIDs(resp *consensusv1.ListMembersResponse) map[string]bool {
 
 // removeAsync removes node's member through via in the background; the
 // result arrives on the channel.
-func removeAsync(via *ct.Node, node string, f *consensusv1.Fence) chan error {
+func removeAsync(via *ct.Node, node string, f *fencev1.Fence) chan error {
 	done := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -262,7 +263,7 @@ func TestFencePairing(t *testing.T) {
 	old := c.Campaign(cli)
 	oldLease := old.GrantLease(t, "reconciler", 60)
 	reconciler := n1.Consensus(pki.Principal{Kind: pki.KindReconciler})
-	add := func(cl consensusv1.ConsensusClient, f *consensusv1.Fence) error {
+	add := func(cl consensusv1.ConsensusClient, f *fencev1.Fence) error {
 		_, err := cl.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: f})
 		return err
 	}

@@ -6,8 +6,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	cut "curia.dev/services/curator/curatortest"
@@ -41,7 +41,7 @@ func TestRequestContracts(t *testing.T) {
 			return err
 		}
 	}
-	fence := &consensusv1.Fence{Conditions: []*consensusv1.FenceCondition{{Key: "/curia/leader/x", CreateRevision: 1}}, MembershipEpoch: 1}
+	fence := &fencev1.Fence{Conditions: []*fencev1.FenceCondition{{Key: "/curia/leader/x", CreateRevision: 1}}, MembershipEpoch: 1}
 	tests := map[string]struct {
 		call        func() error
 		code        codes.Code

@@ -14,6 +14,7 @@ import (
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
@@ -40,8 +41,8 @@ func leaseAcquire(t *testing.T, l curatorv1.LeasesClient, name, holder string, t
 }
 
 // leaseFence is the lease's fence plus a membership epoch.
-func leaseFence(l *curatorv1.Lease, epoch int64) *consensusv1.Fence {
-	f := proto.Clone(l.Fence).(*consensusv1.Fence)
+func leaseFence(l *curatorv1.Lease, epoch int64) *fencev1.Fence {
+	f := proto.Clone(l.Fence).(*fencev1.Fence)
 	f.MembershipEpoch = epoch
 	return f
 }
@@ -264,7 +265,7 @@ func TestLeaseNewCuratorTerm(t *testing.T) {
 	// A fence made of this term's leader key and the old term's reconciler
 	// record is refused: the new leader dropped every old-term record when
 	// it took over, so the record is gone (at the consensus service too).
-	forged := &consensusv1.Fence{Conditions: []*consensusv1.FenceCondition{p2.Fence.Conditions[0], a.Fence.Conditions[1]}, MembershipEpoch: epoch}
+	forged := &fencev1.Fence{Conditions: []*fencev1.FenceCondition{p2.Fence.Conditions[0], a.Fence.Conditions[1]}, MembershipEpoch: epoch}
 	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: forged, NodeId: ag.ID, NodeRevision: n.Revision, Change: addBootJoin})
 	wantKind(t, err, rpcerr.FenceStale, fence.PartLease, "")
 	_, err = c.Voters[0].Consensus(leaseReconciler).AddNode(ctx, &consensusv1.AddNodeRequest{
@@ -348,15 +349,15 @@ func TestReconcileNodeRoles(t *testing.T) {
 
 	t.Run("malformed", func(t *testing.T) {
 		leader, leaseCond := lease.Fence.Conditions[0], lease.Fence.Conditions[1]
-		fenceOf := func(epoch int64, conds ...*consensusv1.FenceCondition) *consensusv1.Fence {
-			return &consensusv1.Fence{Conditions: conds, MembershipEpoch: epoch}
+		fenceOf := func(epoch int64, conds ...*fencev1.FenceCondition) *fencev1.Fence {
+			return &fencev1.Fence{Conditions: conds, MembershipEpoch: epoch}
 		}
 		for name, req := range map[string]*curatorv1.ReconcileNodeRolesRequest{
 			"no fence":           {NodeId: ag.ID, NodeRevision: rev0, Change: add},
 			"lease key only":     {Fence: fenceOf(e1, leaseCond), NodeId: ag.ID, NodeRevision: rev0, Change: add},
 			"leader key only":    {Fence: fenceOf(e1, leader), NodeId: ag.ID, NodeRevision: rev0, Change: add},
-			"another lease":      {Fence: fenceOf(e1, leader, &consensusv1.FenceCondition{Key: keys.Lease("other"), CreateRevision: leaseCond.CreateRevision}), NodeId: ag.ID, NodeRevision: rev0, Change: add},
-			"a key of no lease":  {Fence: fenceOf(e1, leader, leaseCond, &consensusv1.FenceCondition{Key: keys.Node(ag.ID), CreateRevision: rev0}), NodeId: ag.ID, NodeRevision: rev0, Change: add},
+			"another lease":      {Fence: fenceOf(e1, leader, &fencev1.FenceCondition{Key: keys.Lease("other"), CreateRevision: leaseCond.CreateRevision}), NodeId: ag.ID, NodeRevision: rev0, Change: add},
+			"a key of no lease":  {Fence: fenceOf(e1, leader, leaseCond, &fencev1.FenceCondition{Key: keys.Node(ag.ID), CreateRevision: rev0}), NodeId: ag.ID, NodeRevision: rev0, Change: add},
 			"no epoch":           {Fence: fenceOf(0, leader, leaseCond), NodeId: ag.ID, NodeRevision: rev0, Change: add},
 			"no node revision":   {Fence: leaseFence(lease, e1), NodeId: ag.ID, Change: add},
 			"bad node id":        {Fence: leaseFence(lease, e1), NodeId: "node-1", NodeRevision: rev0, Change: add},
@@ -364,7 +365,7 @@ func TestReconcileNodeRoles(t *testing.T) {
 			"remove false":       {Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: rev0, Change: &curatorv1.ReconcileNodeRolesRequest_RemoveConsensusMember{}},
 			"join without id":    {Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: rev0, Change: &curatorv1.ReconcileNodeRolesRequest_AddConsensusMember{AddConsensusMember: &consensusv1.JoinParameters{PeerUrl: join.PeerUrl, Voters: join.Voters}}},
 			"reason too long":    {Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: rev0, Change: add, Reason: strings.Repeat("x", 1025)},
-			"zero lease revison": {Fence: fenceOf(e1, leader, &consensusv1.FenceCondition{Key: leaseCond.Key}), NodeId: ag.ID, NodeRevision: rev0, Change: add},
+			"zero lease revison": {Fence: fenceOf(e1, leader, &fencev1.FenceCondition{Key: leaseCond.Key}), NodeId: ag.ID, NodeRevision: rev0, Change: add},
 		} {
 			_, err := l.ReconcileNodeRoles(ctx, req)
 			if status.Code(err) != codes.InvalidArgument {

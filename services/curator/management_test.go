@@ -20,6 +20,7 @@ import (
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/proctest"
 	cut "curia.dev/services/curator/curatortest"
@@ -199,7 +200,7 @@ func TestGetConsensusStatus(t *testing.T) {
 
 // mgmtLeaderFence is the curator leader's fence: its election key at its
 // term, read from etcd.
-func mgmtLeaderFence(t *testing.T, c *cut.Cluster) *consensusv1.Fence {
+func mgmtLeaderFence(t *testing.T, c *cut.Cluster) *fencev1.Fence {
 	t.Helper()
 	ctx := ctxT(t)
 	leader := c.Leader()
@@ -217,7 +218,7 @@ func mgmtLeaderFence(t *testing.T, c *cut.Cluster) *consensusv1.Fence {
 	}
 	for _, kv := range kvs.Kvs {
 		if kv.CreateRevision == cur.Term {
-			return &consensusv1.Fence{Conditions: []*consensusv1.FenceCondition{{Key: string(kv.Key), CreateRevision: cur.Term}}}
+			return &fencev1.Fence{Conditions: []*fencev1.FenceCondition{{Key: string(kv.Key), CreateRevision: cur.Term}}}
 		}
 	}
 	t.Fatalf("no election key at term %d", cur.Term)
@@ -225,8 +226,8 @@ func mgmtLeaderFence(t *testing.T, c *cut.Cluster) *consensusv1.Fence {
 }
 
 // withEpoch is f planned at epoch.
-func withEpoch(f *consensusv1.Fence, epoch int64) *consensusv1.Fence {
-	f = proto.Clone(f).(*consensusv1.Fence)
+func withEpoch(f *fencev1.Fence, epoch int64) *fencev1.Fence {
+	f = proto.Clone(f).(*fencev1.Fence)
 	f.MembershipEpoch = epoch
 	return f
 }

@@ -9,6 +9,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/fence"
@@ -94,7 +95,7 @@ func (r *Reconciler) afterFailure(err error) {
 // act takes one action under fence (the lease's fence at the plan's epoch).
 // Every call is refused by its resource if the fence or the snapshot went
 // stale; the next pass then plans anew.
-func (r *Reconciler) act(ctx context.Context, s *snapshot, a plan.Action, f *consensusv1.Fence) error {
+func (r *Reconciler) act(ctx context.Context, s *snapshot, a plan.Action, f *fencev1.Fence) error {
 	reason := "reconciler: " + a.Reason
 	switch a.Kind {
 	case plan.RemoveMember:

@@ -8,7 +8,8 @@ package curatorv1
 
 import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
-	v1 "curia.dev/gen/curia/consensus/v1"
+	v11 "curia.dev/gen/curia/consensus/v1"
+	v1 "curia.dev/gen/curia/fence/v1"
 	_ "curia.dev/gen/curia/validate/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -475,7 +476,7 @@ func (x *ReconcileNodeRolesRequest) GetChange() isReconcileNodeRolesRequest_Chan
 	return nil
 }
 
-func (x *ReconcileNodeRolesRequest) GetAddConsensusMember() *v1.JoinParameters {
+func (x *ReconcileNodeRolesRequest) GetAddConsensusMember() *v11.JoinParameters {
 	if x != nil {
 		if x, ok := x.Change.(*ReconcileNodeRolesRequest_AddConsensusMember); ok {
 			return x.AddConsensusMember
@@ -506,7 +507,7 @@ type isReconcileNodeRolesRequest_Change interface {
 
 type ReconcileNodeRolesRequest_AddConsensusMember struct {
 	// Give ConsensusMember with these join parameters (from AddNode).
-	AddConsensusMember *v1.JoinParameters `protobuf:"bytes,4,opt,name=add_consensus_member,json=addConsensusMember,proto3,oneof"`
+	AddConsensusMember *v11.JoinParameters `protobuf:"bytes,4,opt,name=add_consensus_member,json=addConsensusMember,proto3,oneof"`
 }
 
 type ReconcileNodeRolesRequest_RemoveConsensusMember struct {
@@ -569,11 +570,11 @@ var File_curia_curator_v1_leases_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_leases_proto_rawDesc = "" +
 	"\n" +
-	"\x1dcuria/curator/v1/leases.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\"curia/consensus/v1/consensus.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd1\x01\n" +
+	"\x1dcuria/curator/v1/leases.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\"curia/consensus/v1/consensus.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1acuria/fence/v1/fence.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcd\x01\n" +
 	"\x05Lease\x12\x1d\n" +
 	"\x04name\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xd8\xd5\"\x01R\x04name\x12&\n" +
-	"\x06holder\x18\x02 \x01(\tB\x0e\xbaH\vr\t\xe0\xd5\"\x01 \x01(\x80\x01R\x06holder\x127\n" +
-	"\x05fence\x18\x03 \x01(\v2\x19.curia.consensus.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x124\n" +
+	"\x06holder\x18\x02 \x01(\tB\x0e\xbaH\vr\t\xe0\xd5\"\x01 \x01(\x80\x01R\x06holder\x123\n" +
+	"\x05fence\x18\x03 \x01(\v2\x15.curia.fence.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x124\n" +
 	"\aexpires\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\x12\x12\n" +
 	"\x04term\x18\x05 \x01(\x03R\x04term\"\x83\x01\n" +
 	"\x0eAcquireRequest\x12\x1d\n" +
@@ -589,9 +590,9 @@ const file_curia_curator_v1_leases_proto_rawDesc = "" +
 	"\x05lease\x18\x01 \x01(\v2\x17.curia.curator.v1.LeaseR\x05lease\"G\n" +
 	"\x0eReleaseRequest\x125\n" +
 	"\x05lease\x18\x01 \x01(\v2\x17.curia.curator.v1.LeaseB\x06\xbaH\x03\xc8\x01\x01R\x05lease\"\x11\n" +
-	"\x0fReleaseResponse\"\xf4\x02\n" +
-	"\x19ReconcileNodeRolesRequest\x127\n" +
-	"\x05fence\x18\x01 \x01(\v2\x19.curia.consensus.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x12\"\n" +
+	"\x0fReleaseResponse\"\xf0\x02\n" +
+	"\x19ReconcileNodeRolesRequest\x123\n" +
+	"\x05fence\x18\x01 \x01(\v2\x15.curia.fence.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x12\"\n" +
 	"\anode_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x12,\n" +
 	"\rnode_revision\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02 \x00R\fnodeRevision\x12V\n" +
 	"\x14add_consensus_member\x18\x04 \x01(\v2\".curia.consensus.v1.JoinParametersH\x00R\x12addConsensusMember\x12A\n" +
@@ -630,19 +631,19 @@ var file_curia_curator_v1_leases_proto_goTypes = []any{
 	(*ReleaseResponse)(nil),            // 6: curia.curator.v1.ReleaseResponse
 	(*ReconcileNodeRolesRequest)(nil),  // 7: curia.curator.v1.ReconcileNodeRolesRequest
 	(*ReconcileNodeRolesResponse)(nil), // 8: curia.curator.v1.ReconcileNodeRolesResponse
-	(*v1.Fence)(nil),                   // 9: curia.consensus.v1.Fence
+	(*v1.Fence)(nil),                   // 9: curia.fence.v1.Fence
 	(*timestamppb.Timestamp)(nil),      // 10: google.protobuf.Timestamp
-	(*v1.JoinParameters)(nil),          // 11: curia.consensus.v1.JoinParameters
+	(*v11.JoinParameters)(nil),         // 11: curia.consensus.v1.JoinParameters
 	(*Node)(nil),                       // 12: curia.curator.v1.Node
 }
 var file_curia_curator_v1_leases_proto_depIdxs = []int32{
-	9,  // 0: curia.curator.v1.Lease.fence:type_name -> curia.consensus.v1.Fence
+	9,  // 0: curia.curator.v1.Lease.fence:type_name -> curia.fence.v1.Fence
 	10, // 1: curia.curator.v1.Lease.expires:type_name -> google.protobuf.Timestamp
 	0,  // 2: curia.curator.v1.AcquireResponse.lease:type_name -> curia.curator.v1.Lease
 	0,  // 3: curia.curator.v1.KeepAliveRequest.lease:type_name -> curia.curator.v1.Lease
 	0,  // 4: curia.curator.v1.KeepAliveResponse.lease:type_name -> curia.curator.v1.Lease
 	0,  // 5: curia.curator.v1.ReleaseRequest.lease:type_name -> curia.curator.v1.Lease
-	9,  // 6: curia.curator.v1.ReconcileNodeRolesRequest.fence:type_name -> curia.consensus.v1.Fence
+	9,  // 6: curia.curator.v1.ReconcileNodeRolesRequest.fence:type_name -> curia.fence.v1.Fence
 	11, // 7: curia.curator.v1.ReconcileNodeRolesRequest.add_consensus_member:type_name -> curia.consensus.v1.JoinParameters
 	12, // 8: curia.curator.v1.ReconcileNodeRolesResponse.node:type_name -> curia.curator.v1.Node
 	1,  // 9: curia.curator.v1.Leases.Acquire:input_type -> curia.curator.v1.AcquireRequest

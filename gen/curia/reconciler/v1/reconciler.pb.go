@@ -8,7 +8,7 @@ package reconcilerv1
 
 import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
-	v1 "curia.dev/gen/curia/consensus/v1"
+	v1 "curia.dev/gen/curia/fence/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -640,7 +640,7 @@ var File_curia_reconciler_v1_reconciler_proto protoreflect.FileDescriptor
 
 const file_curia_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\n" +
-	"$curia/reconciler/v1/reconciler.proto\x12\x13curia.reconciler.v1\x1a\x1bbuf/validate/validate.proto\x1a\"curia/consensus/v1/consensus.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\x01\n" +
+	"$curia/reconciler/v1/reconciler.proto\x12\x13curia.reconciler.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/fence/v1/fence.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\x01\n" +
 	"\x06Action\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\x04R\bmemberId\x12\x17\n" +
@@ -648,12 +648,12 @@ const file_curia_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\rnode_revision\x18\x04 \x01(\x03R\fnodeRevision\x12)\n" +
 	"\x10membership_epoch\x18\x05 \x01(\x03R\x0fmembershipEpoch\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\"\x12\n" +
-	"\x10GetStatusRequest\"\x89\x05\n" +
+	"\x10GetStatusRequest\"\x85\x05\n" +
 	"\x11GetStatusResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x19.curia.reconciler.v1.RoleR\x04role\x12!\n" +
-	"\flease_holder\x18\x03 \x01(\tR\vleaseHolder\x12/\n" +
-	"\x05fence\x18\x04 \x01(\v2\x19.curia.consensus.v1.FenceR\x05fence\x12?\n" +
+	"\flease_holder\x18\x03 \x01(\tR\vleaseHolder\x12+\n" +
+	"\x05fence\x18\x04 \x01(\v2\x15.curia.fence.v1.FenceR\x05fence\x12?\n" +
 	"\rlease_expires\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fleaseExpires\x12\x16\n" +
 	"\x06paused\x18\x06 \x01(\bR\x06paused\x12!\n" +
 	"\fpause_reason\x18\a \x01(\tR\vpauseReason\x127\n" +
@@ -715,12 +715,12 @@ var file_curia_reconciler_v1_reconciler_proto_goTypes = []any{
 	(*PauseResponse)(nil),         // 7: curia.reconciler.v1.PauseResponse
 	(*ResumeRequest)(nil),         // 8: curia.reconciler.v1.ResumeRequest
 	(*ResumeResponse)(nil),        // 9: curia.reconciler.v1.ResumeResponse
-	(*v1.Fence)(nil),              // 10: curia.consensus.v1.Fence
+	(*v1.Fence)(nil),              // 10: curia.fence.v1.Fence
 	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_curia_reconciler_v1_reconciler_proto_depIdxs = []int32{
 	0,  // 0: curia.reconciler.v1.GetStatusResponse.role:type_name -> curia.reconciler.v1.Role
-	10, // 1: curia.reconciler.v1.GetStatusResponse.fence:type_name -> curia.consensus.v1.Fence
+	10, // 1: curia.reconciler.v1.GetStatusResponse.fence:type_name -> curia.fence.v1.Fence
 	11, // 2: curia.reconciler.v1.GetStatusResponse.lease_expires:type_name -> google.protobuf.Timestamp
 	11, // 3: curia.reconciler.v1.GetStatusResponse.last_pass:type_name -> google.protobuf.Timestamp
 	1,  // 4: curia.reconciler.v1.GetStatusResponse.last_action:type_name -> curia.reconciler.v1.Action
