@@ -117,14 +117,14 @@ func (r *Reconciler) act(ctx context.Context, s *snapshot, a plan.Action, f *fen
 		if err != nil {
 			return fmt.Errorf("join parameters of %s: %w", a.NodeID, err)
 		}
-		_, err = r.leases().ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
+		_, err = r.reconciliation().ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
 			Fence: f, NodeId: a.NodeID, NodeRevision: a.NodeRevision,
 			Change: &curatorv1.ReconcileNodeRolesRequest_AddConsensusMember{AddConsensusMember: added.GetJoin()},
 			Reason: reason,
 		})
 		return err
 	case plan.RemoveRole:
-		_, err := r.leases().ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
+		_, err := r.reconciliation().ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
 			Fence: f, NodeId: a.NodeID, NodeRevision: a.NodeRevision,
 			Change: &curatorv1.ReconcileNodeRolesRequest_RemoveConsensusMember{RemoveConsensusMember: true},
 			Reason: reason,
