@@ -230,8 +230,8 @@ func TestBackgroundSyncEtcd(t *testing.T) {
 		if later.Passes < st.Passes+3 {
 			return fmt.Errorf("%d passes so far", later.Passes)
 		}
-		if later.Actions != st.Actions || !strings.HasPrefix(later.LastResult, "converged") {
-			return fmt.Errorf("not converged: %d actions (had %d), %s", later.Actions, st.Actions, later.LastResult)
+		if later.Actions != st.Actions || later.LastResult != reconcilerv1.PassResult_PASS_RESULT_CONVERGED {
+			return fmt.Errorf("not converged: %d actions (had %d), %s: %s", later.Actions, st.Actions, later.LastResult, later.LastResultDetail)
 		}
 		return nil
 	})
