@@ -525,16 +525,16 @@ func auditInvariant(t *testing.T, c *cluster) {
 		}
 		ev := resp.Event
 		switch {
-		case ev.Action == "node.delete":
+		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_NODE_DELETE:
 			deleted[ev.NodeId] = true
 		case ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED:
 			// The outcome of a change whose intent was checked.
-		case ev.Action == "member.remove" && ev.Actor == "reconciler":
+		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.Actor == "reconciler":
 			removals++
 			if !deleted[ev.NodeId] {
 				t.Errorf("the reconciler removed member %x of node %s, which was not deleted: %v", ev.MemberId, ev.NodeId, ev)
 			}
-		case ev.Action == "member.remove" && ev.Actor != "curator":
+		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.Actor != "curator":
 			t.Errorf("member %x of node %s removed by %s", ev.MemberId, ev.NodeId, ev.Actor)
 		}
 	}

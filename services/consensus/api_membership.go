@@ -150,7 +150,7 @@ func (c *change) commit(ctx context.Context, nodeID string, memberID uint64, pee
 	ops = append(ops, fence.BumpEpoch(recorder), audit.Put(&auditv1.Event{
 		Actor:      c.actor.String(),
 		RecordedBy: recorder,
-		Action:     c.action,
+		Action:     auditAction(c.op),
 		NodeId:     nodeID,
 		MemberId:   memberID,
 		Fence:      c.fence.Strings(),
@@ -554,7 +554,7 @@ func untilFinished(ctx context.Context, f func() error) error {
 	}
 }
 
-// auditRefusal records a refused proof of absence ("member.remove.refused").
+// auditRefusal records a refused proof of absence (MEMBER_REMOVE_REFUSED).
 // It is not a change; the event's revision and the fence's epoch tell a
 // reader whether the node existed when the caller planned.
 func (c *change) auditRefusal(ctx context.Context, nodeID, reason string) {
@@ -562,7 +562,7 @@ func (c *change) auditRefusal(ctx context.Context, nodeID, reason string) {
 	op := audit.Put(&auditv1.Event{
 		Actor:      c.actor.String(),
 		RecordedBy: recorder,
-		Action:     "member.remove.refused",
+		Action:     auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE_REFUSED,
 		NodeId:     nodeID,
 		Fence:      c.fence.Strings(),
 		Reason:     "proof of absence failed: " + reason,

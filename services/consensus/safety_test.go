@@ -49,7 +49,7 @@ func outcomes(events []*auditv1.Event) map[string]int {
 	out := map[string]int{}
 	for _, ev := range events {
 		if ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
-			out[ev.Action+" "+ev.Outcome.String()]++
+			out[ev.Action.String()+" "+ev.Outcome.String()]++
 		}
 	}
 	return out
@@ -136,7 +136,7 @@ func TestOneChangeAtATime(t *testing.T) {
 		t.Fatalf("quorum lost: %v", err)
 	}
 	got := outcomes(auditLog(t, c.Etcd(p.ClientURL)))
-	if got["member.remove CHANGE_OUTCOME_APPLIED"] != 1 || got["member.remove CHANGE_OUTCOME_NOT_APPLIED"] != 0 {
+	if got["AUDIT_ACTION_MEMBER_REMOVE CHANGE_OUTCOME_APPLIED"] != 1 || got["AUDIT_ACTION_MEMBER_REMOVE CHANGE_OUTCOME_NOT_APPLIED"] != 0 {
 		t.Fatalf("audited removals %v, want exactly one applied", got)
 	}
 }
@@ -183,7 +183,7 @@ func TestPausedChangeResolvedNeverApplied(t *testing.T) {
 	if got := memberIDs(b.Members()); !got[victim.ID] || len(got) != 3 {
 		t.Fatalf("members after the paused removal woke up: %v", got)
 	}
-	if got := outcomes(auditLog(t, cli)); got["member.remove CHANGE_OUTCOME_APPLIED"] != 0 {
+	if got := outcomes(auditLog(t, cli)); got["AUDIT_ACTION_MEMBER_REMOVE CHANGE_OUTCOME_APPLIED"] != 0 {
 		t.Fatalf("audited outcomes %v: the woken removal was applied", got)
 	}
 }
@@ -241,7 +241,7 @@ func TestProofOfAbsence(t *testing.T) {
 	want := "remove member: reconciler: its node is gone (proven: node " + node + " does not exist)"
 	var reasons []string
 	for _, ev := range auditLog(t, cli) {
-		if ev.Action == "member.remove" && ev.Outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
+		if ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.Outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
 			reasons = append(reasons, ev.Reason)
 		}
 	}

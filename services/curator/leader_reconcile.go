@@ -66,9 +66,9 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 	// reason of at most 1024 bytes are the request's contract.
 	id, rev := req.GetNodeId(), req.GetNodeRevision()
 	join := req.GetAddConsensusMember()
-	action := "roles.reconcile remove_consensus_member"
+	action := auditv1.AuditAction_AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER
 	if join != nil {
-		action = "roles.reconcile add_consensus_member"
+		action = auditv1.AuditAction_AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER
 	}
 	reason := req.GetReason()
 	if reason == "" {
@@ -136,6 +136,7 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 				MemberId:   memberID,
 				Fence:      f.Strings(),
 				Reason:     reason,
+				Roles:      auditRoles(roles),
 			}))
 		}
 	}
@@ -153,7 +154,7 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 	if len(ops) == 0 {
 		return n, nil // nothing to change; the fence holds
 	}
-	x.log().Info("node roles reconciled", "node", id, "action", action, "fence", f.String(), "term", term, "by", caller(ctx).String(), "reason", reason)
+	x.log().Info("node roles reconciled", "node", id, "action", action.String(), "fence", f.String(), "term", term, "by", caller(ctx).String(), "reason", reason)
 	return s.getNode(ctx, id)
 }
 

@@ -283,11 +283,11 @@ func TestWatchAuditLog(t *testing.T) {
 	for {
 		ev := next().Event
 		backlog = append(backlog, ev)
-		if ev.Action == "node.commit" && ev.NodeId == a.ID {
+		if ev.Action == auditv1.AuditAction_AUDIT_ACTION_NODE_COMMIT && ev.NodeId == a.ID {
 			break
 		}
 	}
-	boot := slices.IndexFunc(backlog, func(ev *auditv1.Event) bool { return ev.Action == "cluster.bootstrap" })
+	boot := slices.IndexFunc(backlog, func(ev *auditv1.Event) bool { return ev.Action == auditv1.AuditAction_AUDIT_ACTION_CLUSTER_BOOTSTRAP })
 	if boot < 0 || backlog[boot].NodeId != c.Voters[0].ID {
 		t.Fatalf("no bootstrap event in the backlog: %v", backlog)
 	}
@@ -299,7 +299,7 @@ func TestWatchAuditLog(t *testing.T) {
 	resp := next()
 	ev := resp.Event
 	wantFence := []string{fmt.Sprintf("%s@%d", fence.Conditions[0].Key, fence.Conditions[0].CreateRevision)}
-	if !strings.HasPrefix(ev.Action, "roles.update") || !strings.Contains(ev.Action, "kubernetes_worker=true") || ev.NodeId != a.ID ||
+	if ev.Action != auditv1.AuditAction_AUDIT_ACTION_ROLES_UPDATE || !proto.Equal(ev.Roles, &auditv1.Roles{KubernetesWorker: true}) || ev.NodeId != a.ID ||
 		ev.Actor != "admin/test" || !slices.Equal(ev.Fence, wantFence) || ev.Reason != "run workloads" ||
 		ev.RecordedBy != "curator/"+c.Leader().Name || ev.Time == nil {
 		t.Fatalf("role change event: %v, want actor admin/test, fence %v", ev, wantFence)
@@ -321,7 +321,7 @@ func TestWatchAuditLog(t *testing.T) {
 		}
 		got = append(got, r)
 	}
-	if len(got) != 2 || got[1].Revision != resp.Revision || got[0].Revision >= got[1].Revision || got[0].Event.Action != "node.commit" {
+	if len(got) != 2 || got[1].Revision != resp.Revision || got[0].Revision >= got[1].Revision || got[0].Event.Action != auditv1.AuditAction_AUDIT_ACTION_NODE_COMMIT {
 		t.Fatalf("backlog 2, no_follow: %v", got)
 	}
 

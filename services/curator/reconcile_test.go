@@ -128,9 +128,10 @@ func TestReconcileNodeRoles(t *testing.T) {
 	if !proto.Equal(resp.Node.Roles.GetConsensusMember().GetJoin(), join) || resp.Node.Revision <= rev1 {
 		t.Fatalf("node after add: %v", resp.Node)
 	}
-	ev := reconcileAuditEvent(t, c, ag.ID, "roles.reconcile add_consensus_member")
+	ev := reconcileAuditEvent(t, c, ag.ID, auditv1.AuditAction_AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER)
 	if ev.Actor != "reconciler" || !strings.HasPrefix(ev.RecordedBy, "curator/") || ev.Reason != "member without role" ||
-		ev.MemberId != join.MemberId || !hasPrefix(ev.Fence, keys.Lease("reconciler")+"@") || !hasPrefix(ev.Fence, keys.LeaderElection) || !hasPrefix(ev.Fence, keys.MembershipEpoch) {
+		ev.MemberId != join.MemberId || !hasPrefix(ev.Fence, keys.Lease("reconciler")+"@") || !hasPrefix(ev.Fence, keys.LeaderElection) || !hasPrefix(ev.Fence, keys.MembershipEpoch) ||
+		!proto.Equal(ev.Roles, &auditv1.Roles{ConsensusMember: true}) {
 		t.Fatalf("audit event: %v", ev)
 	}
 	// The same write again changes nothing.
@@ -166,8 +167,9 @@ func TestReconcileNodeRoles(t *testing.T) {
 	if r := resp.Node.Roles; r.GetConsensusMember() != nil || r.GetKubernetesController() != nil || r.GetKubernetesWorker() == nil {
 		t.Fatalf("roles after remove: %v", r)
 	}
-	ev = reconcileAuditEvent(t, c, ag.ID, "roles.reconcile remove_consensus_member")
-	if ev.Reason != "role without member" || ev.MemberId != join.MemberId {
+	ev = reconcileAuditEvent(t, c, ag.ID, auditv1.AuditAction_AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER)
+	if ev.Reason != "role without member" || ev.MemberId != join.MemberId ||
+		!proto.Equal(ev.Roles, &auditv1.Roles{KubernetesWorker: true}) {
 		t.Fatalf("audit event: %v", ev)
 	}
 
@@ -183,7 +185,7 @@ func TestReconcileNodeRoles(t *testing.T) {
 }
 
 // reconcileAuditEvent returns the latest audit event of the action on the node.
-func reconcileAuditEvent(t *testing.T, c *cut.Cluster, nodeID, action string) *auditv1.Event {
+func reconcileAuditEvent(t *testing.T, c *cut.Cluster, nodeID string, action auditv1.AuditAction) *auditv1.Event {
 	t.Helper()
 	resp, err := c.Etcd(c.Voters[0].ClientURL).Get(ctxT(t), keys.AuditPrefix, clientv3.WithPrefix())
 	if err != nil {
@@ -200,7 +202,7 @@ func reconcileAuditEvent(t *testing.T, c *cut.Cluster, nodeID, action string) *a
 		}
 	}
 	if found == nil {
-		t.Fatalf("no audit event %q for %s", action, nodeID)
+		t.Fatalf("no audit event %s for %s", action, nodeID)
 	}
 	return found
 }
