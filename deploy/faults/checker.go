@@ -183,13 +183,13 @@ func (c *checker) checkAudit(ctx context.Context, cli *clientv3.Client, events [
 			c.checkFence(ctx, cli, ev)
 		}
 		switch {
-		case ev.GetAction() == "member.remove" && ev.GetOutcome() == auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED && strings.HasPrefix(ev.GetActor(), "reconciler") && strings.Contains(ev.GetReason(), "which does not exist"):
+		case ev.GetAction() == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.GetOutcome() == auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED && strings.HasPrefix(ev.GetActor(), "reconciler") && strings.Contains(ev.GetReason(), "which does not exist"):
 			// (The plan's rule 1, "a member whose node does not exist", in
 			// the reason the reconciler sends with the removal.)
 			if created, ok := nodeAt(ctx, cli, ev.GetNodeId(), ev.rev); ok {
 				c.violate(InvLiveMember, at, "the reconciler removed the member of node %s for want of a node, but the node existed at the removal's start (revision %d, created at %d)", ev.GetNodeId(), ev.rev, created)
 			}
-		case ev.GetAction() == "member.remove.refused":
+		case ev.GetAction() == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE_REFUSED:
 			created, ok := nodeAt(ctx, cli, ev.GetNodeId(), ev.rev)
 			if epoch := fenceEpoch(ev.GetFence()); ok && epoch > 0 && created < epoch {
 				c.violate(InvFreshPlans, at, "%s planned to remove the member of node %s for want of a node, but the node existed (created at revision %d) before the epoch %d it planned at: a stale node view", ev.GetActor(), ev.GetNodeId(), created, epoch)
@@ -276,7 +276,7 @@ func fenceEpoch(fence []string) int64 {
 // changed etcd membership behind curia's back; and that no voter the
 // reconciler removed took the voters below floor.
 func (c *checker) checkExplained(events []auditEvent, injected map[uint64]string, floor int) {
-	applied := map[string]map[uint64]string{} // action → member → actor
+	applied := map[auditv1.AuditAction]map[uint64]string{} // action → member → actor
 	for _, ev := range events {
 		if ev.GetOutcome() != auditv1.ChangeOutcome_CHANGE_OUTCOME_APPLIED {
 			continue
@@ -304,8 +304,8 @@ func (c *checker) checkExplained(events []auditEvent, injected map[uint64]string
 			}
 			for id, m := range s.members {
 				old, was := prev[id]
-				_, added := applied["member.add"][id]
-				_, promoted := applied["member.promote"][id]
+				_, added := applied[auditv1.AuditAction_AUDIT_ACTION_MEMBER_ADD][id]
+				_, promoted := applied[auditv1.AuditAction_AUDIT_ACTION_MEMBER_PROMOTE][id]
 				switch {
 				case !was && !added && injected[id] == "":
 					c.violate(InvExplained, s.at, "member %x (node %s) appeared with no applied add in the audit log", id, m.node)
@@ -317,7 +317,7 @@ func (c *checker) checkExplained(events []auditEvent, injected map[uint64]string
 				if _, still := s.members[id]; still {
 					continue
 				}
-				actor, removed := applied["member.remove"][id]
+				actor, removed := applied[auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE][id]
 				switch {
 				case !removed && injected[id] == "":
 					c.violate(InvExplained, s.at, "member %x (node %s) disappeared with no applied removal in the audit log", id, m.node)

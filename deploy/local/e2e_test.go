@@ -24,8 +24,8 @@ import (
 	"google.golang.org/grpc"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
-	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
@@ -353,7 +353,7 @@ func TestE2E(t *testing.T) {
 
 // acceptedWithFence counts the audit events recorded after since whose fence
 // has every condition of f: changes accepted from its holder.
-func acceptedWithFence(t *testing.T, c *cluster, f *consensusv1.Fence, since time.Time) int {
+func acceptedWithFence(t *testing.T, c *cluster, f *fencev1.Fence, since time.Time) int {
 	t.Helper()
 	if len(f.GetConditions()) == 0 {
 		t.Fatal("no fence to look for")
@@ -525,16 +525,16 @@ func auditInvariant(t *testing.T, c *cluster) {
 		}
 		ev := resp.Event
 		switch {
-		case ev.Action == "node.delete":
+		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_NODE_DELETE:
 			deleted[ev.NodeId] = true
 		case ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED:
 			// The outcome of a change whose intent was checked.
-		case ev.Action == "member.remove" && ev.Actor == "reconciler":
+		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.Actor == "reconciler":
 			removals++
 			if !deleted[ev.NodeId] {
 				t.Errorf("the reconciler removed member %x of node %s, which was not deleted: %v", ev.MemberId, ev.NodeId, ev)
 			}
-		case ev.Action == "member.remove" && ev.Actor != "curator":
+		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.Actor != "curator":
 			t.Errorf("member %x of node %s removed by %s", ev.MemberId, ev.NodeId, ev.Actor)
 		}
 	}

@@ -24,7 +24,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpcerr"
 )
@@ -45,7 +45,7 @@ type Fence struct {
 }
 
 // FromProto converts the wire form. A nil fence has no conditions.
-func FromProto(p *consensusv1.Fence) Fence {
+func FromProto(p *fencev1.Fence) Fence {
 	var f Fence
 	for _, c := range p.GetConditions() {
 		f.Conditions = append(f.Conditions, Condition{Key: c.GetKey(), CreateRevision: c.GetCreateRevision()})
@@ -55,10 +55,10 @@ func FromProto(p *consensusv1.Fence) Fence {
 }
 
 // Proto converts to the wire form.
-func (f Fence) Proto() *consensusv1.Fence {
-	p := &consensusv1.Fence{MembershipEpoch: f.Epoch}
+func (f Fence) Proto() *fencev1.Fence {
+	p := &fencev1.Fence{MembershipEpoch: f.Epoch}
 	for _, c := range f.Conditions {
-		p.Conditions = append(p.Conditions, &consensusv1.FenceCondition{Key: c.Key, CreateRevision: c.CreateRevision})
+		p.Conditions = append(p.Conditions, &fencev1.FenceCondition{Key: c.Key, CreateRevision: c.CreateRevision})
 	}
 	return p
 }

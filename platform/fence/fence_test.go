@@ -21,7 +21,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
-	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/proctest"
 )
@@ -799,11 +799,11 @@ func TestProto(t *testing.T) {
 	if f := FromProto(nil); len(f.Conditions) != 0 || f.Epoch != 0 {
 		t.Errorf("FromProto(nil) = %+v, want an empty fence", f)
 	}
-	if f := FromProto(&consensusv1.Fence{}); len(f.Conditions) != 0 || f.Epoch != 0 {
+	if f := FromProto(&fencev1.Fence{}); len(f.Conditions) != 0 || f.Epoch != 0 {
 		t.Errorf("FromProto(empty) = %+v, want an empty fence", f)
 	}
-	p := &consensusv1.Fence{
-		Conditions:      []*consensusv1.FenceCondition{{Key: keys.LeaderElection + "a", CreateRevision: 5}, {Key: keys.Lease("reconciler"), CreateRevision: 9}},
+	p := &fencev1.Fence{
+		Conditions:      []*fencev1.FenceCondition{{Key: keys.LeaderElection + "a", CreateRevision: 5}, {Key: keys.Lease("reconciler"), CreateRevision: 9}},
 		MembershipEpoch: 17,
 	}
 	want := Fence{Conditions: []Condition{{Key: keys.LeaderElection + "a", CreateRevision: 5}, {Key: keys.Lease("reconciler"), CreateRevision: 9}}, Epoch: 17}

@@ -13,6 +13,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 )
 
@@ -23,7 +24,7 @@ const testNodeID = "node-0123456789abcdef0123456789abcdef"
 // violation names its field and rule. The services' own tests show the
 // same over gRPC with mTLS.
 func TestValidateRequest(t *testing.T) {
-	fence := &consensusv1.Fence{Conditions: []*consensusv1.FenceCondition{{Key: "/curia/leader/1", CreateRevision: 5}}, MembershipEpoch: 3}
+	fence := &fencev1.Fence{Conditions: []*fencev1.FenceCondition{{Key: "/curia/leader/1", CreateRevision: 5}}, MembershipEpoch: 3}
 	join := &consensusv1.JoinParameters{
 		CaCertificate: []byte("ca"),
 		Voters:        []*consensusv1.Peer{{Name: testNodeID, PeerUrls: []string{"https://10.0.0.1:2380"}, ClientUrls: []string{"https://10.0.0.1:2379"}}},

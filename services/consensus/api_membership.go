@@ -16,6 +16,7 @@ import (
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/audit"
 	"curia.dev/platform/crl"
 	"curia.dev/platform/failpoint"
@@ -44,7 +45,7 @@ type change struct {
 // begin checks the caller's fence, takes the change lock and reads
 // membership at the caller's epoch. It refuses while another change is
 // pending anywhere in the cluster. The caller must call end.
-func (x *server) begin(ctx context.Context, pf *consensusv1.Fence, op consensusv1.MembershipOperation, action string) (*change, error) {
+func (x *server) begin(ctx context.Context, pf *fencev1.Fence, op consensusv1.MembershipOperation, action string) (*change, error) {
 	actor, _ := rpc.PrincipalFromContext(ctx)
 	f := fence.FromProto(pf)
 	if err := checkFence(actor, f); err != nil {
@@ -149,7 +150,7 @@ func (c *change) commit(ctx context.Context, nodeID string, memberID uint64, pee
 	ops = append(ops, fence.BumpEpoch(recorder), audit.Put(&auditv1.Event{
 		Actor:      c.actor.String(),
 		RecordedBy: recorder,
-		Action:     c.action,
+		Action:     auditAction(c.op),
 		NodeId:     nodeID,
 		MemberId:   memberID,
 		Fence:      c.fence.Strings(),
@@ -553,7 +554,7 @@ func untilFinished(ctx context.Context, f func() error) error {
 	}
 }
 
-// auditRefusal records a refused proof of absence ("member.remove.refused").
+// auditRefusal records a refused proof of absence (MEMBER_REMOVE_REFUSED).
 // It is not a change; the event's revision and the fence's epoch tell a
 // reader whether the node existed when the caller planned.
 func (c *change) auditRefusal(ctx context.Context, nodeID, reason string) {
@@ -561,7 +562,7 @@ func (c *change) auditRefusal(ctx context.Context, nodeID, reason string) {
 	op := audit.Put(&auditv1.Event{
 		Actor:      c.actor.String(),
 		RecordedBy: recorder,
-		Action:     "member.remove.refused",
+		Action:     auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE_REFUSED,
 		NodeId:     nodeID,
 		Fence:      c.fence.Strings(),
 		Reason:     "proof of absence failed: " + reason,

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
@@ -468,7 +469,7 @@ func TestRequestContracts(t *testing.T) {
 	c.Bootstrap(n1)
 	leader := c.Campaign(c.Etcd(n1.ClientURL))
 	good := n1.Fenced(leader.Fence)
-	add := func(id, url string, f *consensusv1.Fence) func(consensusv1.ConsensusClient) error {
+	add := func(id, url string, f *fencev1.Fence) func(consensusv1.ConsensusClient) error {
 		return func(cl consensusv1.ConsensusClient) error {
 			_, err := cl.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: id, PeerUrl: url, Fence: f})
 			return err

@@ -87,7 +87,20 @@ func newChangeID() string {
 	return hex.EncodeToString(b)
 }
 
-// action is the audit log's name for the change's operation.
+// auditAction is the audit log's action of a membership operation.
+func auditAction(op consensusv1.MembershipOperation) auditv1.AuditAction {
+	switch op {
+	case consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_ADD:
+		return auditv1.AuditAction_AUDIT_ACTION_MEMBER_ADD
+	case consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_PROMOTE:
+		return auditv1.AuditAction_AUDIT_ACTION_MEMBER_PROMOTE
+	case consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_REMOVE:
+		return auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE
+	}
+	return auditv1.AuditAction_AUDIT_ACTION_UNSPECIFIED
+}
+
+// action names the change's operation in logs and errors.
 func (p *pendingChange) action() string {
 	switch p.GetOperation() {
 	case consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_ADD:
@@ -155,7 +168,7 @@ func finish(ctx context.Context, cli *clientv3.Client, p *pendingChange, outcome
 		audit.Put(&auditv1.Event{
 			Actor:      p.GetActor(),
 			RecordedBy: recorder,
-			Action:     p.action(),
+			Action:     auditAction(p.GetOperation()),
 			NodeId:     p.GetNodeId(),
 			MemberId:   p.GetMemberId(),
 			Fence:      p.GetFence(),

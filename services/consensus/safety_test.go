@@ -18,6 +18,7 @@ import (
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
@@ -48,7 +49,7 @@ func outcomes(events []*auditv1.Event) map[string]int {
 	out := map[string]int{}
 	for _, ev := range events {
 		if ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
-			out[ev.Action+" "+ev.Outcome.String()]++
+			out[ev.Action.String()+" "+ev.Outcome.String()]++
 		}
 	}
 	return out
@@ -64,7 +65,7 @@ func memberIDs(resp *consensusv1.ListMembersResponse) map[string]bool {
 
 // removeAsync removes node's member through via in the background; the
 // result arrives on the channel.
-func removeAsync(via *ct.Node, node string, f *consensusv1.Fence) chan error {
+func removeAsync(via *ct.Node, node string, f *fencev1.Fence) chan error {
 	done := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -135,7 +136,7 @@ func TestOneChangeAtATime(t *testing.T) {
 		t.Fatalf("quorum lost: %v", err)
 	}
 	got := outcomes(auditLog(t, c.Etcd(p.ClientURL)))
-	if got["member.remove CHANGE_OUTCOME_APPLIED"] != 1 || got["member.remove CHANGE_OUTCOME_NOT_APPLIED"] != 0 {
+	if got["AUDIT_ACTION_MEMBER_REMOVE CHANGE_OUTCOME_APPLIED"] != 1 || got["AUDIT_ACTION_MEMBER_REMOVE CHANGE_OUTCOME_NOT_APPLIED"] != 0 {
 		t.Fatalf("audited removals %v, want exactly one applied", got)
 	}
 }
@@ -182,7 +183,7 @@ func TestPausedChangeResolvedNeverApplied(t *testing.T) {
 	if got := memberIDs(b.Members()); !got[victim.ID] || len(got) != 3 {
 		t.Fatalf("members after the paused removal woke up: %v", got)
 	}
-	if got := outcomes(auditLog(t, cli)); got["member.remove CHANGE_OUTCOME_APPLIED"] != 0 {
+	if got := outcomes(auditLog(t, cli)); got["AUDIT_ACTION_MEMBER_REMOVE CHANGE_OUTCOME_APPLIED"] != 0 {
 		t.Fatalf("audited outcomes %v: the woken removal was applied", got)
 	}
 }
@@ -240,7 +241,7 @@ func TestProofOfAbsence(t *testing.T) {
 	want := "remove member: reconciler: its node is gone (proven: node " + node + " does not exist)"
 	var reasons []string
 	for _, ev := range auditLog(t, cli) {
-		if ev.Action == "member.remove" && ev.Outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
+		if ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.Outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
 			reasons = append(reasons, ev.Reason)
 		}
 	}
@@ -262,7 +263,7 @@ func TestFencePairing(t *testing.T) {
 	old := c.Campaign(cli)
 	oldLease := old.GrantLease(t, "reconciler", 60)
 	reconciler := n1.Consensus(pki.Principal{Kind: pki.KindReconciler})
-	add := func(cl consensusv1.ConsensusClient, f *consensusv1.Fence) error {
+	add := func(cl consensusv1.ConsensusClient, f *fencev1.Fence) error {
 		_, err := cl.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: f})
 		return err
 	}

@@ -118,7 +118,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"/curia.curator.v1.Leases/Acquire", &curatorv1.AcquireRequest{}, false, []string{"reconciler"}},
 		{"/curia.curator.v1.Leases/KeepAlive", &curatorv1.KeepAliveRequest{}, false, []string{"reconciler"}},
 		{"/curia.curator.v1.Leases/Release", &curatorv1.ReleaseRequest{}, false, []string{"reconciler"}},
-		{"/curia.curator.v1.Leases/ReconcileNodeRoles", &curatorv1.ReconcileNodeRolesRequest{NodeId: self.ID}, false, []string{"reconciler"}},
+		{"/curia.curator.v1.Reconciliation/ReconcileNodeRoles", &curatorv1.ReconcileNodeRolesRequest{NodeId: self.ID}, false, []string{"reconciler"}},
 		// Last: committing again revokes the certificate the rows above
 		// use as "node itself".
 		{"/curia.curator.v1.Curator/CommitNode", &curatorv1.CommitNodeRequest{}, false, []string{"enrolling node"}},

@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
@@ -362,7 +363,7 @@ func (s *Service) issueCertificates(ctx context.Context, req *curatorv1.IssueCer
 			}
 		}
 		// A conflict (the record changed): decide again.
-		if _, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, "node.certificates", id, "certificates issued: "+strings.Join(issued, ", "))); err != nil {
+		if _, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_CERTIFICATES, id, "certificates issued: "+strings.Join(issued, ", "))); err != nil {
 			return nil, err
 		}
 		s.log.Info("certificates issued", "node", id, "serials", issued)

@@ -6,8 +6,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	cut "curia.dev/services/curator/curatortest"
@@ -27,6 +27,7 @@ func TestRequestContracts(t *testing.T) {
 	mgmt := c.Management()
 	node := ag.Curator(follower)
 	leases := leasesAs(c, follower, leaseReconciler)
+	reconcile := reconcileAs(c, follower, leaseReconciler)
 	asAdmin := leasesAs(c, c.Leader(), cut.Admin)
 	asNode := curatorv1.NewManagementClient(c.Conn(c.Leader(), pki.Principal{Kind: pki.KindNode, Name: ag.ID}))
 	status := func(st *curatorv1.NodeStatus) func() error {
@@ -41,7 +42,7 @@ func TestRequestContracts(t *testing.T) {
 			return err
 		}
 	}
-	fence := &consensusv1.Fence{Conditions: []*consensusv1.FenceCondition{{Key: "/curia/leader/x", CreateRevision: 1}}, MembershipEpoch: 1}
+	fence := &fencev1.Fence{Conditions: []*fencev1.FenceCondition{{Key: "/curia/leader/x", CreateRevision: 1}}, MembershipEpoch: 1}
 	tests := map[string]struct {
 		call        func() error
 		code        codes.Code
@@ -62,7 +63,7 @@ func TestRequestContracts(t *testing.T) {
 		"acquire: TTL too short":    {call: acquire(leases, 1), code: codes.InvalidArgument, field: "ttl_seconds", rule: "int64.gte_lte"},
 		"acquire: TTL too long":     {call: acquire(leases, 61), code: codes.InvalidArgument, field: "ttl_seconds", rule: "int64.gte_lte"},
 		"reconcile: no change": {code: codes.InvalidArgument, field: "change", rule: "required", call: func() error {
-			_, err := leases.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: fence, NodeId: ag.ID, NodeRevision: 1})
+			_, err := reconcile.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: fence, NodeId: ag.ID, NodeRevision: 1})
 			return err
 		}},
 		"watch: negative min revision": {code: codes.InvalidArgument, field: "min_revision", rule: "int64.gte", call: func() error {

@@ -15,8 +15,9 @@
 // leader_enrolment.go (bootstrap, register, commit), leader_management.go
 // (roles, delete, cluster info), leader_nodes.go and filter.go (GetNodes
 // with CEL filters), heartbeat.go (heartbeats and health),
-// leader_consensus_status.go, leader_audit.go, leader_leases.go (leases and
-// the reconciler's fenced role writes), watch.go (one etcd watch fanned out
+// leader_consensus_status.go, leader_audit.go, leader_leases.go (leases),
+// leader_reconcile.go (the reconciler's fenced role writes, the
+// Reconciliation service), watch.go (one etcd watch fanned out
 // to every Watch stream), consensus.go (calls to the consensus services),
 // metrics.go (what /metrics adds to the gRPC server's), policy.go (who may
 // call what), errors.go (the one mapping to gRPC codes), failpoint.go
@@ -281,6 +282,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	curatorv1.RegisterCuratorServer(srv.GRPC(), &curatorServer{s: s})
 	curatorv1.RegisterManagementServer(srv.GRPC(), &managementServer{s: s})
 	curatorv1.RegisterLeasesServer(srv.GRPC(), &leasesServer{s: s})
+	curatorv1.RegisterReconciliationServer(srv.GRPC(), &reconciliationServer{s: s})
 	s.rpc = srv
 	if err := s.registerMetrics(srv.Registry()); err != nil {
 		cli.Close()
@@ -329,7 +331,8 @@ func (s *Service) Run(ctx context.Context) error {
 		g.AddReady("metrics", func(ctx context.Context) error { return rpc.ServeMetrics(ctx, mlis, s.rpc.Registry(), s.rpc.Health()) })
 	}
 	g.Add("health", rpc.Readiness(s.rpc.Health(), &g, "health",
-		curatorv1.Curator_ServiceDesc.ServiceName, curatorv1.Management_ServiceDesc.ServiceName, curatorv1.Leases_ServiceDesc.ServiceName))
+		curatorv1.Curator_ServiceDesc.ServiceName, curatorv1.Management_ServiceDesc.ServiceName, curatorv1.Leases_ServiceDesc.ServiceName,
+		curatorv1.Reconciliation_ServiceDesc.ServiceName))
 	s.log.Info("curator serving", "listen", lis.Addr().String(), "advertise", s.cfg.Advertise)
 	return g.Run(ctx)
 }

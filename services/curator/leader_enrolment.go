@@ -51,16 +51,31 @@ func caller(ctx context.Context) pki.Principal {
 }
 
 // auditOp records a change made by the curator leader.
-func (s *Service) auditOp(ctx context.Context, action, nodeID, reason string) clientv3.Op {
+func (s *Service) auditOp(ctx context.Context, action auditv1.AuditAction, nodeID, reason string) clientv3.Op {
+	return audit.Put(s.auditEvent(ctx, action, nodeID, reason))
+}
+
+// auditEvent is the event of a change made by the curator leader, under
+// its own fence.
+func (s *Service) auditEvent(ctx context.Context, action auditv1.AuditAction, nodeID, reason string) *auditv1.Event {
 	f, _ := s.lead.fence()
-	return audit.Put(&auditv1.Event{
+	return &auditv1.Event{
 		Actor:      caller(ctx).String(),
 		RecordedBy: "curator/" + s.cfg.Name,
 		Action:     action,
 		NodeId:     nodeID,
 		Fence:      f.Strings(),
 		Reason:     reason,
-	})
+	}
+}
+
+// auditRoles is which roles r holds, as the audit log records them.
+func auditRoles(r *curatorv1.Roles) *auditv1.Roles {
+	return &auditv1.Roles{
+		ConsensusMember:      r.GetConsensusMember() != nil,
+		KubernetesController: r.GetKubernetesController() != nil,
+		KubernetesWorker:     r.GetKubernetesWorker() != nil,
+	}
 }
 
 // nodeKey is a request's public key (32 bytes: its contract) and the node
@@ -151,7 +166,7 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 	noTomb, _ := tombstone(id)
 	_, err = s.lead.txn(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0), noTomb},
-		putNode(n), s.auditOp(ctx, "cluster.bootstrap", id, "first node of the cluster"))
+		putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_CLUSTER_BOOTSTRAP, id, "first node of the cluster"))
 	if errors.Is(err, errConflict) {
 		return s.bootstrap(ctx, req) // created meanwhile: answer as for an existing node
 	}
@@ -265,7 +280,7 @@ func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse
 		why += "; certificate " + replaced + " it replaces revoked"
 	}
 	ops = append(ops, putNode(n))
-	if _, err := s.lead.txn(ctx, cmps, append(ops, s.auditOp(ctx, "node.commit", id, why))...); err != nil {
+	if _, err := s.lead.txn(ctx, cmps, append(ops, s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_COMMIT, id, why))...); err != nil {
 		return nil, err
 	}
 	if n, err = s.getNode(ctx, id); err != nil {

@@ -9,8 +9,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/audit"
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpcerr"
@@ -44,7 +46,7 @@ func (s *Service) approve(ctx context.Context, id string) (*curatorv1.Node, erro
 		return nil, fmt.Errorf("%w: node %s is %s; only NEW nodes are approved", errRefused, id, n.State)
 	}
 	n.State = curatorv1.NodeState_NODE_STATE_STANDBY
-	if _, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, "node.approve", id, "approved")); err != nil {
+	if _, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_APPROVE, id, "approved")); err != nil {
 		return nil, err
 	}
 	s.log.Info("node approved", "node", id, "by", caller(ctx).String())
@@ -182,14 +184,15 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 		if protoEqual(roles, n.GetRoles()) {
 			return n, nil
 		}
-		action := fmt.Sprintf("roles.update consensus_member=%v kubernetes_controller=%v kubernetes_worker=%v", roles.GetConsensusMember() != nil, roles.GetKubernetesController() != nil, roles.GetKubernetesWorker() != nil)
 		crlOps, crlCmps, err := s.withMemberCertificate(ctx, n, roles)
 		if err != nil {
 			return nil, err
 		}
 		n.Roles = roles
+		ev := s.auditEvent(ctx, auditv1.AuditAction_AUDIT_ACTION_ROLES_UPDATE, n.Id, reason)
+		ev.Roles = auditRoles(roles)
 		cmps := append(append([]clientv3.Cmp{unchanged(n)}, guard...), crlCmps...)
-		_, err = s.lead.txn(ctx, cmps, append(crlOps, putNode(n), s.auditOp(ctx, action, n.Id, reason))...)
+		_, err = s.lead.txn(ctx, cmps, append(crlOps, putNode(n), audit.Put(ev))...)
 		if err == nil {
 			s.log.Info("roles updated", "node", n.Id, "roles", roleNames(roles), "by", caller(ctx).String())
 			return s.getNode(ctx, n.Id)
@@ -310,7 +313,7 @@ func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeReque
 			why = "deleted, id tombstoned; it had no valid certificate to revoke"
 		}
 		_, tomb := tombstone(n.Id)
-		ops := []clientv3.Op{clientv3.OpDelete(keys.Node(n.Id)), clientv3.OpDelete(keys.Heartbeat(n.Id)), clientv3.OpDelete(keys.HeartbeatSeen(n.Id)), tomb, s.auditOp(ctx, "node.delete", n.Id, why)}
+		ops := []clientv3.Op{clientv3.OpDelete(keys.Node(n.Id)), clientv3.OpDelete(keys.Heartbeat(n.Id)), clientv3.OpDelete(keys.HeartbeatSeen(n.Id)), tomb, s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_DELETE, n.Id, why)}
 		cmps := []clientv3.Cmp{unchanged(n)}
 		if len(serials) > 0 {
 			put, cmp, err := s.revoke(ctx, serials...)

@@ -11,15 +11,14 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpcerr"
-	ct "curia.dev/services/consensus/consensustest"
 	cut "curia.dev/services/curator/curatortest"
 )
 
@@ -40,8 +39,8 @@ func leaseAcquire(t *testing.T, l curatorv1.LeasesClient, name, holder string, t
 }
 
 // leaseFence is the lease's fence plus a membership epoch.
-func leaseFence(l *curatorv1.Lease, epoch int64) *consensusv1.Fence {
-	f := proto.Clone(l.Fence).(*consensusv1.Fence)
+func leaseFence(l *curatorv1.Lease, epoch int64) *fencev1.Fence {
+	f := proto.Clone(l.Fence).(*fencev1.Fence)
 	f.MembershipEpoch = epoch
 	return f
 }
@@ -215,7 +214,7 @@ func TestLeaseNewCuratorTerm(t *testing.T) {
 	// The fence holds now: a fenced write that changes nothing succeeds.
 	epoch := c.Voters[0].Members().MembershipEpoch
 	n := leaseNodeNow(t, c, ag.ID)
-	if _, err := leasesAs(c, old, leaseReconciler).ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
+	if _, err := reconcileAs(c, old, leaseReconciler).ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
 		Fence: leaseFence(a, epoch), NodeId: ag.ID, NodeRevision: n.Revision,
 		Change: &curatorv1.ReconcileNodeRolesRequest_RemoveConsensusMember{RemoveConsensusMember: true},
 	}); err != nil {
@@ -231,11 +230,12 @@ func TestLeaseNewCuratorTerm(t *testing.T) {
 		t.Fatal("the killed replica still leads")
 	}
 	l := leasesAs(c, next, leaseReconciler)
+	rec := reconcileAs(c, next, leaseReconciler)
 	addBootJoin := &curatorv1.ReconcileNodeRolesRequest_AddConsensusMember{AddConsensusMember: boot.Roles.GetConsensusMember().GetJoin()}
 
 	_, err := l.KeepAlive(ctx, &curatorv1.KeepAliveRequest{Lease: a})
 	wantKind(t, err, rpcerr.FenceStale, fence.PartLease, "acquire again")
-	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
+	_, err = rec.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
 		Fence: leaseFence(a, epoch), NodeId: ag.ID, NodeRevision: n.Revision, Change: addBootJoin,
 		Reason: "with a fence of the old term",
 	})
@@ -264,8 +264,8 @@ func TestLeaseNewCuratorTerm(t *testing.T) {
 	// A fence made of this term's leader key and the old term's reconciler
 	// record is refused: the new leader dropped every old-term record when
 	// it took over, so the record is gone (at the consensus service too).
-	forged := &consensusv1.Fence{Conditions: []*consensusv1.FenceCondition{p2.Fence.Conditions[0], a.Fence.Conditions[1]}, MembershipEpoch: epoch}
-	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: forged, NodeId: ag.ID, NodeRevision: n.Revision, Change: addBootJoin})
+	forged := &fencev1.Fence{Conditions: []*fencev1.FenceCondition{p2.Fence.Conditions[0], a.Fence.Conditions[1]}, MembershipEpoch: epoch}
+	_, err = rec.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: forged, NodeId: ag.ID, NodeRevision: n.Revision, Change: addBootJoin})
 	wantKind(t, err, rpcerr.FenceStale, fence.PartLease, "")
 	_, err = c.Voters[0].Consensus(leaseReconciler).AddNode(ctx, &consensusv1.AddNodeRequest{
 		NodeId: ag.ID, PeerUrl: "https://" + proctest.FreeAddr(t), Fence: forged,
@@ -285,7 +285,7 @@ func TestLeaseNewCuratorTerm(t *testing.T) {
 	_, err = l.Acquire(ctx, &curatorv1.AcquireRequest{Name: "reconciler", Holder: "a", TtlSeconds: 60})
 	wantKind(t, err, rpcerr.LeaseHeld, "", "held by b until")
 	// ...and its fence works.
-	resp, err := l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
+	resp, err := rec.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
 		Fence: leaseFence(b, epoch), NodeId: ag.ID, NodeRevision: n.Revision, Change: addBootJoin,
 		Reason: "with the new term's fence",
 	})
@@ -295,197 +295,11 @@ func TestLeaseNewCuratorTerm(t *testing.T) {
 	if resp.Node.Roles.GetConsensusMember() == nil || resp.Node.Revision <= n.Revision {
 		t.Fatalf("node after the write: %v", resp.Node)
 	}
-	resp, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
+	resp, err = rec.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
 		Fence: leaseFence(b, epoch), NodeId: ag.ID, NodeRevision: resp.Node.Revision,
 		Change: &curatorv1.ReconcileNodeRolesRequest_RemoveConsensusMember{RemoveConsensusMember: true},
 	})
 	if err != nil || resp.Node.Roles.GetConsensusMember() != nil {
 		t.Fatalf("remove the role again: %v %v", resp, err)
 	}
-}
-
-// TestReconcileNodeRoles walks the reconciler's two role writes through a
-// real membership change each: a learner added with the reconciler's fence
-// gets ConsensusMember; removed, it loses ConsensusMember and
-// KubernetesController in one write. Stale epochs, node revisions and
-// fences are Aborted and write nothing; malformed fences are
-// InvalidArgument; only the reconciler may call.
-func TestReconcileNodeRoles(t *testing.T) {
-	c := cut.New(t, 1)
-	ctx := ctxT(t)
-	m := c.Management()
-	voter := c.Voters[0]
-	cons := voter.Consensus(leaseReconciler)
-	l := leasesAs(c, c.Leader(), leaseReconciler)
-	lease := leaseAcquire(t, l, "reconciler", "r1", 60)
-
-	ag := c.NewAgent()
-	ag.Enrol(ctx)
-	agKey := cut.ConsensusKey(t)
-	if _, err := ag.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: ag.ID, Status: &curatorv1.NodeStatus{Address: "127.0.0.9", ConsensusPublicKey: agKey}}); err != nil {
-		t.Fatal(err)
-	}
-
-	// The reconciler reads the epoch, then adds the node's member (a real
-	// membership change, which moves the epoch).
-	e0 := voter.Members().MembershipEpoch
-	var added *consensusv1.AddNodeResponse
-	err := ct.RetryUnavailable(t, func() error {
-		var err error
-		added, err = cons.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ag.ID, PeerUrl: "https://" + proctest.FreeAddr(t), Fence: leaseFence(lease, voter.Members().MembershipEpoch)})
-		return err
-	})
-	if err != nil {
-		t.Fatalf("add member with the reconciler's fence: %v", err)
-	}
-	e1 := added.MembershipEpoch
-	if e1 <= e0 || voter.Members().MembershipEpoch != e1 {
-		t.Fatalf("epoch %d after the add, was %d", e1, e0)
-	}
-	join := added.Join
-	add := &curatorv1.ReconcileNodeRolesRequest_AddConsensusMember{AddConsensusMember: join}
-	rev0 := leaseNodeNow(t, c, ag.ID).Revision
-
-	t.Run("malformed", func(t *testing.T) {
-		leader, leaseCond := lease.Fence.Conditions[0], lease.Fence.Conditions[1]
-		fenceOf := func(epoch int64, conds ...*consensusv1.FenceCondition) *consensusv1.Fence {
-			return &consensusv1.Fence{Conditions: conds, MembershipEpoch: epoch}
-		}
-		for name, req := range map[string]*curatorv1.ReconcileNodeRolesRequest{
-			"no fence":           {NodeId: ag.ID, NodeRevision: rev0, Change: add},
-			"lease key only":     {Fence: fenceOf(e1, leaseCond), NodeId: ag.ID, NodeRevision: rev0, Change: add},
-			"leader key only":    {Fence: fenceOf(e1, leader), NodeId: ag.ID, NodeRevision: rev0, Change: add},
-			"another lease":      {Fence: fenceOf(e1, leader, &consensusv1.FenceCondition{Key: keys.Lease("other"), CreateRevision: leaseCond.CreateRevision}), NodeId: ag.ID, NodeRevision: rev0, Change: add},
-			"a key of no lease":  {Fence: fenceOf(e1, leader, leaseCond, &consensusv1.FenceCondition{Key: keys.Node(ag.ID), CreateRevision: rev0}), NodeId: ag.ID, NodeRevision: rev0, Change: add},
-			"no epoch":           {Fence: fenceOf(0, leader, leaseCond), NodeId: ag.ID, NodeRevision: rev0, Change: add},
-			"no node revision":   {Fence: leaseFence(lease, e1), NodeId: ag.ID, Change: add},
-			"bad node id":        {Fence: leaseFence(lease, e1), NodeId: "node-1", NodeRevision: rev0, Change: add},
-			"no change":          {Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: rev0},
-			"remove false":       {Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: rev0, Change: &curatorv1.ReconcileNodeRolesRequest_RemoveConsensusMember{}},
-			"join without id":    {Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: rev0, Change: &curatorv1.ReconcileNodeRolesRequest_AddConsensusMember{AddConsensusMember: &consensusv1.JoinParameters{PeerUrl: join.PeerUrl, Voters: join.Voters}}},
-			"reason too long":    {Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: rev0, Change: add, Reason: strings.Repeat("x", 1025)},
-			"zero lease revison": {Fence: fenceOf(e1, leader, &consensusv1.FenceCondition{Key: leaseCond.Key}), NodeId: ag.ID, NodeRevision: rev0, Change: add},
-		} {
-			_, err := l.ReconcileNodeRoles(ctx, req)
-			if status.Code(err) != codes.InvalidArgument {
-				t.Errorf("%s: got %v, want InvalidArgument", name, err)
-			}
-		}
-		// Only the reconciler writes with a fence.
-		_, err := leasesAs(c, c.Leader(), cut.Admin).ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: rev0, Change: add})
-		wantCode(t, err, codes.PermissionDenied, "")
-		if got := leaseNodeNow(t, c, ag.ID); got.Revision != rev0 {
-			t.Fatalf("a refused call wrote the node: %v", got)
-		}
-	})
-
-	// A plan made before the add is stale.
-	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e0), NodeId: ag.ID, NodeRevision: rev0, Change: add})
-	wantKind(t, err, rpcerr.FenceStale, fence.PartEpoch, "membership epoch")
-	// So is one made before the node changed.
-	if _, err := ag.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: ag.ID, Status: &curatorv1.NodeStatus{Address: "127.0.0.10", ConsensusPublicKey: agKey}}); err != nil {
-		t.Fatal(err)
-	}
-	rev1 := leaseNodeNow(t, c, ag.ID).Revision
-	if rev1 == rev0 {
-		t.Fatal("status update did not move the node's revision")
-	}
-	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: rev0, Change: add})
-	wantKind(t, err, rpcerr.Conflict, "", "changed since revision")
-	if got := leaseNodeNow(t, c, ag.ID); got.Revision != rev1 || got.Roles.GetConsensusMember() != nil {
-		t.Fatalf("a stale write changed the node: %v", got)
-	}
-
-	// Current fence, epoch and revision: the role follows membership.
-	resp, err := l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: rev1, Change: add, Reason: "member without role"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !proto.Equal(resp.Node.Roles.GetConsensusMember().GetJoin(), join) || resp.Node.Revision <= rev1 {
-		t.Fatalf("node after add: %v", resp.Node)
-	}
-	ev := leaseAuditEvent(t, c, ag.ID, "roles.reconcile add_consensus_member")
-	if ev.Actor != "reconciler" || !strings.HasPrefix(ev.RecordedBy, "curator/") || ev.Reason != "member without role" ||
-		ev.MemberId != join.MemberId || !leaseHasPrefix(ev.Fence, keys.Lease("reconciler")+"@") || !leaseHasPrefix(ev.Fence, keys.LeaderElection) || !leaseHasPrefix(ev.Fence, keys.MembershipEpoch) {
-		t.Fatalf("audit event: %v", ev)
-	}
-	// The same write again changes nothing.
-	again, err := l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: resp.Node.Revision, Change: add})
-	if err != nil || again.Node.Revision != resp.Node.Revision {
-		t.Fatalf("repeated add: %v %v", again, err)
-	}
-
-	// An admin makes it a Kubernetes controller and worker.
-	up, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: ag.ID, KubernetesController: new(true), KubernetesWorker: new(true)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The member goes (a real removal, with the reconciler's fence); the
-	// roles follow: ConsensusMember and KubernetesController together.
-	var removed *consensusv1.RemoveMemberResponse
-	err = ct.RetryUnavailable(t, func() error {
-		var err error
-		removed, err = cons.RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: ag.ID}, Fence: leaseFence(lease, voter.Members().MembershipEpoch)})
-		return err
-	})
-	if err != nil || removed.AlreadyAbsent {
-		t.Fatalf("remove member: %v %v", removed, err)
-	}
-	e2 := removed.MembershipEpoch
-	remove := &curatorv1.ReconcileNodeRolesRequest_RemoveConsensusMember{RemoveConsensusMember: true}
-	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e1), NodeId: ag.ID, NodeRevision: up.Node.Revision, Change: remove})
-	wantKind(t, err, rpcerr.FenceStale, fence.PartEpoch, "membership epoch")
-	resp, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e2), NodeId: ag.ID, NodeRevision: up.Node.Revision, Change: remove, Reason: "role without member"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r := resp.Node.Roles; r.GetConsensusMember() != nil || r.GetKubernetesController() != nil || r.GetKubernetesWorker() == nil {
-		t.Fatalf("roles after remove: %v", r)
-	}
-	ev = leaseAuditEvent(t, c, ag.ID, "roles.reconcile remove_consensus_member")
-	if ev.Reason != "role without member" || ev.MemberId != join.MemberId {
-		t.Fatalf("audit event: %v", ev)
-	}
-
-	// A released lease fences nothing.
-	if _, err := l.Release(ctx, &curatorv1.ReleaseRequest{Lease: lease}); err != nil {
-		t.Fatal(err)
-	}
-	_, err = l.ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{Fence: leaseFence(lease, e2), NodeId: ag.ID, NodeRevision: resp.Node.Revision, Change: add})
-	wantKind(t, err, rpcerr.FenceStale, fence.PartLease, "no longer exists")
-	if got := leaseNodeNow(t, c, ag.ID); got.Revision != resp.Node.Revision {
-		t.Fatalf("a write with a released lease changed the node: %v", got)
-	}
-}
-
-// leaseAuditEvent returns the latest audit event of the action on the node.
-func leaseAuditEvent(t *testing.T, c *cut.Cluster, nodeID, action string) *auditv1.Event {
-	t.Helper()
-	resp, err := c.Etcd(c.Voters[0].ClientURL).Get(ctxT(t), keys.AuditPrefix, clientv3.WithPrefix())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var found *auditv1.Event
-	for _, kv := range resp.Kvs {
-		ev := &auditv1.Event{}
-		if err := proto.Unmarshal(kv.Value, ev); err != nil {
-			t.Fatalf("audit event %s: %v", kv.Key, err)
-		}
-		if ev.NodeId == nodeID && ev.Action == action {
-			found = ev
-		}
-	}
-	if found == nil {
-		t.Fatalf("no audit event %q for %s", action, nodeID)
-	}
-	return found
-}
-
-func leaseHasPrefix(ss []string, prefix string) bool {
-	for _, s := range ss {
-		if strings.HasPrefix(s, prefix) {
-			return true
-		}
-	}
-	return false
 }

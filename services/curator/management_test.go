@@ -20,6 +20,7 @@ import (
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/proctest"
 	cut "curia.dev/services/curator/curatortest"
@@ -199,7 +200,7 @@ func TestGetConsensusStatus(t *testing.T) {
 
 // mgmtLeaderFence is the curator leader's fence: its election key at its
 // term, read from etcd.
-func mgmtLeaderFence(t *testing.T, c *cut.Cluster) *consensusv1.Fence {
+func mgmtLeaderFence(t *testing.T, c *cut.Cluster) *fencev1.Fence {
 	t.Helper()
 	ctx := ctxT(t)
 	leader := c.Leader()
@@ -217,7 +218,7 @@ func mgmtLeaderFence(t *testing.T, c *cut.Cluster) *consensusv1.Fence {
 	}
 	for _, kv := range kvs.Kvs {
 		if kv.CreateRevision == cur.Term {
-			return &consensusv1.Fence{Conditions: []*consensusv1.FenceCondition{{Key: string(kv.Key), CreateRevision: cur.Term}}}
+			return &fencev1.Fence{Conditions: []*fencev1.FenceCondition{{Key: string(kv.Key), CreateRevision: cur.Term}}}
 		}
 	}
 	t.Fatalf("no election key at term %d", cur.Term)
@@ -225,8 +226,8 @@ func mgmtLeaderFence(t *testing.T, c *cut.Cluster) *consensusv1.Fence {
 }
 
 // withEpoch is f planned at epoch.
-func withEpoch(f *consensusv1.Fence, epoch int64) *consensusv1.Fence {
-	f = proto.Clone(f).(*consensusv1.Fence)
+func withEpoch(f *fencev1.Fence, epoch int64) *fencev1.Fence {
+	f = proto.Clone(f).(*fencev1.Fence)
 	f.MembershipEpoch = epoch
 	return f
 }
@@ -282,11 +283,11 @@ func TestWatchAuditLog(t *testing.T) {
 	for {
 		ev := next().Event
 		backlog = append(backlog, ev)
-		if ev.Action == "node.commit" && ev.NodeId == a.ID {
+		if ev.Action == auditv1.AuditAction_AUDIT_ACTION_NODE_COMMIT && ev.NodeId == a.ID {
 			break
 		}
 	}
-	boot := slices.IndexFunc(backlog, func(ev *auditv1.Event) bool { return ev.Action == "cluster.bootstrap" })
+	boot := slices.IndexFunc(backlog, func(ev *auditv1.Event) bool { return ev.Action == auditv1.AuditAction_AUDIT_ACTION_CLUSTER_BOOTSTRAP })
 	if boot < 0 || backlog[boot].NodeId != c.Voters[0].ID {
 		t.Fatalf("no bootstrap event in the backlog: %v", backlog)
 	}
@@ -298,7 +299,7 @@ func TestWatchAuditLog(t *testing.T) {
 	resp := next()
 	ev := resp.Event
 	wantFence := []string{fmt.Sprintf("%s@%d", fence.Conditions[0].Key, fence.Conditions[0].CreateRevision)}
-	if !strings.HasPrefix(ev.Action, "roles.update") || !strings.Contains(ev.Action, "kubernetes_worker=true") || ev.NodeId != a.ID ||
+	if ev.Action != auditv1.AuditAction_AUDIT_ACTION_ROLES_UPDATE || !proto.Equal(ev.Roles, &auditv1.Roles{KubernetesWorker: true}) || ev.NodeId != a.ID ||
 		ev.Actor != "admin/test" || !slices.Equal(ev.Fence, wantFence) || ev.Reason != "run workloads" ||
 		ev.RecordedBy != "curator/"+c.Leader().Name || ev.Time == nil {
 		t.Fatalf("role change event: %v, want actor admin/test, fence %v", ev, wantFence)
@@ -320,7 +321,7 @@ func TestWatchAuditLog(t *testing.T) {
 		}
 		got = append(got, r)
 	}
-	if len(got) != 2 || got[1].Revision != resp.Revision || got[0].Revision >= got[1].Revision || got[0].Event.Action != "node.commit" {
+	if len(got) != 2 || got[1].Revision != resp.Revision || got[0].Revision >= got[1].Revision || got[0].Event.Action != auditv1.AuditAction_AUDIT_ACTION_NODE_COMMIT {
 		t.Fatalf("backlog 2, no_follow: %v", got)
 	}
 

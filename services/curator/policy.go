@@ -29,6 +29,7 @@ import (
 //	            GetMembership      consensus processes
 //	Management  everything         admin
 //	Leases      everything         reconciler
+//	Reconciliation  ReconcileNodeRoles  reconciler
 func policy() rpc.Policy {
 	every := []pki.Kind{pki.KindAdmin, pki.KindCurator, pki.KindReconciler, pki.KindNode, pki.KindConsensus}
 	p := rpc.Policy{
@@ -42,6 +43,8 @@ func policy() rpc.Policy {
 		curatorv1.Curator_IssueCertificates_FullMethodName: {Allow: []pki.Kind{pki.KindNode}},
 		curatorv1.Curator_GetMembership_FullMethodName:     {Allow: []pki.Kind{pki.KindConsensus}},
 		curatorv1.Curator_WatchCRL_FullMethodName:          {Allow: append(slices.Clone(every), pki.KindEnrolling)},
+
+		curatorv1.Reconciliation_ReconcileNodeRoles_FullMethodName: {Allow: []pki.Kind{pki.KindReconciler}},
 	}
 	method := func(service, name string) string { return "/" + service + "/" + name }
 	for _, m := range curatorv1.Management_ServiceDesc.Methods {

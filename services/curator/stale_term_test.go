@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/proctest"
 	cut "curia.dev/services/curator/curatortest"
@@ -73,7 +74,7 @@ func TestStaleTermWriteRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		ev := resp.Event
-		if ev.Action != "node.approve" {
+		if ev.Action != auditv1.AuditAction_AUDIT_ACTION_NODE_APPROVE {
 			continue
 		}
 		for _, f := range ev.Fence {

@@ -9,6 +9,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/fence"
@@ -22,19 +23,23 @@ func (r *Reconciler) pass(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL)
 	defer cancel()
 	if r.lease.current() == nil {
-		r.finish("standby", nil, nil)
+		r.finish(reconcilerv1.PassResult_PASS_RESULT_STANDBY, "", nil, nil)
 		return false
 	}
 	snap, err := r.observe(ctx)
 	if err != nil {
-		r.finish("error: "+err.Error(), nil, nil)
+		r.finish(reconcilerv1.PassResult_PASS_RESULT_ERROR, err.Error(), nil, nil)
 		return false
 	}
 	a := plan.Plan(snap.observed, r.cfg.planConfig())
 	r.noteDrift(a)
 	switch a.Kind {
 	case plan.None:
-		r.finish(a.Reason, &a, nil)
+		result := reconcilerv1.PassResult_PASS_RESULT_WAITING
+		if a.Converged() {
+			result = reconcilerv1.PassResult_PASS_RESULT_CONVERGED
+		}
+		r.finish(result, a.Reason, &a, nil)
 		return false
 	case plan.Refuse:
 		r.refused(a)
@@ -44,27 +49,27 @@ func (r *Reconciler) pass(ctx context.Context) bool {
 		return false
 	}
 	if paused, why := r.paused(); paused {
-		r.finish("paused ("+why+"): would "+a.String(), &a, nil)
+		r.finish(reconcilerv1.PassResult_PASS_RESULT_PAUSED, "paused ("+why+"): would "+a.String(), &a, nil)
 		return false
 	}
 	failpoint.Hold("before-act")
 	// The lease may have ended while we observed: stop within this pass.
 	lease := r.lease.current()
 	if lease == nil {
-		r.finish("standby: lost the lease before acting", &a, nil)
+		r.finish(reconcilerv1.PassResult_PASS_RESULT_STANDBY, "lost the lease before acting", &a, nil)
 		return false
 	}
 	failpoint.Hold("before-call")
 	if err := r.act(ctx, snap, a, r.lease.fence(lease, a.Epoch)); err != nil {
 		r.log.Warn("action failed", "action", a.String(), "err", err)
 		r.metrics.actions.WithLabelValues(a.Kind.String(), "failed").Inc()
-		r.finish("error: "+err.Error(), &a, nil)
+		r.finish(reconcilerv1.PassResult_PASS_RESULT_ERROR, err.Error(), &a, nil)
 		r.afterFailure(err)
 		return false
 	}
 	r.log.Info("acted", "action", a.Kind.String(), "member", fmt.Sprintf("%x", a.MemberID), "node", a.NodeID, "epoch", a.Epoch, "reason", a.Reason)
 	r.metrics.actions.WithLabelValues(a.Kind.String(), "ok").Inc()
-	r.finish("acted: "+a.String(), &a, &a)
+	r.finish(reconcilerv1.PassResult_PASS_RESULT_ACTED, a.String(), &a, &a)
 	return true
 }
 
@@ -94,7 +99,7 @@ func (r *Reconciler) afterFailure(err error) {
 // act takes one action under fence (the lease's fence at the plan's epoch).
 // Every call is refused by its resource if the fence or the snapshot went
 // stale; the next pass then plans anew.
-func (r *Reconciler) act(ctx context.Context, s *snapshot, a plan.Action, f *consensusv1.Fence) error {
+func (r *Reconciler) act(ctx context.Context, s *snapshot, a plan.Action, f *fencev1.Fence) error {
 	reason := "reconciler: " + a.Reason
 	switch a.Kind {
 	case plan.RemoveMember:
@@ -116,14 +121,14 @@ func (r *Reconciler) act(ctx context.Context, s *snapshot, a plan.Action, f *con
 		if err != nil {
 			return fmt.Errorf("join parameters of %s: %w", a.NodeID, err)
 		}
-		_, err = r.leases().ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
+		_, err = r.reconciliation().ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
 			Fence: f, NodeId: a.NodeID, NodeRevision: a.NodeRevision,
 			Change: &curatorv1.ReconcileNodeRolesRequest_AddConsensusMember{AddConsensusMember: added.GetJoin()},
 			Reason: reason,
 		})
 		return err
 	case plan.RemoveRole:
-		_, err := r.leases().ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
+		_, err := r.reconciliation().ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
 			Fence: f, NodeId: a.NodeID, NodeRevision: a.NodeRevision,
 			Change: &curatorv1.ReconcileNodeRolesRequest_RemoveConsensusMember{RemoveConsensusMember: true},
 			Reason: reason,
@@ -133,21 +138,34 @@ func (r *Reconciler) act(ctx context.Context, s *snapshot, a plan.Action, f *con
 	return fmt.Errorf("no way to act on %v", a)
 }
 
+// actionKinds are the planner's kinds as the API names them: the one
+// place the two meet.
+var actionKinds = map[plan.Kind]reconcilerv1.ActionKind{
+	plan.None:         reconcilerv1.ActionKind_ACTION_KIND_NONE,
+	plan.Refuse:       reconcilerv1.ActionKind_ACTION_KIND_REFUSE,
+	plan.RemoveMember: reconcilerv1.ActionKind_ACTION_KIND_REMOVE_MEMBER,
+	plan.AddRole:      reconcilerv1.ActionKind_ACTION_KIND_ADD_ROLE,
+	plan.RemoveRole:   reconcilerv1.ActionKind_ACTION_KIND_REMOVE_ROLE,
+	plan.Promote:      reconcilerv1.ActionKind_ACTION_KIND_PROMOTE,
+}
+
 func toProto(a *plan.Action) *reconcilerv1.Action {
 	if a == nil {
 		return nil
 	}
-	return &reconcilerv1.Action{Kind: a.Kind.String(), MemberId: a.MemberID, NodeId: a.NodeID, NodeRevision: a.NodeRevision, MembershipEpoch: a.Epoch, Reason: a.Reason}
+	return &reconcilerv1.Action{Kind: actionKinds[a.Kind], MemberId: a.MemberID, NodeId: a.NodeID, NodeRevision: a.NodeRevision, MembershipEpoch: a.Epoch, Reason: a.Reason}
 }
 
-// finish records a pass: its result, what was planned, what was done.
-func (r *Reconciler) finish(result string, planned, done *plan.Action) {
+// finish records a pass: how it ended (and that in words), what was
+// planned, what was done.
+func (r *Reconciler) finish(result reconcilerv1.PassResult, detail string, planned, done *plan.Action) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.status.Passes++
 	r.status.LastPass = timestamppb.New(now)
 	r.status.LastResult = result
+	r.status.LastResultDetail = detail
 	if planned != nil {
 		r.status.Planned = toProto(planned)
 	}
@@ -163,18 +181,25 @@ func (r *Reconciler) finish(result string, planned, done *plan.Action) {
 	r.metrics.passes.WithLabelValues(kind).Inc()
 }
 
+// maxRefusals is how many refusals the status keeps.
+const maxRefusals = 10
+
 // refused records a refusal in the status (the last few), the log and the
 // metrics.
 func (r *Reconciler) refused(a plan.Action) {
 	r.log.Warn("refusing to act", "reason", a.Reason)
 	r.metrics.refusals.Inc()
 	r.mu.Lock()
-	r.status.Refusals = append(r.status.Refusals, time.Now().UTC().Format(time.RFC3339)+" "+a.Reason)
-	if n := len(r.status.Refusals); n > 10 {
-		r.status.Refusals = r.status.Refusals[n-10:]
+	ref := &reconcilerv1.Refusal{Time: timestamppb.Now(), Reason: a.Reason, MemberId: a.MemberID, NodeId: a.NodeID}
+	if a.Refused != plan.None {
+		ref.RefusedKind = actionKinds[a.Refused]
+	}
+	r.status.Refusals = append(r.status.Refusals, ref)
+	if n := len(r.status.Refusals); n > maxRefusals {
+		r.status.Refusals = r.status.Refusals[n-maxRefusals:]
 	}
 	r.mu.Unlock()
-	r.finish("refused: "+a.Reason, &a, nil)
+	r.finish(reconcilerv1.PassResult_PASS_RESULT_REFUSED, a.Reason, &a, nil)
 }
 
 // noteDrift measures convergence time: from the first pass that found

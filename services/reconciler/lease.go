@@ -9,8 +9,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 )
 
@@ -42,8 +42,8 @@ func (k *leaseKeeper) current() *curatorv1.Lease {
 }
 
 // fence is the lease's fence, pinned to the membership epoch of a plan.
-func (k *leaseKeeper) fence(l *curatorv1.Lease, epoch int64) *consensusv1.Fence {
-	f := proto.Clone(l.GetFence()).(*consensusv1.Fence)
+func (k *leaseKeeper) fence(l *curatorv1.Lease, epoch int64) *fencev1.Fence {
+	f := proto.Clone(l.GetFence()).(*fencev1.Fence)
 	f.MembershipEpoch = epoch
 	return f
 }

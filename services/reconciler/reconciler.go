@@ -14,7 +14,7 @@
 //	   │
 //	   ▼
 //	act ── consensus RemoveMember / PromoteMember / AddNode  (fence + epoch)
-//	    └─ curator Leases.ReconcileNodeRoles                 (fence + epoch + node revision)
+//	    └─ curator Reconciliation.ReconcileNodeRoles         (fence + epoch + node revision)
 //
 // Files: reconciler.go (config, run), lease.go (holding the lease),
 // observe.go, act.go, api.go (GetStatus, Plan, Pause, Resume), internal/plan/.
@@ -236,6 +236,10 @@ func incarnation() string {
 }
 
 func (r *Reconciler) leases() curatorv1.LeasesClient { return curatorv1.NewLeasesClient(r.curator) }
+
+func (r *Reconciler) reconciliation() curatorv1.ReconciliationClient {
+	return curatorv1.NewReconciliationClient(r.curator)
+}
 
 // members is the consensus service this pass talks to.
 func (r *Reconciler) members() consensusv1.ConsensusClient {

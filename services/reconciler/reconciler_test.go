@@ -204,13 +204,17 @@ func TestBackgroundSyncEtcd(t *testing.T) {
 		extra.ID: {node: true},
 	})
 	// The member went before the roles: the audit log says so.
-	var order []string
+	var order []auditv1.AuditAction
 	for _, ev := range audit(t, c) {
 		if strings.HasPrefix(ev.Actor, "reconciler") && ev.Outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
 			order = append(order, ev.Action) // intents and role writes
 		}
 	}
-	want := []string{"roles.reconcile add_consensus_member", "member.remove", "roles.reconcile remove_consensus_member"}
+	want := []auditv1.AuditAction{
+		auditv1.AuditAction_AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER,
+		auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE,
+		auditv1.AuditAction_AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER,
+	}
 	if !slices.Equal(order, want) {
 		t.Fatalf("reconciler actions %v, want %v", order, want)
 	}
@@ -227,8 +231,8 @@ func TestBackgroundSyncEtcd(t *testing.T) {
 		if later.Passes < st.Passes+3 {
 			return fmt.Errorf("%d passes so far", later.Passes)
 		}
-		if later.Actions != st.Actions || !strings.HasPrefix(later.LastResult, "converged") {
-			return fmt.Errorf("not converged: %d actions (had %d), %s", later.Actions, st.Actions, later.LastResult)
+		if later.Actions != st.Actions || later.LastResult != reconcilerv1.PassResult_PASS_RESULT_CONVERGED {
+			return fmt.Errorf("not converged: %d actions (had %d), %s: %s", later.Actions, st.Actions, later.LastResult, later.LastResultDetail)
 		}
 		return nil
 	})
@@ -353,11 +357,13 @@ func acceptedBy(t *testing.T, c *cut.Cluster, leaseRev int64) (roleWrites, membe
 		if !slices.Contains(ev.Fence, fence) {
 			continue
 		}
-		switch {
-		case strings.HasPrefix(ev.Action, "roles.reconcile"):
+		switch ev.Action {
+		case auditv1.AuditAction_AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER, auditv1.AuditAction_AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER:
 			roleWrites++
-		case ev.Outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_APPLIED:
-			memberChanges++
+		default:
+			if ev.Outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_APPLIED {
+				memberChanges++
+			}
 		}
 	}
 	return roleWrites, memberChanges

@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
@@ -594,7 +595,7 @@ func (l *Leader) GrantLease(t testing.TB, name string, ttl int64) fence.Fence {
 
 // Fenced is f with the membership epoch of a fresh member list read
 // through n: a change planned from that list.
-func (n *Node) Fenced(f fence.Fence) *consensusv1.Fence {
+func (n *Node) Fenced(f fence.Fence) *fencev1.Fence {
 	return f.WithEpoch(n.Members().MembershipEpoch).Proto()
 }
 

@@ -22,6 +22,101 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// AuditAction is what an event records.
+type AuditAction int32
+
+const (
+	// Unknown (or an event written before actions were an enum).
+	AuditAction_AUDIT_ACTION_UNSPECIFIED AuditAction = 0
+	// The first node of the cluster was recorded (BootstrapCluster).
+	AuditAction_AUDIT_ACTION_CLUSTER_BOOTSTRAP AuditAction = 1
+	// A registered node committed (CommitNode).
+	AuditAction_AUDIT_ACTION_NODE_COMMIT AuditAction = 2
+	// An admin approved a node (ApproveNode).
+	AuditAction_AUDIT_ACTION_NODE_APPROVE AuditAction = 3
+	// An admin deleted a node; its certificates were revoked (DeleteNode).
+	AuditAction_AUDIT_ACTION_NODE_DELETE AuditAction = 4
+	// Certificates were issued to a node (IssueCertificates).
+	AuditAction_AUDIT_ACTION_NODE_CERTIFICATES AuditAction = 5
+	// A node was added as an etcd learner (AddNode).
+	AuditAction_AUDIT_ACTION_MEMBER_ADD AuditAction = 6
+	// A learner was promoted to a voter (PromoteMember).
+	AuditAction_AUDIT_ACTION_MEMBER_PROMOTE AuditAction = 7
+	// An etcd member was removed (RemoveMember).
+	AuditAction_AUDIT_ACTION_MEMBER_REMOVE AuditAction = 8
+	// A removal for want of a node was refused: the node exists (not a
+	// change; RemoveMember with absent_node_id).
+	AuditAction_AUDIT_ACTION_MEMBER_REMOVE_REFUSED AuditAction = 9
+	// An admin changed a node's roles (UpdateNodeRoles); roles says the result.
+	AuditAction_AUDIT_ACTION_ROLES_UPDATE AuditAction = 10
+	// The reconciler gave a member's node ConsensusMember (ReconcileNodeRoles).
+	AuditAction_AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER AuditAction = 11
+	// The reconciler took ConsensusMember (and KubernetesController) from a
+	// node that is no etcd member (ReconcileNodeRoles).
+	AuditAction_AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER AuditAction = 12
+)
+
+// Enum value maps for AuditAction.
+var (
+	AuditAction_name = map[int32]string{
+		0:  "AUDIT_ACTION_UNSPECIFIED",
+		1:  "AUDIT_ACTION_CLUSTER_BOOTSTRAP",
+		2:  "AUDIT_ACTION_NODE_COMMIT",
+		3:  "AUDIT_ACTION_NODE_APPROVE",
+		4:  "AUDIT_ACTION_NODE_DELETE",
+		5:  "AUDIT_ACTION_NODE_CERTIFICATES",
+		6:  "AUDIT_ACTION_MEMBER_ADD",
+		7:  "AUDIT_ACTION_MEMBER_PROMOTE",
+		8:  "AUDIT_ACTION_MEMBER_REMOVE",
+		9:  "AUDIT_ACTION_MEMBER_REMOVE_REFUSED",
+		10: "AUDIT_ACTION_ROLES_UPDATE",
+		11: "AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER",
+		12: "AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER",
+	}
+	AuditAction_value = map[string]int32{
+		"AUDIT_ACTION_UNSPECIFIED":                             0,
+		"AUDIT_ACTION_CLUSTER_BOOTSTRAP":                       1,
+		"AUDIT_ACTION_NODE_COMMIT":                             2,
+		"AUDIT_ACTION_NODE_APPROVE":                            3,
+		"AUDIT_ACTION_NODE_DELETE":                             4,
+		"AUDIT_ACTION_NODE_CERTIFICATES":                       5,
+		"AUDIT_ACTION_MEMBER_ADD":                              6,
+		"AUDIT_ACTION_MEMBER_PROMOTE":                          7,
+		"AUDIT_ACTION_MEMBER_REMOVE":                           8,
+		"AUDIT_ACTION_MEMBER_REMOVE_REFUSED":                   9,
+		"AUDIT_ACTION_ROLES_UPDATE":                            10,
+		"AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER":    11,
+		"AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER": 12,
+	}
+)
+
+func (x AuditAction) Enum() *AuditAction {
+	p := new(AuditAction)
+	*p = x
+	return p
+}
+
+func (x AuditAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AuditAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_curia_audit_v1_audit_proto_enumTypes[0].Descriptor()
+}
+
+func (AuditAction) Type() protoreflect.EnumType {
+	return &file_curia_audit_v1_audit_proto_enumTypes[0]
+}
+
+func (x AuditAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AuditAction.Descriptor instead.
+func (AuditAction) EnumDescriptor() ([]byte, []int) {
+	return file_curia_audit_v1_audit_proto_rawDescGZIP(), []int{0}
+}
+
 // ChangeOutcome is how a membership change ended.
 type ChangeOutcome int32
 
@@ -59,11 +154,11 @@ func (x ChangeOutcome) String() string {
 }
 
 func (ChangeOutcome) Descriptor() protoreflect.EnumDescriptor {
-	return file_curia_audit_v1_audit_proto_enumTypes[0].Descriptor()
+	return file_curia_audit_v1_audit_proto_enumTypes[1].Descriptor()
 }
 
 func (ChangeOutcome) Type() protoreflect.EnumType {
-	return &file_curia_audit_v1_audit_proto_enumTypes[0]
+	return &file_curia_audit_v1_audit_proto_enumTypes[1]
 }
 
 func (x ChangeOutcome) Number() protoreflect.EnumNumber {
@@ -72,7 +167,7 @@ func (x ChangeOutcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ChangeOutcome.Descriptor instead.
 func (ChangeOutcome) EnumDescriptor() ([]byte, []int) {
-	return file_curia_audit_v1_audit_proto_rawDescGZIP(), []int{0}
+	return file_curia_audit_v1_audit_proto_rawDescGZIP(), []int{1}
 }
 
 // Event is one entry of the cluster's audit log: a membership or role change,
@@ -90,8 +185,8 @@ type Event struct {
 	Actor string `protobuf:"bytes,2,opt,name=actor,proto3" json:"actor,omitempty"`
 	// The process that recorded it, e.g. "consensus/node-…".
 	RecordedBy string `protobuf:"bytes,3,opt,name=recorded_by,json=recordedBy,proto3" json:"recorded_by,omitempty"`
-	// What is done, e.g. "member.add", "member.remove", "member.promote".
-	Action string `protobuf:"bytes,4,opt,name=action,proto3" json:"action,omitempty"`
+	// What is done.
+	Action AuditAction `protobuf:"varint,11,opt,name=action,proto3,enum=curia.audit.v1.AuditAction" json:"action,omitempty"`
 	// The node concerned.
 	NodeId string `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The etcd member concerned, 0 when not known yet (an add's intent; its
@@ -105,7 +200,10 @@ type Event struct {
 	// intent and the outcome share (empty for role writes).
 	ChangeId string `protobuf:"bytes,9,opt,name=change_id,json=changeId,proto3" json:"change_id,omitempty"`
 	// For a membership change's second event: what happened.
-	Outcome       ChangeOutcome `protobuf:"varint,10,opt,name=outcome,proto3,enum=curia.audit.v1.ChangeOutcome" json:"outcome,omitempty"`
+	Outcome ChangeOutcome `protobuf:"varint,10,opt,name=outcome,proto3,enum=curia.audit.v1.ChangeOutcome" json:"outcome,omitempty"`
+	// For role writes (ROLES_UPDATE, ROLES_RECONCILE_*): the node's roles
+	// after the write.
+	Roles         *Roles `protobuf:"bytes,12,opt,name=roles,proto3" json:"roles,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -161,11 +259,11 @@ func (x *Event) GetRecordedBy() string {
 	return ""
 }
 
-func (x *Event) GetAction() string {
+func (x *Event) GetAction() AuditAction {
 	if x != nil {
 		return x.Action
 	}
-	return ""
+	return AuditAction_AUDIT_ACTION_UNSPECIFIED
 }
 
 func (x *Event) GetNodeId() string {
@@ -210,24 +308,115 @@ func (x *Event) GetOutcome() ChangeOutcome {
 	return ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED
 }
 
+func (x *Event) GetRoles() *Roles {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+// Roles is which roles a node holds, as an audit event records them.
+type Roles struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// It holds ConsensusMember.
+	ConsensusMember bool `protobuf:"varint,1,opt,name=consensus_member,json=consensusMember,proto3" json:"consensus_member,omitempty"`
+	// It holds KubernetesController.
+	KubernetesController bool `protobuf:"varint,2,opt,name=kubernetes_controller,json=kubernetesController,proto3" json:"kubernetes_controller,omitempty"`
+	// It holds KubernetesWorker.
+	KubernetesWorker bool `protobuf:"varint,3,opt,name=kubernetes_worker,json=kubernetesWorker,proto3" json:"kubernetes_worker,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *Roles) Reset() {
+	*x = Roles{}
+	mi := &file_curia_audit_v1_audit_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Roles) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Roles) ProtoMessage() {}
+
+func (x *Roles) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_audit_v1_audit_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Roles.ProtoReflect.Descriptor instead.
+func (*Roles) Descriptor() ([]byte, []int) {
+	return file_curia_audit_v1_audit_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Roles) GetConsensusMember() bool {
+	if x != nil {
+		return x.ConsensusMember
+	}
+	return false
+}
+
+func (x *Roles) GetKubernetesController() bool {
+	if x != nil {
+		return x.KubernetesController
+	}
+	return false
+}
+
+func (x *Roles) GetKubernetesWorker() bool {
+	if x != nil {
+		return x.KubernetesWorker
+	}
+	return false
+}
+
 var File_curia_audit_v1_audit_proto protoreflect.FileDescriptor
 
 const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"\n" +
-	"\x1acuria/audit/v1/audit.proto\x12\x0ecuria.audit.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc0\x02\n" +
+	"\x1acuria/audit/v1/audit.proto\x12\x0ecuria.audit.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x03\n" +
 	"\x05Event\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
 	"\x05actor\x18\x02 \x01(\tR\x05actor\x12\x1f\n" +
 	"\vrecorded_by\x18\x03 \x01(\tR\n" +
-	"recordedBy\x12\x16\n" +
-	"\x06action\x18\x04 \x01(\tR\x06action\x12\x17\n" +
+	"recordedBy\x123\n" +
+	"\x06action\x18\v \x01(\x0e2\x1b.curia.audit.v1.AuditActionR\x06action\x12\x17\n" +
 	"\anode_id\x18\x05 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\tmember_id\x18\x06 \x01(\x04R\bmemberId\x12\x14\n" +
 	"\x05fence\x18\a \x03(\tR\x05fence\x12\x16\n" +
 	"\x06reason\x18\b \x01(\tR\x06reason\x12\x1b\n" +
 	"\tchange_id\x18\t \x01(\tR\bchangeId\x127\n" +
 	"\aoutcome\x18\n" +
-	" \x01(\x0e2\x1d.curia.audit.v1.ChangeOutcomeR\aoutcome*k\n" +
+	" \x01(\x0e2\x1d.curia.audit.v1.ChangeOutcomeR\aoutcome\x12+\n" +
+	"\x05roles\x18\f \x01(\v2\x15.curia.audit.v1.RolesR\x05rolesJ\x04\b\x04\x10\x05\"\x94\x01\n" +
+	"\x05Roles\x12)\n" +
+	"\x10consensus_member\x18\x01 \x01(\bR\x0fconsensusMember\x123\n" +
+	"\x15kubernetes_controller\x18\x02 \x01(\bR\x14kubernetesController\x12+\n" +
+	"\x11kubernetes_worker\x18\x03 \x01(\bR\x10kubernetesWorker*\xe4\x03\n" +
+	"\vAuditAction\x12\x1c\n" +
+	"\x18AUDIT_ACTION_UNSPECIFIED\x10\x00\x12\"\n" +
+	"\x1eAUDIT_ACTION_CLUSTER_BOOTSTRAP\x10\x01\x12\x1c\n" +
+	"\x18AUDIT_ACTION_NODE_COMMIT\x10\x02\x12\x1d\n" +
+	"\x19AUDIT_ACTION_NODE_APPROVE\x10\x03\x12\x1c\n" +
+	"\x18AUDIT_ACTION_NODE_DELETE\x10\x04\x12\"\n" +
+	"\x1eAUDIT_ACTION_NODE_CERTIFICATES\x10\x05\x12\x1b\n" +
+	"\x17AUDIT_ACTION_MEMBER_ADD\x10\x06\x12\x1f\n" +
+	"\x1bAUDIT_ACTION_MEMBER_PROMOTE\x10\a\x12\x1e\n" +
+	"\x1aAUDIT_ACTION_MEMBER_REMOVE\x10\b\x12&\n" +
+	"\"AUDIT_ACTION_MEMBER_REMOVE_REFUSED\x10\t\x12\x1d\n" +
+	"\x19AUDIT_ACTION_ROLES_UPDATE\x10\n" +
+	"\x125\n" +
+	"1AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER\x10\v\x128\n" +
+	"4AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER\x10\f*k\n" +
 	"\rChangeOutcome\x12\x1e\n" +
 	"\x1aCHANGE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CHANGE_OUTCOME_APPLIED\x10\x01\x12\x1e\n" +
@@ -247,21 +436,25 @@ func file_curia_audit_v1_audit_proto_rawDescGZIP() []byte {
 	return file_curia_audit_v1_audit_proto_rawDescData
 }
 
-var file_curia_audit_v1_audit_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_curia_audit_v1_audit_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_curia_audit_v1_audit_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_curia_audit_v1_audit_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_curia_audit_v1_audit_proto_goTypes = []any{
-	(ChangeOutcome)(0),            // 0: curia.audit.v1.ChangeOutcome
-	(*Event)(nil),                 // 1: curia.audit.v1.Event
-	(*timestamppb.Timestamp)(nil), // 2: google.protobuf.Timestamp
+	(AuditAction)(0),              // 0: curia.audit.v1.AuditAction
+	(ChangeOutcome)(0),            // 1: curia.audit.v1.ChangeOutcome
+	(*Event)(nil),                 // 2: curia.audit.v1.Event
+	(*Roles)(nil),                 // 3: curia.audit.v1.Roles
+	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
 }
 var file_curia_audit_v1_audit_proto_depIdxs = []int32{
-	2, // 0: curia.audit.v1.Event.time:type_name -> google.protobuf.Timestamp
-	0, // 1: curia.audit.v1.Event.outcome:type_name -> curia.audit.v1.ChangeOutcome
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	4, // 0: curia.audit.v1.Event.time:type_name -> google.protobuf.Timestamp
+	0, // 1: curia.audit.v1.Event.action:type_name -> curia.audit.v1.AuditAction
+	1, // 2: curia.audit.v1.Event.outcome:type_name -> curia.audit.v1.ChangeOutcome
+	3, // 3: curia.audit.v1.Event.roles:type_name -> curia.audit.v1.Roles
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_curia_audit_v1_audit_proto_init() }
@@ -274,8 +467,8 @@ func file_curia_audit_v1_audit_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_audit_v1_audit_proto_rawDesc), len(file_curia_audit_v1_audit_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   1,
+			NumEnums:      2,
+			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -8,6 +8,7 @@ package consensusv1
 
 import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
+	v1 "curia.dev/gen/curia/fence/v1"
 	_ "curia.dev/gen/curia/validate/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -148,123 +149,6 @@ func (MembershipOperation) EnumDescriptor() ([]byte, []int) {
 	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{1}
 }
 
-// Fence guards a membership change (DESIGN §4). All conditions must hold in
-// the one etcd transaction that precedes the change.
-type Fence struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Conditions that must all hold: each key exists with this create revision.
-	// At least one is required: the curator leader key for the curator, the
-	// leader key and the reconciler lease key for the reconciler. The leader
-	// key must be the current leader's (the lowest create revision under the
-	// election prefix), and a reconciler lease must have been granted by it.
-	Conditions []*FenceCondition `protobuf:"bytes,1,rep,name=conditions,proto3" json:"conditions,omitempty"`
-	// The membership epoch the caller read (ListMembersResponse) before
-	// planning this change; the change is refused if membership moved on
-	// since. Required (non-zero) for membership changes and role writes.
-	MembershipEpoch int64 `protobuf:"varint,2,opt,name=membership_epoch,json=membershipEpoch,proto3" json:"membership_epoch,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
-}
-
-func (x *Fence) Reset() {
-	*x = Fence{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[0]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Fence) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Fence) ProtoMessage() {}
-
-func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[0]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Fence.ProtoReflect.Descriptor instead.
-func (*Fence) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{0}
-}
-
-func (x *Fence) GetConditions() []*FenceCondition {
-	if x != nil {
-		return x.Conditions
-	}
-	return nil
-}
-
-func (x *Fence) GetMembershipEpoch() int64 {
-	if x != nil {
-		return x.MembershipEpoch
-	}
-	return 0
-}
-
-// FenceCondition holds when key exists and was created at create_revision.
-type FenceCondition struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// The etcd key, e.g. the curator's election key.
-	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// The key's create revision (the curator term, or the lease's revision).
-	CreateRevision int64 `protobuf:"varint,2,opt,name=create_revision,json=createRevision,proto3" json:"create_revision,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
-}
-
-func (x *FenceCondition) Reset() {
-	*x = FenceCondition{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[1]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *FenceCondition) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*FenceCondition) ProtoMessage() {}
-
-func (x *FenceCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[1]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use FenceCondition.ProtoReflect.Descriptor instead.
-func (*FenceCondition) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{1}
-}
-
-func (x *FenceCondition) GetKey() string {
-	if x != nil {
-		return x.Key
-	}
-	return ""
-}
-
-func (x *FenceCondition) GetCreateRevision() int64 {
-	if x != nil {
-		return x.CreateRevision
-	}
-	return 0
-}
-
 // StatusRequest asks for the local member's status.
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -274,7 +158,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[2]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -286,7 +170,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[2]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -299,7 +183,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{2}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{0}
 }
 
 // StatusResponse describes the local member.
@@ -347,7 +231,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[3]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +243,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[3]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +256,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{3}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -503,7 +387,7 @@ type ListMembersRequest struct {
 
 func (x *ListMembersRequest) Reset() {
 	*x = ListMembersRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[4]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +399,7 @@ func (x *ListMembersRequest) String() string {
 func (*ListMembersRequest) ProtoMessage() {}
 
 func (x *ListMembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[4]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +412,7 @@ func (x *ListMembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMembersRequest.ProtoReflect.Descriptor instead.
 func (*ListMembersRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{4}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{2}
 }
 
 // WatchMembershipRequest asks for epoch changes.
@@ -540,7 +424,7 @@ type WatchMembershipRequest struct {
 
 func (x *WatchMembershipRequest) Reset() {
 	*x = WatchMembershipRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[5]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -552,7 +436,7 @@ func (x *WatchMembershipRequest) String() string {
 func (*WatchMembershipRequest) ProtoMessage() {}
 
 func (x *WatchMembershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[5]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -565,7 +449,7 @@ func (x *WatchMembershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchMembershipRequest.ProtoReflect.Descriptor instead.
 func (*WatchMembershipRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{5}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{3}
 }
 
 // WatchMembershipResponse is the membership epoch at one moment.
@@ -579,7 +463,7 @@ type WatchMembershipResponse struct {
 
 func (x *WatchMembershipResponse) Reset() {
 	*x = WatchMembershipResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[6]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -591,7 +475,7 @@ func (x *WatchMembershipResponse) String() string {
 func (*WatchMembershipResponse) ProtoMessage() {}
 
 func (x *WatchMembershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[6]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -604,7 +488,7 @@ func (x *WatchMembershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchMembershipResponse.ProtoReflect.Descriptor instead.
 func (*WatchMembershipResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{6}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *WatchMembershipResponse) GetMembershipEpoch() int64 {
@@ -639,7 +523,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[7]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +535,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[7]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +548,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{7}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Member) GetId() uint64 {
@@ -741,7 +625,7 @@ type ListMembersResponse struct {
 
 func (x *ListMembersResponse) Reset() {
 	*x = ListMembersResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[8]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -753,7 +637,7 @@ func (x *ListMembersResponse) String() string {
 func (*ListMembersResponse) ProtoMessage() {}
 
 func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[8]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -766,7 +650,7 @@ func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMembersResponse.ProtoReflect.Descriptor instead.
 func (*ListMembersResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{8}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListMembersResponse) GetMembers() []*Member {
@@ -845,7 +729,7 @@ type PendingChange struct {
 
 func (x *PendingChange) Reset() {
 	*x = PendingChange{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -857,7 +741,7 @@ func (x *PendingChange) String() string {
 func (*PendingChange) ProtoMessage() {}
 
 func (x *PendingChange) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -870,7 +754,7 @@ func (x *PendingChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingChange.ProtoReflect.Descriptor instead.
 func (*PendingChange) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{9}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PendingChange) GetId() string {
@@ -951,14 +835,14 @@ type AddNodeRequest struct {
 	// The peer URL the node's etcd member will listen on (https://host:port).
 	PeerUrl string `protobuf:"bytes,2,opt,name=peer_url,json=peerUrl,proto3" json:"peer_url,omitempty"`
 	// The fence guarding the change.
-	Fence         *Fence `protobuf:"bytes,3,opt,name=fence,proto3" json:"fence,omitempty"`
+	Fence         *v1.Fence `protobuf:"bytes,3,opt,name=fence,proto3" json:"fence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AddNodeRequest) Reset() {
 	*x = AddNodeRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -970,7 +854,7 @@ func (x *AddNodeRequest) String() string {
 func (*AddNodeRequest) ProtoMessage() {}
 
 func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -983,7 +867,7 @@ func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeRequest.ProtoReflect.Descriptor instead.
 func (*AddNodeRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{10}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AddNodeRequest) GetNodeId() string {
@@ -1000,7 +884,7 @@ func (x *AddNodeRequest) GetPeerUrl() string {
 	return ""
 }
 
-func (x *AddNodeRequest) GetFence() *Fence {
+func (x *AddNodeRequest) GetFence() *v1.Fence {
 	if x != nil {
 		return x.Fence
 	}
@@ -1023,7 +907,7 @@ type Peer struct {
 
 func (x *Peer) Reset() {
 	*x = Peer{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1035,7 +919,7 @@ func (x *Peer) String() string {
 func (*Peer) ProtoMessage() {}
 
 func (x *Peer) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1048,7 +932,7 @@ func (x *Peer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Peer.ProtoReflect.Descriptor instead.
 func (*Peer) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{11}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Peer) GetName() string {
@@ -1094,7 +978,7 @@ type JoinParameters struct {
 
 func (x *JoinParameters) Reset() {
 	*x = JoinParameters{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1106,7 +990,7 @@ func (x *JoinParameters) String() string {
 func (*JoinParameters) ProtoMessage() {}
 
 func (x *JoinParameters) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1119,7 +1003,7 @@ func (x *JoinParameters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinParameters.ProtoReflect.Descriptor instead.
 func (*JoinParameters) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{12}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *JoinParameters) GetCaCertificate() []byte {
@@ -1172,7 +1056,7 @@ type AddNodeResponse struct {
 
 func (x *AddNodeResponse) Reset() {
 	*x = AddNodeResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1184,7 +1068,7 @@ func (x *AddNodeResponse) String() string {
 func (*AddNodeResponse) ProtoMessage() {}
 
 func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1197,7 +1081,7 @@ func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeResponse.ProtoReflect.Descriptor instead.
 func (*AddNodeResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{13}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AddNodeResponse) GetJoin() *JoinParameters {
@@ -1227,14 +1111,14 @@ type PromoteMemberRequest struct {
 	// The learner's member id.
 	MemberId uint64 `protobuf:"varint,1,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
 	// The fence guarding the change.
-	Fence         *Fence `protobuf:"bytes,2,opt,name=fence,proto3" json:"fence,omitempty"`
+	Fence         *v1.Fence `protobuf:"bytes,2,opt,name=fence,proto3" json:"fence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PromoteMemberRequest) Reset() {
 	*x = PromoteMemberRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1130,7 @@ func (x *PromoteMemberRequest) String() string {
 func (*PromoteMemberRequest) ProtoMessage() {}
 
 func (x *PromoteMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1143,7 @@ func (x *PromoteMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteMemberRequest.ProtoReflect.Descriptor instead.
 func (*PromoteMemberRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{14}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PromoteMemberRequest) GetMemberId() uint64 {
@@ -1269,7 +1153,7 @@ func (x *PromoteMemberRequest) GetMemberId() uint64 {
 	return 0
 }
 
-func (x *PromoteMemberRequest) GetFence() *Fence {
+func (x *PromoteMemberRequest) GetFence() *v1.Fence {
 	if x != nil {
 		return x.Fence
 	}
@@ -1289,7 +1173,7 @@ type PromoteMemberResponse struct {
 
 func (x *PromoteMemberResponse) Reset() {
 	*x = PromoteMemberResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1185,7 @@ func (x *PromoteMemberResponse) String() string {
 func (*PromoteMemberResponse) ProtoMessage() {}
 
 func (x *PromoteMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1198,7 @@ func (x *PromoteMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteMemberResponse.ProtoReflect.Descriptor instead.
 func (*PromoteMemberResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{15}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PromoteMemberResponse) GetAlreadyVoter() bool {
@@ -1342,7 +1226,7 @@ type RemoveMemberRequest struct {
 	//	*RemoveMemberRequest_NodeId
 	Target isRemoveMemberRequest_Target `protobuf_oneof:"target"`
 	// The fence guarding the change.
-	Fence *Fence `protobuf:"bytes,3,opt,name=fence,proto3" json:"fence,omitempty"`
+	Fence *v1.Fence `protobuf:"bytes,3,opt,name=fence,proto3" json:"fence,omitempty"`
 	// Set when the removal is justified by the member's node not existing
 	// (the reconciler's rule "member without a node"): the member must be
 	// this node's, and the fenced transaction proves that nodes/<id> does
@@ -1359,7 +1243,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1255,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1268,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{16}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RemoveMemberRequest) GetTarget() isRemoveMemberRequest_Target {
@@ -1412,7 +1296,7 @@ func (x *RemoveMemberRequest) GetNodeId() string {
 	return ""
 }
 
-func (x *RemoveMemberRequest) GetFence() *Fence {
+func (x *RemoveMemberRequest) GetFence() *v1.Fence {
 	if x != nil {
 		return x.Fence
 	}
@@ -1468,7 +1352,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1364,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1377,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{17}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RemoveMemberResponse) GetMemberId() uint64 {
@@ -1540,7 +1424,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1552,7 +1436,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1565,7 +1449,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{18}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StartRequest) GetMode() isStartRequest_Mode {
@@ -1620,7 +1504,7 @@ type Bootstrap struct {
 
 func (x *Bootstrap) Reset() {
 	*x = Bootstrap{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +1516,7 @@ func (x *Bootstrap) String() string {
 func (*Bootstrap) ProtoMessage() {}
 
 func (x *Bootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +1529,7 @@ func (x *Bootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bootstrap.ProtoReflect.Descriptor instead.
 func (*Bootstrap) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{19}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{17}
 }
 
 // StartResponse reports the result.
@@ -1661,7 +1545,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1673,7 +1557,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1686,7 +1570,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{20}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StartResponse) GetStatus() *StatusResponse {
@@ -1712,7 +1596,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +1608,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +1621,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{21}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{19}
 }
 
 // LeaveResponse reports the result.
@@ -1751,7 +1635,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[22]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1647,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[22]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1660,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{22}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LeaveResponse) GetAlreadyIdle() bool {
@@ -1800,7 +1684,7 @@ type SetCredentialsRequest struct {
 
 func (x *SetCredentialsRequest) Reset() {
 	*x = SetCredentialsRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[23]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1696,7 @@ func (x *SetCredentialsRequest) String() string {
 func (*SetCredentialsRequest) ProtoMessage() {}
 
 func (x *SetCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[23]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1709,7 @@ func (x *SetCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*SetCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{23}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetCredentialsRequest) GetCertificate() []byte {
@@ -1853,7 +1737,7 @@ type SetCredentialsResponse struct {
 
 func (x *SetCredentialsResponse) Reset() {
 	*x = SetCredentialsResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[24]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1865,7 +1749,7 @@ func (x *SetCredentialsResponse) String() string {
 func (*SetCredentialsResponse) ProtoMessage() {}
 
 func (x *SetCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[24]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1878,7 +1762,7 @@ func (x *SetCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*SetCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{24}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetCredentialsResponse) GetStatus() *StatusResponse {
@@ -1892,15 +1776,7 @@ var File_curia_consensus_v1_consensus_proto protoreflect.FileDescriptor
 
 const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\n" +
-	"\"curia/consensus/v1/consensus.proto\x12\x12curia.consensus.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"v\n" +
-	"\x05Fence\x12B\n" +
-	"\n" +
-	"conditions\x18\x01 \x03(\v2\".curia.consensus.v1.FenceConditionR\n" +
-	"conditions\x12)\n" +
-	"\x10membership_epoch\x18\x02 \x01(\x03R\x0fmembershipEpoch\"K\n" +
-	"\x0eFenceCondition\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
-	"\x0fcreate_revision\x18\x02 \x01(\x03R\x0ecreateRevision\"\x0f\n" +
+	"\"curia/consensus/v1/consensus.proto\x12\x12curia.consensus.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/fence/v1/fence.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x0f\n" +
 	"\rStatusRequest\"\xb7\x04\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
@@ -1957,11 +1833,11 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"recordedBy\x124\n" +
 	"\astarted\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\astarted\x125\n" +
 	"\bdeadline\x18\n" +
-	" \x01(\v2\x19.google.protobuf.DurationR\bdeadline\"\x93\x01\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\bdeadline\"\x8f\x01\n" +
 	"\x0eAddNodeRequest\x12\"\n" +
 	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x12$\n" +
-	"\bpeer_url\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01R\apeerUrl\x127\n" +
-	"\x05fence\x18\x03 \x01(\v2\x19.curia.consensus.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\"\x82\x01\n" +
+	"\bpeer_url\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01R\apeerUrl\x123\n" +
+	"\x05fence\x18\x03 \x01(\v2\x15.curia.fence.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\"\x82\x01\n" +
 	"\x04Peer\x12\x1c\n" +
 	"\x04name\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\xfd\x01R\x04name\x12+\n" +
 	"\tpeer_urls\x18\x02 \x03(\tB\x0e\xbaH\v\x92\x01\b\"\x06r\x04\xd0\xd5\"\x01R\bpeerUrls\x12/\n" +
@@ -1977,17 +1853,17 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\x0fAddNodeResponse\x126\n" +
 	"\x04join\x18\x01 \x01(\v2\".curia.consensus.v1.JoinParametersR\x04join\x12%\n" +
 	"\x0ealready_member\x18\x02 \x01(\bR\ralreadyMember\x12)\n" +
-	"\x10membership_epoch\x18\x03 \x01(\x03R\x0fmembershipEpoch\"u\n" +
+	"\x10membership_epoch\x18\x03 \x01(\x03R\x0fmembershipEpoch\"q\n" +
 	"\x14PromoteMemberRequest\x12$\n" +
-	"\tmember_id\x18\x01 \x01(\x04B\a\xbaH\x042\x02 \x00R\bmemberId\x127\n" +
-	"\x05fence\x18\x02 \x01(\v2\x19.curia.consensus.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\"g\n" +
+	"\tmember_id\x18\x01 \x01(\x04B\a\xbaH\x042\x02 \x00R\bmemberId\x123\n" +
+	"\x05fence\x18\x02 \x01(\v2\x15.curia.fence.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\"g\n" +
 	"\x15PromoteMemberResponse\x12#\n" +
 	"\ralready_voter\x18\x01 \x01(\bR\falreadyVoter\x12)\n" +
-	"\x10membership_epoch\x18\x02 \x01(\x03R\x0fmembershipEpoch\"\x83\x02\n" +
+	"\x10membership_epoch\x18\x02 \x01(\x03R\x0fmembershipEpoch\"\xff\x01\n" +
 	"\x13RemoveMemberRequest\x12&\n" +
 	"\tmember_id\x18\x01 \x01(\x04B\a\xbaH\x042\x02 \x00H\x00R\bmemberId\x12$\n" +
-	"\anode_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01H\x00R\x06nodeId\x127\n" +
-	"\x05fence\x18\x03 \x01(\v2\x19.curia.consensus.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x122\n" +
+	"\anode_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01H\x00R\x06nodeId\x123\n" +
+	"\x05fence\x18\x03 \x01(\v2\x15.curia.fence.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x122\n" +
 	"\x0eabsent_node_id\x18\x04 \x01(\tB\f\xbaH\tr\a(\xfd\x01\xba\x01\x01/R\fabsentNodeId\x12 \n" +
 	"\x06reason\x18\x05 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reasonB\x0f\n" +
 	"\x06target\x12\x05\xbaH\x02\b\x01\"\xb0\x01\n" +
@@ -2049,78 +1925,76 @@ func file_curia_consensus_v1_consensus_proto_rawDescGZIP() []byte {
 }
 
 var file_curia_consensus_v1_consensus_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_curia_consensus_v1_consensus_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_curia_consensus_v1_consensus_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_curia_consensus_v1_consensus_proto_goTypes = []any{
 	(LifecycleState)(0),             // 0: curia.consensus.v1.LifecycleState
 	(MembershipOperation)(0),        // 1: curia.consensus.v1.MembershipOperation
-	(*Fence)(nil),                   // 2: curia.consensus.v1.Fence
-	(*FenceCondition)(nil),          // 3: curia.consensus.v1.FenceCondition
-	(*StatusRequest)(nil),           // 4: curia.consensus.v1.StatusRequest
-	(*StatusResponse)(nil),          // 5: curia.consensus.v1.StatusResponse
-	(*ListMembersRequest)(nil),      // 6: curia.consensus.v1.ListMembersRequest
-	(*WatchMembershipRequest)(nil),  // 7: curia.consensus.v1.WatchMembershipRequest
-	(*WatchMembershipResponse)(nil), // 8: curia.consensus.v1.WatchMembershipResponse
-	(*Member)(nil),                  // 9: curia.consensus.v1.Member
-	(*ListMembersResponse)(nil),     // 10: curia.consensus.v1.ListMembersResponse
-	(*PendingChange)(nil),           // 11: curia.consensus.v1.PendingChange
-	(*AddNodeRequest)(nil),          // 12: curia.consensus.v1.AddNodeRequest
-	(*Peer)(nil),                    // 13: curia.consensus.v1.Peer
-	(*JoinParameters)(nil),          // 14: curia.consensus.v1.JoinParameters
-	(*AddNodeResponse)(nil),         // 15: curia.consensus.v1.AddNodeResponse
-	(*PromoteMemberRequest)(nil),    // 16: curia.consensus.v1.PromoteMemberRequest
-	(*PromoteMemberResponse)(nil),   // 17: curia.consensus.v1.PromoteMemberResponse
-	(*RemoveMemberRequest)(nil),     // 18: curia.consensus.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),    // 19: curia.consensus.v1.RemoveMemberResponse
-	(*StartRequest)(nil),            // 20: curia.consensus.v1.StartRequest
-	(*Bootstrap)(nil),               // 21: curia.consensus.v1.Bootstrap
-	(*StartResponse)(nil),           // 22: curia.consensus.v1.StartResponse
-	(*LeaveRequest)(nil),            // 23: curia.consensus.v1.LeaveRequest
-	(*LeaveResponse)(nil),           // 24: curia.consensus.v1.LeaveResponse
-	(*SetCredentialsRequest)(nil),   // 25: curia.consensus.v1.SetCredentialsRequest
-	(*SetCredentialsResponse)(nil),  // 26: curia.consensus.v1.SetCredentialsResponse
-	(*timestamppb.Timestamp)(nil),   // 27: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 28: google.protobuf.Duration
+	(*StatusRequest)(nil),           // 2: curia.consensus.v1.StatusRequest
+	(*StatusResponse)(nil),          // 3: curia.consensus.v1.StatusResponse
+	(*ListMembersRequest)(nil),      // 4: curia.consensus.v1.ListMembersRequest
+	(*WatchMembershipRequest)(nil),  // 5: curia.consensus.v1.WatchMembershipRequest
+	(*WatchMembershipResponse)(nil), // 6: curia.consensus.v1.WatchMembershipResponse
+	(*Member)(nil),                  // 7: curia.consensus.v1.Member
+	(*ListMembersResponse)(nil),     // 8: curia.consensus.v1.ListMembersResponse
+	(*PendingChange)(nil),           // 9: curia.consensus.v1.PendingChange
+	(*AddNodeRequest)(nil),          // 10: curia.consensus.v1.AddNodeRequest
+	(*Peer)(nil),                    // 11: curia.consensus.v1.Peer
+	(*JoinParameters)(nil),          // 12: curia.consensus.v1.JoinParameters
+	(*AddNodeResponse)(nil),         // 13: curia.consensus.v1.AddNodeResponse
+	(*PromoteMemberRequest)(nil),    // 14: curia.consensus.v1.PromoteMemberRequest
+	(*PromoteMemberResponse)(nil),   // 15: curia.consensus.v1.PromoteMemberResponse
+	(*RemoveMemberRequest)(nil),     // 16: curia.consensus.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),    // 17: curia.consensus.v1.RemoveMemberResponse
+	(*StartRequest)(nil),            // 18: curia.consensus.v1.StartRequest
+	(*Bootstrap)(nil),               // 19: curia.consensus.v1.Bootstrap
+	(*StartResponse)(nil),           // 20: curia.consensus.v1.StartResponse
+	(*LeaveRequest)(nil),            // 21: curia.consensus.v1.LeaveRequest
+	(*LeaveResponse)(nil),           // 22: curia.consensus.v1.LeaveResponse
+	(*SetCredentialsRequest)(nil),   // 23: curia.consensus.v1.SetCredentialsRequest
+	(*SetCredentialsResponse)(nil),  // 24: curia.consensus.v1.SetCredentialsResponse
+	(*timestamppb.Timestamp)(nil),   // 25: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 26: google.protobuf.Duration
+	(*v1.Fence)(nil),                // 27: curia.fence.v1.Fence
 }
 var file_curia_consensus_v1_consensus_proto_depIdxs = []int32{
-	3,  // 0: curia.consensus.v1.Fence.conditions:type_name -> curia.consensus.v1.FenceCondition
-	0,  // 1: curia.consensus.v1.StatusResponse.state:type_name -> curia.consensus.v1.LifecycleState
-	9,  // 2: curia.consensus.v1.ListMembersResponse.members:type_name -> curia.consensus.v1.Member
-	11, // 3: curia.consensus.v1.ListMembersResponse.pending:type_name -> curia.consensus.v1.PendingChange
-	1,  // 4: curia.consensus.v1.PendingChange.operation:type_name -> curia.consensus.v1.MembershipOperation
-	27, // 5: curia.consensus.v1.PendingChange.started:type_name -> google.protobuf.Timestamp
-	28, // 6: curia.consensus.v1.PendingChange.deadline:type_name -> google.protobuf.Duration
-	2,  // 7: curia.consensus.v1.AddNodeRequest.fence:type_name -> curia.consensus.v1.Fence
-	13, // 8: curia.consensus.v1.JoinParameters.voters:type_name -> curia.consensus.v1.Peer
-	14, // 9: curia.consensus.v1.AddNodeResponse.join:type_name -> curia.consensus.v1.JoinParameters
-	2,  // 10: curia.consensus.v1.PromoteMemberRequest.fence:type_name -> curia.consensus.v1.Fence
-	2,  // 11: curia.consensus.v1.RemoveMemberRequest.fence:type_name -> curia.consensus.v1.Fence
-	21, // 12: curia.consensus.v1.StartRequest.bootstrap:type_name -> curia.consensus.v1.Bootstrap
-	14, // 13: curia.consensus.v1.StartRequest.join:type_name -> curia.consensus.v1.JoinParameters
-	5,  // 14: curia.consensus.v1.StartResponse.status:type_name -> curia.consensus.v1.StatusResponse
-	5,  // 15: curia.consensus.v1.SetCredentialsResponse.status:type_name -> curia.consensus.v1.StatusResponse
-	4,  // 16: curia.consensus.v1.Consensus.Status:input_type -> curia.consensus.v1.StatusRequest
-	6,  // 17: curia.consensus.v1.Consensus.ListMembers:input_type -> curia.consensus.v1.ListMembersRequest
-	7,  // 18: curia.consensus.v1.Consensus.WatchMembership:input_type -> curia.consensus.v1.WatchMembershipRequest
-	12, // 19: curia.consensus.v1.Consensus.AddNode:input_type -> curia.consensus.v1.AddNodeRequest
-	16, // 20: curia.consensus.v1.Consensus.PromoteMember:input_type -> curia.consensus.v1.PromoteMemberRequest
-	18, // 21: curia.consensus.v1.Consensus.RemoveMember:input_type -> curia.consensus.v1.RemoveMemberRequest
-	20, // 22: curia.consensus.v1.Consensus.Start:input_type -> curia.consensus.v1.StartRequest
-	23, // 23: curia.consensus.v1.Consensus.Leave:input_type -> curia.consensus.v1.LeaveRequest
-	25, // 24: curia.consensus.v1.Consensus.SetCredentials:input_type -> curia.consensus.v1.SetCredentialsRequest
-	5,  // 25: curia.consensus.v1.Consensus.Status:output_type -> curia.consensus.v1.StatusResponse
-	10, // 26: curia.consensus.v1.Consensus.ListMembers:output_type -> curia.consensus.v1.ListMembersResponse
-	8,  // 27: curia.consensus.v1.Consensus.WatchMembership:output_type -> curia.consensus.v1.WatchMembershipResponse
-	15, // 28: curia.consensus.v1.Consensus.AddNode:output_type -> curia.consensus.v1.AddNodeResponse
-	17, // 29: curia.consensus.v1.Consensus.PromoteMember:output_type -> curia.consensus.v1.PromoteMemberResponse
-	19, // 30: curia.consensus.v1.Consensus.RemoveMember:output_type -> curia.consensus.v1.RemoveMemberResponse
-	22, // 31: curia.consensus.v1.Consensus.Start:output_type -> curia.consensus.v1.StartResponse
-	24, // 32: curia.consensus.v1.Consensus.Leave:output_type -> curia.consensus.v1.LeaveResponse
-	26, // 33: curia.consensus.v1.Consensus.SetCredentials:output_type -> curia.consensus.v1.SetCredentialsResponse
-	25, // [25:34] is the sub-list for method output_type
-	16, // [16:25] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	0,  // 0: curia.consensus.v1.StatusResponse.state:type_name -> curia.consensus.v1.LifecycleState
+	7,  // 1: curia.consensus.v1.ListMembersResponse.members:type_name -> curia.consensus.v1.Member
+	9,  // 2: curia.consensus.v1.ListMembersResponse.pending:type_name -> curia.consensus.v1.PendingChange
+	1,  // 3: curia.consensus.v1.PendingChange.operation:type_name -> curia.consensus.v1.MembershipOperation
+	25, // 4: curia.consensus.v1.PendingChange.started:type_name -> google.protobuf.Timestamp
+	26, // 5: curia.consensus.v1.PendingChange.deadline:type_name -> google.protobuf.Duration
+	27, // 6: curia.consensus.v1.AddNodeRequest.fence:type_name -> curia.fence.v1.Fence
+	11, // 7: curia.consensus.v1.JoinParameters.voters:type_name -> curia.consensus.v1.Peer
+	12, // 8: curia.consensus.v1.AddNodeResponse.join:type_name -> curia.consensus.v1.JoinParameters
+	27, // 9: curia.consensus.v1.PromoteMemberRequest.fence:type_name -> curia.fence.v1.Fence
+	27, // 10: curia.consensus.v1.RemoveMemberRequest.fence:type_name -> curia.fence.v1.Fence
+	19, // 11: curia.consensus.v1.StartRequest.bootstrap:type_name -> curia.consensus.v1.Bootstrap
+	12, // 12: curia.consensus.v1.StartRequest.join:type_name -> curia.consensus.v1.JoinParameters
+	3,  // 13: curia.consensus.v1.StartResponse.status:type_name -> curia.consensus.v1.StatusResponse
+	3,  // 14: curia.consensus.v1.SetCredentialsResponse.status:type_name -> curia.consensus.v1.StatusResponse
+	2,  // 15: curia.consensus.v1.Consensus.Status:input_type -> curia.consensus.v1.StatusRequest
+	4,  // 16: curia.consensus.v1.Consensus.ListMembers:input_type -> curia.consensus.v1.ListMembersRequest
+	5,  // 17: curia.consensus.v1.Consensus.WatchMembership:input_type -> curia.consensus.v1.WatchMembershipRequest
+	10, // 18: curia.consensus.v1.Consensus.AddNode:input_type -> curia.consensus.v1.AddNodeRequest
+	14, // 19: curia.consensus.v1.Consensus.PromoteMember:input_type -> curia.consensus.v1.PromoteMemberRequest
+	16, // 20: curia.consensus.v1.Consensus.RemoveMember:input_type -> curia.consensus.v1.RemoveMemberRequest
+	18, // 21: curia.consensus.v1.Consensus.Start:input_type -> curia.consensus.v1.StartRequest
+	21, // 22: curia.consensus.v1.Consensus.Leave:input_type -> curia.consensus.v1.LeaveRequest
+	23, // 23: curia.consensus.v1.Consensus.SetCredentials:input_type -> curia.consensus.v1.SetCredentialsRequest
+	3,  // 24: curia.consensus.v1.Consensus.Status:output_type -> curia.consensus.v1.StatusResponse
+	8,  // 25: curia.consensus.v1.Consensus.ListMembers:output_type -> curia.consensus.v1.ListMembersResponse
+	6,  // 26: curia.consensus.v1.Consensus.WatchMembership:output_type -> curia.consensus.v1.WatchMembershipResponse
+	13, // 27: curia.consensus.v1.Consensus.AddNode:output_type -> curia.consensus.v1.AddNodeResponse
+	15, // 28: curia.consensus.v1.Consensus.PromoteMember:output_type -> curia.consensus.v1.PromoteMemberResponse
+	17, // 29: curia.consensus.v1.Consensus.RemoveMember:output_type -> curia.consensus.v1.RemoveMemberResponse
+	20, // 30: curia.consensus.v1.Consensus.Start:output_type -> curia.consensus.v1.StartResponse
+	22, // 31: curia.consensus.v1.Consensus.Leave:output_type -> curia.consensus.v1.LeaveResponse
+	24, // 32: curia.consensus.v1.Consensus.SetCredentials:output_type -> curia.consensus.v1.SetCredentialsResponse
+	24, // [24:33] is the sub-list for method output_type
+	15, // [15:24] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_curia_consensus_v1_consensus_proto_init() }
@@ -2128,11 +2002,11 @@ func file_curia_consensus_v1_consensus_proto_init() {
 	if File_curia_consensus_v1_consensus_proto != nil {
 		return
 	}
-	file_curia_consensus_v1_consensus_proto_msgTypes[16].OneofWrappers = []any{
+	file_curia_consensus_v1_consensus_proto_msgTypes[14].OneofWrappers = []any{
 		(*RemoveMemberRequest_MemberId)(nil),
 		(*RemoveMemberRequest_NodeId)(nil),
 	}
-	file_curia_consensus_v1_consensus_proto_msgTypes[18].OneofWrappers = []any{
+	file_curia_consensus_v1_consensus_proto_msgTypes[16].OneofWrappers = []any{
 		(*StartRequest_Bootstrap)(nil),
 		(*StartRequest_Join)(nil),
 	}
@@ -2142,7 +2016,7 @@ func file_curia_consensus_v1_consensus_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_consensus_v1_consensus_proto_rawDesc), len(file_curia_consensus_v1_consensus_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   25,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

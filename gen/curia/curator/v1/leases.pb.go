@@ -8,7 +8,7 @@ package curatorv1
 
 import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
-	v1 "curia.dev/gen/curia/consensus/v1"
+	v1 "curia.dev/gen/curia/fence/v1"
 	_ "curia.dev/gen/curia/validate/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -394,186 +394,15 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_curia_curator_v1_leases_proto_rawDescGZIP(), []int{6}
 }
 
-// ReconcileNodeRolesRequest is one fenced role write.
-type ReconcileNodeRolesRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// The caller's fence, with the membership epoch it read before listing
-	// members.
-	Fence *v1.Fence `protobuf:"bytes,1,opt,name=fence,proto3" json:"fence,omitempty"`
-	// The node.
-	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	// The node's record revision the caller read (Node.revision).
-	NodeRevision int64 `protobuf:"varint,3,opt,name=node_revision,json=nodeRevision,proto3" json:"node_revision,omitempty"`
-	// What to do.
-	//
-	// Types that are valid to be assigned to Change:
-	//
-	//	*ReconcileNodeRolesRequest_AddConsensusMember
-	//	*ReconcileNodeRolesRequest_RemoveConsensusMember
-	Change isReconcileNodeRolesRequest_Change `protobuf_oneof:"change"`
-	// Why, for the audit log. At most 1024 bytes.
-	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ReconcileNodeRolesRequest) Reset() {
-	*x = ReconcileNodeRolesRequest{}
-	mi := &file_curia_curator_v1_leases_proto_msgTypes[7]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ReconcileNodeRolesRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ReconcileNodeRolesRequest) ProtoMessage() {}
-
-func (x *ReconcileNodeRolesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_leases_proto_msgTypes[7]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ReconcileNodeRolesRequest.ProtoReflect.Descriptor instead.
-func (*ReconcileNodeRolesRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_leases_proto_rawDescGZIP(), []int{7}
-}
-
-func (x *ReconcileNodeRolesRequest) GetFence() *v1.Fence {
-	if x != nil {
-		return x.Fence
-	}
-	return nil
-}
-
-func (x *ReconcileNodeRolesRequest) GetNodeId() string {
-	if x != nil {
-		return x.NodeId
-	}
-	return ""
-}
-
-func (x *ReconcileNodeRolesRequest) GetNodeRevision() int64 {
-	if x != nil {
-		return x.NodeRevision
-	}
-	return 0
-}
-
-func (x *ReconcileNodeRolesRequest) GetChange() isReconcileNodeRolesRequest_Change {
-	if x != nil {
-		return x.Change
-	}
-	return nil
-}
-
-func (x *ReconcileNodeRolesRequest) GetAddConsensusMember() *v1.JoinParameters {
-	if x != nil {
-		if x, ok := x.Change.(*ReconcileNodeRolesRequest_AddConsensusMember); ok {
-			return x.AddConsensusMember
-		}
-	}
-	return nil
-}
-
-func (x *ReconcileNodeRolesRequest) GetRemoveConsensusMember() bool {
-	if x != nil {
-		if x, ok := x.Change.(*ReconcileNodeRolesRequest_RemoveConsensusMember); ok {
-			return x.RemoveConsensusMember
-		}
-	}
-	return false
-}
-
-func (x *ReconcileNodeRolesRequest) GetReason() string {
-	if x != nil {
-		return x.Reason
-	}
-	return ""
-}
-
-type isReconcileNodeRolesRequest_Change interface {
-	isReconcileNodeRolesRequest_Change()
-}
-
-type ReconcileNodeRolesRequest_AddConsensusMember struct {
-	// Give ConsensusMember with these join parameters (from AddNode).
-	AddConsensusMember *v1.JoinParameters `protobuf:"bytes,4,opt,name=add_consensus_member,json=addConsensusMember,proto3,oneof"`
-}
-
-type ReconcileNodeRolesRequest_RemoveConsensusMember struct {
-	// Take ConsensusMember, and KubernetesController with it (must be
-	// true).
-	RemoveConsensusMember bool `protobuf:"varint,5,opt,name=remove_consensus_member,json=removeConsensusMember,proto3,oneof"`
-}
-
-func (*ReconcileNodeRolesRequest_AddConsensusMember) isReconcileNodeRolesRequest_Change() {}
-
-func (*ReconcileNodeRolesRequest_RemoveConsensusMember) isReconcileNodeRolesRequest_Change() {}
-
-// ReconcileNodeRolesResponse reports the write.
-type ReconcileNodeRolesResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// The node after the write.
-	Node          *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ReconcileNodeRolesResponse) Reset() {
-	*x = ReconcileNodeRolesResponse{}
-	mi := &file_curia_curator_v1_leases_proto_msgTypes[8]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ReconcileNodeRolesResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ReconcileNodeRolesResponse) ProtoMessage() {}
-
-func (x *ReconcileNodeRolesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_leases_proto_msgTypes[8]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ReconcileNodeRolesResponse.ProtoReflect.Descriptor instead.
-func (*ReconcileNodeRolesResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_leases_proto_rawDescGZIP(), []int{8}
-}
-
-func (x *ReconcileNodeRolesResponse) GetNode() *Node {
-	if x != nil {
-		return x.Node
-	}
-	return nil
-}
-
 var File_curia_curator_v1_leases_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_leases_proto_rawDesc = "" +
 	"\n" +
-	"\x1dcuria/curator/v1/leases.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\"curia/consensus/v1/consensus.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd1\x01\n" +
+	"\x1dcuria/curator/v1/leases.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/fence/v1/fence.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcd\x01\n" +
 	"\x05Lease\x12\x1d\n" +
 	"\x04name\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xd8\xd5\"\x01R\x04name\x12&\n" +
-	"\x06holder\x18\x02 \x01(\tB\x0e\xbaH\vr\t\xe0\xd5\"\x01 \x01(\x80\x01R\x06holder\x127\n" +
-	"\x05fence\x18\x03 \x01(\v2\x19.curia.consensus.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x124\n" +
+	"\x06holder\x18\x02 \x01(\tB\x0e\xbaH\vr\t\xe0\xd5\"\x01 \x01(\x80\x01R\x06holder\x123\n" +
+	"\x05fence\x18\x03 \x01(\v2\x15.curia.fence.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x124\n" +
 	"\aexpires\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\x12\x12\n" +
 	"\x04term\x18\x05 \x01(\x03R\x04term\"\x83\x01\n" +
 	"\x0eAcquireRequest\x12\x1d\n" +
@@ -589,22 +418,11 @@ const file_curia_curator_v1_leases_proto_rawDesc = "" +
 	"\x05lease\x18\x01 \x01(\v2\x17.curia.curator.v1.LeaseR\x05lease\"G\n" +
 	"\x0eReleaseRequest\x125\n" +
 	"\x05lease\x18\x01 \x01(\v2\x17.curia.curator.v1.LeaseB\x06\xbaH\x03\xc8\x01\x01R\x05lease\"\x11\n" +
-	"\x0fReleaseResponse\"\xf4\x02\n" +
-	"\x19ReconcileNodeRolesRequest\x127\n" +
-	"\x05fence\x18\x01 \x01(\v2\x19.curia.consensus.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x12\"\n" +
-	"\anode_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x12,\n" +
-	"\rnode_revision\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02 \x00R\fnodeRevision\x12V\n" +
-	"\x14add_consensus_member\x18\x04 \x01(\v2\".curia.consensus.v1.JoinParametersH\x00R\x12addConsensusMember\x12A\n" +
-	"\x17remove_consensus_member\x18\x05 \x01(\bB\a\xbaH\x04j\x02\b\x01H\x00R\x15removeConsensusMember\x12 \n" +
-	"\x06reason\x18\x06 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reasonB\x0f\n" +
-	"\x06change\x12\x05\xbaH\x02\b\x01\"H\n" +
-	"\x1aReconcileNodeRolesResponse\x12*\n" +
-	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node2\xef\x02\n" +
+	"\x0fReleaseResponse2\xfe\x01\n" +
 	"\x06Leases\x12N\n" +
 	"\aAcquire\x12 .curia.curator.v1.AcquireRequest\x1a!.curia.curator.v1.AcquireResponse\x12T\n" +
 	"\tKeepAlive\x12\".curia.curator.v1.KeepAliveRequest\x1a#.curia.curator.v1.KeepAliveResponse\x12N\n" +
-	"\aRelease\x12 .curia.curator.v1.ReleaseRequest\x1a!.curia.curator.v1.ReleaseResponse\x12o\n" +
-	"\x12ReconcileNodeRoles\x12+.curia.curator.v1.ReconcileNodeRolesRequest\x1a,.curia.curator.v1.ReconcileNodeRolesResponseB\xaf\x01\n" +
+	"\aRelease\x12 .curia.curator.v1.ReleaseRequest\x1a!.curia.curator.v1.ReleaseResponseB\xaf\x01\n" +
 	"\x14com.curia.curator.v1B\vLeasesProtoP\x01Z(curia.dev/gen/curia/curator/v1;curatorv1\xa2\x02\x03CCX\xaa\x02\x10Curia.Curator.V1\xca\x02\x10Curia\\Curator\\V1\xe2\x02\x1cCuria\\Curator\\V1\\GPBMetadata\xea\x02\x12Curia::Curator::V1b\x06proto3"
 
 var (
@@ -619,45 +437,36 @@ func file_curia_curator_v1_leases_proto_rawDescGZIP() []byte {
 	return file_curia_curator_v1_leases_proto_rawDescData
 }
 
-var file_curia_curator_v1_leases_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_curia_curator_v1_leases_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_curia_curator_v1_leases_proto_goTypes = []any{
-	(*Lease)(nil),                      // 0: curia.curator.v1.Lease
-	(*AcquireRequest)(nil),             // 1: curia.curator.v1.AcquireRequest
-	(*AcquireResponse)(nil),            // 2: curia.curator.v1.AcquireResponse
-	(*KeepAliveRequest)(nil),           // 3: curia.curator.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),          // 4: curia.curator.v1.KeepAliveResponse
-	(*ReleaseRequest)(nil),             // 5: curia.curator.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),            // 6: curia.curator.v1.ReleaseResponse
-	(*ReconcileNodeRolesRequest)(nil),  // 7: curia.curator.v1.ReconcileNodeRolesRequest
-	(*ReconcileNodeRolesResponse)(nil), // 8: curia.curator.v1.ReconcileNodeRolesResponse
-	(*v1.Fence)(nil),                   // 9: curia.consensus.v1.Fence
-	(*timestamppb.Timestamp)(nil),      // 10: google.protobuf.Timestamp
-	(*v1.JoinParameters)(nil),          // 11: curia.consensus.v1.JoinParameters
-	(*Node)(nil),                       // 12: curia.curator.v1.Node
+	(*Lease)(nil),                 // 0: curia.curator.v1.Lease
+	(*AcquireRequest)(nil),        // 1: curia.curator.v1.AcquireRequest
+	(*AcquireResponse)(nil),       // 2: curia.curator.v1.AcquireResponse
+	(*KeepAliveRequest)(nil),      // 3: curia.curator.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),     // 4: curia.curator.v1.KeepAliveResponse
+	(*ReleaseRequest)(nil),        // 5: curia.curator.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 6: curia.curator.v1.ReleaseResponse
+	(*v1.Fence)(nil),              // 7: curia.fence.v1.Fence
+	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
 }
 var file_curia_curator_v1_leases_proto_depIdxs = []int32{
-	9,  // 0: curia.curator.v1.Lease.fence:type_name -> curia.consensus.v1.Fence
-	10, // 1: curia.curator.v1.Lease.expires:type_name -> google.protobuf.Timestamp
-	0,  // 2: curia.curator.v1.AcquireResponse.lease:type_name -> curia.curator.v1.Lease
-	0,  // 3: curia.curator.v1.KeepAliveRequest.lease:type_name -> curia.curator.v1.Lease
-	0,  // 4: curia.curator.v1.KeepAliveResponse.lease:type_name -> curia.curator.v1.Lease
-	0,  // 5: curia.curator.v1.ReleaseRequest.lease:type_name -> curia.curator.v1.Lease
-	9,  // 6: curia.curator.v1.ReconcileNodeRolesRequest.fence:type_name -> curia.consensus.v1.Fence
-	11, // 7: curia.curator.v1.ReconcileNodeRolesRequest.add_consensus_member:type_name -> curia.consensus.v1.JoinParameters
-	12, // 8: curia.curator.v1.ReconcileNodeRolesResponse.node:type_name -> curia.curator.v1.Node
-	1,  // 9: curia.curator.v1.Leases.Acquire:input_type -> curia.curator.v1.AcquireRequest
-	3,  // 10: curia.curator.v1.Leases.KeepAlive:input_type -> curia.curator.v1.KeepAliveRequest
-	5,  // 11: curia.curator.v1.Leases.Release:input_type -> curia.curator.v1.ReleaseRequest
-	7,  // 12: curia.curator.v1.Leases.ReconcileNodeRoles:input_type -> curia.curator.v1.ReconcileNodeRolesRequest
-	2,  // 13: curia.curator.v1.Leases.Acquire:output_type -> curia.curator.v1.AcquireResponse
-	4,  // 14: curia.curator.v1.Leases.KeepAlive:output_type -> curia.curator.v1.KeepAliveResponse
-	6,  // 15: curia.curator.v1.Leases.Release:output_type -> curia.curator.v1.ReleaseResponse
-	8,  // 16: curia.curator.v1.Leases.ReconcileNodeRoles:output_type -> curia.curator.v1.ReconcileNodeRolesResponse
-	13, // [13:17] is the sub-list for method output_type
-	9,  // [9:13] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	7, // 0: curia.curator.v1.Lease.fence:type_name -> curia.fence.v1.Fence
+	8, // 1: curia.curator.v1.Lease.expires:type_name -> google.protobuf.Timestamp
+	0, // 2: curia.curator.v1.AcquireResponse.lease:type_name -> curia.curator.v1.Lease
+	0, // 3: curia.curator.v1.KeepAliveRequest.lease:type_name -> curia.curator.v1.Lease
+	0, // 4: curia.curator.v1.KeepAliveResponse.lease:type_name -> curia.curator.v1.Lease
+	0, // 5: curia.curator.v1.ReleaseRequest.lease:type_name -> curia.curator.v1.Lease
+	1, // 6: curia.curator.v1.Leases.Acquire:input_type -> curia.curator.v1.AcquireRequest
+	3, // 7: curia.curator.v1.Leases.KeepAlive:input_type -> curia.curator.v1.KeepAliveRequest
+	5, // 8: curia.curator.v1.Leases.Release:input_type -> curia.curator.v1.ReleaseRequest
+	2, // 9: curia.curator.v1.Leases.Acquire:output_type -> curia.curator.v1.AcquireResponse
+	4, // 10: curia.curator.v1.Leases.KeepAlive:output_type -> curia.curator.v1.KeepAliveResponse
+	6, // 11: curia.curator.v1.Leases.Release:output_type -> curia.curator.v1.ReleaseResponse
+	9, // [9:12] is the sub-list for method output_type
+	6, // [6:9] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_leases_proto_init() }
@@ -665,18 +474,13 @@ func file_curia_curator_v1_leases_proto_init() {
 	if File_curia_curator_v1_leases_proto != nil {
 		return
 	}
-	file_curia_curator_v1_node_proto_init()
-	file_curia_curator_v1_leases_proto_msgTypes[7].OneofWrappers = []any{
-		(*ReconcileNodeRolesRequest_AddConsensusMember)(nil),
-		(*ReconcileNodeRolesRequest_RemoveConsensusMember)(nil),
-	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_leases_proto_rawDesc), len(file_curia_curator_v1_leases_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

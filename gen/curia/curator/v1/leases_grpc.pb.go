@@ -19,18 +19,18 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Leases_Acquire_FullMethodName            = "/curia.curator.v1.Leases/Acquire"
-	Leases_KeepAlive_FullMethodName          = "/curia.curator.v1.Leases/KeepAlive"
-	Leases_Release_FullMethodName            = "/curia.curator.v1.Leases/Release"
-	Leases_ReconcileNodeRoles_FullMethodName = "/curia.curator.v1.Leases/ReconcileNodeRoles"
+	Leases_Acquire_FullMethodName   = "/curia.curator.v1.Leases/Acquire"
+	Leases_KeepAlive_FullMethodName = "/curia.curator.v1.Leases/KeepAlive"
+	Leases_Release_FullMethodName   = "/curia.curator.v1.Leases/Release"
 )
 
 // LeasesClient is the client API for Leases service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// Leases grants named leases with fencing tokens, and takes the writes
-// fenced by them. Only the reconciler uses them today.
+// Leases grants named leases with fencing tokens. Only the reconciler uses
+// them today: its lease's fence guards its membership changes (at the
+// consensus service) and its role writes (curia.curator.v1.Reconciliation).
 type LeasesClient interface {
 	// Acquire takes the named lease, or says who holds it until when.
 	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error)
@@ -38,10 +38,6 @@ type LeasesClient interface {
 	KeepAlive(ctx context.Context, in *KeepAliveRequest, opts ...grpc.CallOption) (*KeepAliveResponse, error)
 	// Release gives a held lease up.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
-	// ReconcileNodeRoles writes a node's consensus roles under a fence: only
-	// if the fence is current, the node's record is at the revision the caller
-	// read, and the membership epoch is the one the caller read.
-	ReconcileNodeRoles(ctx context.Context, in *ReconcileNodeRolesRequest, opts ...grpc.CallOption) (*ReconcileNodeRolesResponse, error)
 }
 
 type leasesClient struct {
@@ -82,22 +78,13 @@ func (c *leasesClient) Release(ctx context.Context, in *ReleaseRequest, opts ...
 	return out, nil
 }
 
-func (c *leasesClient) ReconcileNodeRoles(ctx context.Context, in *ReconcileNodeRolesRequest, opts ...grpc.CallOption) (*ReconcileNodeRolesResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(ReconcileNodeRolesResponse)
-	err := c.cc.Invoke(ctx, Leases_ReconcileNodeRoles_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
 // LeasesServer is the server API for Leases service.
 // All implementations must embed UnimplementedLeasesServer
 // for forward compatibility.
 //
-// Leases grants named leases with fencing tokens, and takes the writes
-// fenced by them. Only the reconciler uses them today.
+// Leases grants named leases with fencing tokens. Only the reconciler uses
+// them today: its lease's fence guards its membership changes (at the
+// consensus service) and its role writes (curia.curator.v1.Reconciliation).
 type LeasesServer interface {
 	// Acquire takes the named lease, or says who holds it until when.
 	Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error)
@@ -105,10 +92,6 @@ type LeasesServer interface {
 	KeepAlive(context.Context, *KeepAliveRequest) (*KeepAliveResponse, error)
 	// Release gives a held lease up.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
-	// ReconcileNodeRoles writes a node's consensus roles under a fence: only
-	// if the fence is current, the node's record is at the revision the caller
-	// read, and the membership epoch is the one the caller read.
-	ReconcileNodeRoles(context.Context, *ReconcileNodeRolesRequest) (*ReconcileNodeRolesResponse, error)
 	mustEmbedUnimplementedLeasesServer()
 }
 
@@ -127,9 +110,6 @@ func (UnimplementedLeasesServer) KeepAlive(context.Context, *KeepAliveRequest) (
 }
 func (UnimplementedLeasesServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
-}
-func (UnimplementedLeasesServer) ReconcileNodeRoles(context.Context, *ReconcileNodeRolesRequest) (*ReconcileNodeRolesResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method ReconcileNodeRoles not implemented")
 }
 func (UnimplementedLeasesServer) mustEmbedUnimplementedLeasesServer() {}
 func (UnimplementedLeasesServer) testEmbeddedByValue()                {}
@@ -206,24 +186,6 @@ func _Leases_Release_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Leases_ReconcileNodeRoles_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(ReconcileNodeRolesRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(LeasesServer).ReconcileNodeRoles(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Leases_ReconcileNodeRoles_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(LeasesServer).ReconcileNodeRoles(ctx, req.(*ReconcileNodeRolesRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
 // Leases_ServiceDesc is the grpc.ServiceDesc for Leases service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -242,10 +204,6 @@ var Leases_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _Leases_Release_Handler,
-		},
-		{
-			MethodName: "ReconcileNodeRoles",
-			Handler:    _Leases_ReconcileNodeRoles_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

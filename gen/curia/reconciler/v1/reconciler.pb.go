@@ -8,7 +8,7 @@ package reconcilerv1
 
 import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
-	v1 "curia.dev/gen/curia/consensus/v1"
+	v1 "curia.dev/gen/curia/fence/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -77,11 +77,158 @@ func (Role) EnumDescriptor() ([]byte, []int) {
 	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{0}
 }
 
+// ActionKind is what an action does.
+type ActionKind int32
+
+const (
+	// Not set.
+	ActionKind_ACTION_KIND_UNSPECIFIED ActionKind = 0
+	// Nothing to do now: roles and membership agree, or the reconciler waits
+	// (a membership change in flight, a learner to start or to catch up).
+	// The reason says which.
+	ActionKind_ACTION_KIND_NONE ActionKind = 1
+	// The snapshot looks wrong: do nothing, and say why.
+	ActionKind_ACTION_KIND_REFUSE ActionKind = 2
+	// Remove an etcd member (its node is gone, or its learner never started).
+	ActionKind_ACTION_KIND_REMOVE_MEMBER ActionKind = 3
+	// Give ConsensusMember to the node of an etcd member that lacks it.
+	ActionKind_ACTION_KIND_ADD_ROLE ActionKind = 4
+	// Take ConsensusMember (and KubernetesController) from a node that is no
+	// etcd member.
+	ActionKind_ACTION_KIND_REMOVE_ROLE ActionKind = 5
+	// Promote a caught-up learner to a voter.
+	ActionKind_ACTION_KIND_PROMOTE ActionKind = 6
+)
+
+// Enum value maps for ActionKind.
+var (
+	ActionKind_name = map[int32]string{
+		0: "ACTION_KIND_UNSPECIFIED",
+		1: "ACTION_KIND_NONE",
+		2: "ACTION_KIND_REFUSE",
+		3: "ACTION_KIND_REMOVE_MEMBER",
+		4: "ACTION_KIND_ADD_ROLE",
+		5: "ACTION_KIND_REMOVE_ROLE",
+		6: "ACTION_KIND_PROMOTE",
+	}
+	ActionKind_value = map[string]int32{
+		"ACTION_KIND_UNSPECIFIED":   0,
+		"ACTION_KIND_NONE":          1,
+		"ACTION_KIND_REFUSE":        2,
+		"ACTION_KIND_REMOVE_MEMBER": 3,
+		"ACTION_KIND_ADD_ROLE":      4,
+		"ACTION_KIND_REMOVE_ROLE":   5,
+		"ACTION_KIND_PROMOTE":       6,
+	}
+)
+
+func (x ActionKind) Enum() *ActionKind {
+	p := new(ActionKind)
+	*p = x
+	return p
+}
+
+func (x ActionKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ActionKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_curia_reconciler_v1_reconciler_proto_enumTypes[1].Descriptor()
+}
+
+func (ActionKind) Type() protoreflect.EnumType {
+	return &file_curia_reconciler_v1_reconciler_proto_enumTypes[1]
+}
+
+func (x ActionKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ActionKind.Descriptor instead.
+func (ActionKind) EnumDescriptor() ([]byte, []int) {
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{1}
+}
+
+// PassResult is how a reconciler pass ended.
+type PassResult int32
+
+const (
+	// No pass yet.
+	PassResult_PASS_RESULT_UNSPECIFIED PassResult = 0
+	// Roles and membership agree.
+	PassResult_PASS_RESULT_CONVERGED PassResult = 1
+	// Nothing to do now, but agreement is not known: a membership change is
+	// in flight, a learner has yet to start or to stay caught up, or node
+	// records do not decode. The detail says which.
+	PassResult_PASS_RESULT_WAITING PassResult = 2
+	// The planned action was taken.
+	PassResult_PASS_RESULT_ACTED PassResult = 3
+	// The snapshot looked wrong; nothing was done (see refusals).
+	PassResult_PASS_RESULT_REFUSED PassResult = 4
+	// Acting is paused (Pause); the detail says what the pass would do.
+	PassResult_PASS_RESULT_PAUSED PassResult = 5
+	// This replica does not hold the lease (or lost it before acting).
+	PassResult_PASS_RESULT_STANDBY PassResult = 6
+	// Observing or acting failed; the detail is the error.
+	PassResult_PASS_RESULT_ERROR PassResult = 7
+)
+
+// Enum value maps for PassResult.
+var (
+	PassResult_name = map[int32]string{
+		0: "PASS_RESULT_UNSPECIFIED",
+		1: "PASS_RESULT_CONVERGED",
+		2: "PASS_RESULT_WAITING",
+		3: "PASS_RESULT_ACTED",
+		4: "PASS_RESULT_REFUSED",
+		5: "PASS_RESULT_PAUSED",
+		6: "PASS_RESULT_STANDBY",
+		7: "PASS_RESULT_ERROR",
+	}
+	PassResult_value = map[string]int32{
+		"PASS_RESULT_UNSPECIFIED": 0,
+		"PASS_RESULT_CONVERGED":   1,
+		"PASS_RESULT_WAITING":     2,
+		"PASS_RESULT_ACTED":       3,
+		"PASS_RESULT_REFUSED":     4,
+		"PASS_RESULT_PAUSED":      5,
+		"PASS_RESULT_STANDBY":     6,
+		"PASS_RESULT_ERROR":       7,
+	}
+)
+
+func (x PassResult) Enum() *PassResult {
+	p := new(PassResult)
+	*p = x
+	return p
+}
+
+func (x PassResult) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PassResult) Descriptor() protoreflect.EnumDescriptor {
+	return file_curia_reconciler_v1_reconciler_proto_enumTypes[2].Descriptor()
+}
+
+func (PassResult) Type() protoreflect.EnumType {
+	return &file_curia_reconciler_v1_reconciler_proto_enumTypes[2]
+}
+
+func (x PassResult) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PassResult.Descriptor instead.
+func (PassResult) EnumDescriptor() ([]byte, []int) {
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{2}
+}
+
 // Action is one planned or taken step.
 type Action struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// none, refuse, remove-member, add-role, remove-role, promote.
-	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// What it does.
+	Kind ActionKind `protobuf:"varint,7,opt,name=kind,proto3,enum=curia.reconciler.v1.ActionKind" json:"kind,omitempty"`
 	// The etcd member concerned (0 if none).
 	MemberId uint64 `protobuf:"varint,2,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
 	// The node concerned.
@@ -126,11 +273,11 @@ func (*Action) Descriptor() ([]byte, []int) {
 	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{0}
 }
 
-func (x *Action) GetKind() string {
+func (x *Action) GetKind() ActionKind {
 	if x != nil {
 		return x.Kind
 	}
-	return ""
+	return ActionKind_ACTION_KIND_UNSPECIFIED
 }
 
 func (x *Action) GetMemberId() uint64 {
@@ -222,19 +369,21 @@ type GetStatusResponse struct {
 	Paused bool `protobuf:"varint,6,opt,name=paused,proto3" json:"paused,omitempty"`
 	// The reason given to Pause.
 	PauseReason string `protobuf:"bytes,7,opt,name=pause_reason,json=pauseReason,proto3" json:"pause_reason,omitempty"`
-	// When the last pass ran and how it ended ("converged", "acted",
-	// "refused: ...", "error: ...").
+	// When the last pass ran.
 	LastPass *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=last_pass,json=lastPass,proto3" json:"last_pass,omitempty"`
 	// How the last pass ended.
-	LastResult string `protobuf:"bytes,9,opt,name=last_result,json=lastResult,proto3" json:"last_result,omitempty"`
+	LastResult PassResult `protobuf:"varint,16,opt,name=last_result,json=lastResult,proto3,enum=curia.reconciler.v1.PassResult" json:"last_result,omitempty"`
+	// The last pass's result in words: the action taken or planned, the
+	// reason of a refusal, the error.
+	LastResultDetail string `protobuf:"bytes,17,opt,name=last_result_detail,json=lastResultDetail,proto3" json:"last_result_detail,omitempty"`
 	// The last action taken, and when.
 	LastAction *Action `protobuf:"bytes,10,opt,name=last_action,json=lastAction,proto3" json:"last_action,omitempty"`
 	// When the last action was taken.
 	LastActionTime *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=last_action_time,json=lastActionTime,proto3" json:"last_action_time,omitempty"`
 	// The current drift: what the last pass planned.
 	Planned *Action `protobuf:"bytes,12,opt,name=planned,proto3" json:"planned,omitempty"`
-	// Recent refusals, newest last.
-	Refusals []string `protobuf:"bytes,13,rep,name=refusals,proto3" json:"refusals,omitempty"`
+	// Recent refusals (the last 10), newest last.
+	Refusals []*Refusal `protobuf:"bytes,18,rep,name=refusals,proto3" json:"refusals,omitempty"`
 	// Passes and actions since start.
 	Passes int64 `protobuf:"varint,14,opt,name=passes,proto3" json:"passes,omitempty"`
 	// Actions taken since start.
@@ -329,9 +478,16 @@ func (x *GetStatusResponse) GetLastPass() *timestamppb.Timestamp {
 	return nil
 }
 
-func (x *GetStatusResponse) GetLastResult() string {
+func (x *GetStatusResponse) GetLastResult() PassResult {
 	if x != nil {
 		return x.LastResult
+	}
+	return PassResult_PASS_RESULT_UNSPECIFIED
+}
+
+func (x *GetStatusResponse) GetLastResultDetail() string {
+	if x != nil {
+		return x.LastResultDetail
 	}
 	return ""
 }
@@ -357,7 +513,7 @@ func (x *GetStatusResponse) GetPlanned() *Action {
 	return nil
 }
 
-func (x *GetStatusResponse) GetRefusals() []string {
+func (x *GetStatusResponse) GetRefusals() []*Refusal {
 	if x != nil {
 		return x.Refusals
 	}
@@ -378,6 +534,90 @@ func (x *GetStatusResponse) GetActions() int64 {
 	return 0
 }
 
+// Refusal is a pass that refused to act on a snapshot that looked wrong.
+type Refusal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When the pass refused.
+	Time *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	// Why.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The action refused, when the planner had chosen one (removing a member
+	// whose node is gone, refused below the voter floor); unspecified when
+	// the snapshot looked wrong before any action was chosen.
+	RefusedKind ActionKind `protobuf:"varint,3,opt,name=refused_kind,json=refusedKind,proto3,enum=curia.reconciler.v1.ActionKind" json:"refused_kind,omitempty"`
+	// The etcd member in question (0 if none).
+	MemberId uint64 `protobuf:"varint,4,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	// The node in question (empty if none).
+	NodeId        string `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Refusal) Reset() {
+	*x = Refusal{}
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Refusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Refusal) ProtoMessage() {}
+
+func (x *Refusal) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
+func (*Refusal) Descriptor() ([]byte, []int) {
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Refusal) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *Refusal) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Refusal) GetRefusedKind() ActionKind {
+	if x != nil {
+		return x.RefusedKind
+	}
+	return ActionKind_ACTION_KIND_UNSPECIFIED
+}
+
+func (x *Refusal) GetMemberId() uint64 {
+	if x != nil {
+		return x.MemberId
+	}
+	return 0
+}
+
+func (x *Refusal) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
 // PlanRequest asks for a dry run.
 type PlanRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -387,7 +627,7 @@ type PlanRequest struct {
 
 func (x *PlanRequest) Reset() {
 	*x = PlanRequest{}
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[3]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -399,7 +639,7 @@ func (x *PlanRequest) String() string {
 func (*PlanRequest) ProtoMessage() {}
 
 func (x *PlanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[3]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -412,7 +652,7 @@ func (x *PlanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRequest.ProtoReflect.Descriptor instead.
 func (*PlanRequest) Descriptor() ([]byte, []int) {
-	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{3}
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{4}
 }
 
 // PlanResponse is the dry run's result.
@@ -430,7 +670,7 @@ type PlanResponse struct {
 
 func (x *PlanResponse) Reset() {
 	*x = PlanResponse{}
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[4]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -442,7 +682,7 @@ func (x *PlanResponse) String() string {
 func (*PlanResponse) ProtoMessage() {}
 
 func (x *PlanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[4]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -455,7 +695,7 @@ func (x *PlanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanResponse.ProtoReflect.Descriptor instead.
 func (*PlanResponse) Descriptor() ([]byte, []int) {
-	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{4}
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PlanResponse) GetAction() *Action {
@@ -490,7 +730,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[5]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -502,7 +742,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[5]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -515,7 +755,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{5}
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PauseRequest) GetReason() string {
@@ -534,7 +774,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[6]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -546,7 +786,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[6]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -559,7 +799,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{6}
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{7}
 }
 
 // ResumeRequest resumes acting.
@@ -571,7 +811,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[7]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -583,7 +823,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[7]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -596,7 +836,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{7}
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{8}
 }
 
 // ResumeResponse is empty.
@@ -608,7 +848,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[8]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -620,7 +860,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[8]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -633,41 +873,49 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{8}
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{9}
 }
 
 var File_curia_reconciler_v1_reconciler_proto protoreflect.FileDescriptor
 
 const file_curia_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\n" +
-	"$curia/reconciler/v1/reconciler.proto\x12\x13curia.reconciler.v1\x1a\x1bbuf/validate/validate.proto\x1a\"curia/consensus/v1/consensus.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\x01\n" +
-	"\x06Action\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1b\n" +
+	"$curia/reconciler/v1/reconciler.proto\x12\x13curia.reconciler.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/fence/v1/fence.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe1\x01\n" +
+	"\x06Action\x123\n" +
+	"\x04kind\x18\a \x01(\x0e2\x1f.curia.reconciler.v1.ActionKindR\x04kind\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\x04R\bmemberId\x12\x17\n" +
 	"\anode_id\x18\x03 \x01(\tR\x06nodeId\x12#\n" +
 	"\rnode_revision\x18\x04 \x01(\x03R\fnodeRevision\x12)\n" +
 	"\x10membership_epoch\x18\x05 \x01(\x03R\x0fmembershipEpoch\x12\x16\n" +
-	"\x06reason\x18\x06 \x01(\tR\x06reason\"\x12\n" +
-	"\x10GetStatusRequest\"\x89\x05\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reasonJ\x04\b\x01\x10\x02\"\x12\n" +
+	"\x10GetStatusRequest\"\xfe\x05\n" +
 	"\x11GetStatusResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x19.curia.reconciler.v1.RoleR\x04role\x12!\n" +
-	"\flease_holder\x18\x03 \x01(\tR\vleaseHolder\x12/\n" +
-	"\x05fence\x18\x04 \x01(\v2\x19.curia.consensus.v1.FenceR\x05fence\x12?\n" +
+	"\flease_holder\x18\x03 \x01(\tR\vleaseHolder\x12+\n" +
+	"\x05fence\x18\x04 \x01(\v2\x15.curia.fence.v1.FenceR\x05fence\x12?\n" +
 	"\rlease_expires\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fleaseExpires\x12\x16\n" +
 	"\x06paused\x18\x06 \x01(\bR\x06paused\x12!\n" +
 	"\fpause_reason\x18\a \x01(\tR\vpauseReason\x127\n" +
-	"\tlast_pass\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\blastPass\x12\x1f\n" +
-	"\vlast_result\x18\t \x01(\tR\n" +
-	"lastResult\x12<\n" +
+	"\tlast_pass\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\blastPass\x12@\n" +
+	"\vlast_result\x18\x10 \x01(\x0e2\x1f.curia.reconciler.v1.PassResultR\n" +
+	"lastResult\x12,\n" +
+	"\x12last_result_detail\x18\x11 \x01(\tR\x10lastResultDetail\x12<\n" +
 	"\vlast_action\x18\n" +
 	" \x01(\v2\x1b.curia.reconciler.v1.ActionR\n" +
 	"lastAction\x12D\n" +
 	"\x10last_action_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x0elastActionTime\x125\n" +
-	"\aplanned\x18\f \x01(\v2\x1b.curia.reconciler.v1.ActionR\aplanned\x12\x1a\n" +
-	"\brefusals\x18\r \x03(\tR\brefusals\x12\x16\n" +
+	"\aplanned\x18\f \x01(\v2\x1b.curia.reconciler.v1.ActionR\aplanned\x128\n" +
+	"\brefusals\x18\x12 \x03(\v2\x1c.curia.reconciler.v1.RefusalR\brefusals\x12\x16\n" +
 	"\x06passes\x18\x0e \x01(\x03R\x06passes\x12\x18\n" +
-	"\aactions\x18\x0f \x01(\x03R\aactions\"\r\n" +
+	"\aactions\x18\x0f \x01(\x03R\aactionsJ\x04\b\t\x10\n" +
+	"J\x04\b\r\x10\x0e\"\xcb\x01\n" +
+	"\aRefusal\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12B\n" +
+	"\frefused_kind\x18\x03 \x01(\x0e2\x1f.curia.reconciler.v1.ActionKindR\vrefusedKind\x12\x1b\n" +
+	"\tmember_id\x18\x04 \x01(\x04R\bmemberId\x12\x17\n" +
+	"\anode_id\x18\x05 \x01(\tR\x06nodeId\"\r\n" +
 	"\vPlanRequest\"s\n" +
 	"\fPlanResponse\x123\n" +
 	"\x06action\x18\x01 \x01(\v2\x1b.curia.reconciler.v1.ActionR\x06action\x12\x18\n" +
@@ -681,7 +929,26 @@ const file_curia_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_ACTIVE\x10\x01\x12\x10\n" +
-	"\fROLE_STANDBY\x10\x022\xd8\x02\n" +
+	"\fROLE_STANDBY\x10\x02*\xc6\x01\n" +
+	"\n" +
+	"ActionKind\x12\x1b\n" +
+	"\x17ACTION_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10ACTION_KIND_NONE\x10\x01\x12\x16\n" +
+	"\x12ACTION_KIND_REFUSE\x10\x02\x12\x1d\n" +
+	"\x19ACTION_KIND_REMOVE_MEMBER\x10\x03\x12\x18\n" +
+	"\x14ACTION_KIND_ADD_ROLE\x10\x04\x12\x1b\n" +
+	"\x17ACTION_KIND_REMOVE_ROLE\x10\x05\x12\x17\n" +
+	"\x13ACTION_KIND_PROMOTE\x10\x06*\xd5\x01\n" +
+	"\n" +
+	"PassResult\x12\x1b\n" +
+	"\x17PASS_RESULT_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15PASS_RESULT_CONVERGED\x10\x01\x12\x17\n" +
+	"\x13PASS_RESULT_WAITING\x10\x02\x12\x15\n" +
+	"\x11PASS_RESULT_ACTED\x10\x03\x12\x17\n" +
+	"\x13PASS_RESULT_REFUSED\x10\x04\x12\x16\n" +
+	"\x12PASS_RESULT_PAUSED\x10\x05\x12\x17\n" +
+	"\x13PASS_RESULT_STANDBY\x10\x06\x12\x15\n" +
+	"\x11PASS_RESULT_ERROR\x10\a2\xd8\x02\n" +
 	"\n" +
 	"Reconciler\x12Z\n" +
 	"\tGetStatus\x12%.curia.reconciler.v1.GetStatusRequest\x1a&.curia.reconciler.v1.GetStatusResponse\x12K\n" +
@@ -702,44 +969,52 @@ func file_curia_reconciler_v1_reconciler_proto_rawDescGZIP() []byte {
 	return file_curia_reconciler_v1_reconciler_proto_rawDescData
 }
 
-var file_curia_reconciler_v1_reconciler_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_curia_reconciler_v1_reconciler_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_curia_reconciler_v1_reconciler_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_curia_reconciler_v1_reconciler_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_curia_reconciler_v1_reconciler_proto_goTypes = []any{
 	(Role)(0),                     // 0: curia.reconciler.v1.Role
-	(*Action)(nil),                // 1: curia.reconciler.v1.Action
-	(*GetStatusRequest)(nil),      // 2: curia.reconciler.v1.GetStatusRequest
-	(*GetStatusResponse)(nil),     // 3: curia.reconciler.v1.GetStatusResponse
-	(*PlanRequest)(nil),           // 4: curia.reconciler.v1.PlanRequest
-	(*PlanResponse)(nil),          // 5: curia.reconciler.v1.PlanResponse
-	(*PauseRequest)(nil),          // 6: curia.reconciler.v1.PauseRequest
-	(*PauseResponse)(nil),         // 7: curia.reconciler.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 8: curia.reconciler.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 9: curia.reconciler.v1.ResumeResponse
-	(*v1.Fence)(nil),              // 10: curia.consensus.v1.Fence
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(ActionKind)(0),               // 1: curia.reconciler.v1.ActionKind
+	(PassResult)(0),               // 2: curia.reconciler.v1.PassResult
+	(*Action)(nil),                // 3: curia.reconciler.v1.Action
+	(*GetStatusRequest)(nil),      // 4: curia.reconciler.v1.GetStatusRequest
+	(*GetStatusResponse)(nil),     // 5: curia.reconciler.v1.GetStatusResponse
+	(*Refusal)(nil),               // 6: curia.reconciler.v1.Refusal
+	(*PlanRequest)(nil),           // 7: curia.reconciler.v1.PlanRequest
+	(*PlanResponse)(nil),          // 8: curia.reconciler.v1.PlanResponse
+	(*PauseRequest)(nil),          // 9: curia.reconciler.v1.PauseRequest
+	(*PauseResponse)(nil),         // 10: curia.reconciler.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 11: curia.reconciler.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 12: curia.reconciler.v1.ResumeResponse
+	(*v1.Fence)(nil),              // 13: curia.fence.v1.Fence
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
 }
 var file_curia_reconciler_v1_reconciler_proto_depIdxs = []int32{
-	0,  // 0: curia.reconciler.v1.GetStatusResponse.role:type_name -> curia.reconciler.v1.Role
-	10, // 1: curia.reconciler.v1.GetStatusResponse.fence:type_name -> curia.consensus.v1.Fence
-	11, // 2: curia.reconciler.v1.GetStatusResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	11, // 3: curia.reconciler.v1.GetStatusResponse.last_pass:type_name -> google.protobuf.Timestamp
-	1,  // 4: curia.reconciler.v1.GetStatusResponse.last_action:type_name -> curia.reconciler.v1.Action
-	11, // 5: curia.reconciler.v1.GetStatusResponse.last_action_time:type_name -> google.protobuf.Timestamp
-	1,  // 6: curia.reconciler.v1.GetStatusResponse.planned:type_name -> curia.reconciler.v1.Action
-	1,  // 7: curia.reconciler.v1.PlanResponse.action:type_name -> curia.reconciler.v1.Action
-	2,  // 8: curia.reconciler.v1.Reconciler.GetStatus:input_type -> curia.reconciler.v1.GetStatusRequest
-	4,  // 9: curia.reconciler.v1.Reconciler.Plan:input_type -> curia.reconciler.v1.PlanRequest
-	6,  // 10: curia.reconciler.v1.Reconciler.Pause:input_type -> curia.reconciler.v1.PauseRequest
-	8,  // 11: curia.reconciler.v1.Reconciler.Resume:input_type -> curia.reconciler.v1.ResumeRequest
-	3,  // 12: curia.reconciler.v1.Reconciler.GetStatus:output_type -> curia.reconciler.v1.GetStatusResponse
-	5,  // 13: curia.reconciler.v1.Reconciler.Plan:output_type -> curia.reconciler.v1.PlanResponse
-	7,  // 14: curia.reconciler.v1.Reconciler.Pause:output_type -> curia.reconciler.v1.PauseResponse
-	9,  // 15: curia.reconciler.v1.Reconciler.Resume:output_type -> curia.reconciler.v1.ResumeResponse
-	12, // [12:16] is the sub-list for method output_type
-	8,  // [8:12] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	1,  // 0: curia.reconciler.v1.Action.kind:type_name -> curia.reconciler.v1.ActionKind
+	0,  // 1: curia.reconciler.v1.GetStatusResponse.role:type_name -> curia.reconciler.v1.Role
+	13, // 2: curia.reconciler.v1.GetStatusResponse.fence:type_name -> curia.fence.v1.Fence
+	14, // 3: curia.reconciler.v1.GetStatusResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	14, // 4: curia.reconciler.v1.GetStatusResponse.last_pass:type_name -> google.protobuf.Timestamp
+	2,  // 5: curia.reconciler.v1.GetStatusResponse.last_result:type_name -> curia.reconciler.v1.PassResult
+	3,  // 6: curia.reconciler.v1.GetStatusResponse.last_action:type_name -> curia.reconciler.v1.Action
+	14, // 7: curia.reconciler.v1.GetStatusResponse.last_action_time:type_name -> google.protobuf.Timestamp
+	3,  // 8: curia.reconciler.v1.GetStatusResponse.planned:type_name -> curia.reconciler.v1.Action
+	6,  // 9: curia.reconciler.v1.GetStatusResponse.refusals:type_name -> curia.reconciler.v1.Refusal
+	14, // 10: curia.reconciler.v1.Refusal.time:type_name -> google.protobuf.Timestamp
+	1,  // 11: curia.reconciler.v1.Refusal.refused_kind:type_name -> curia.reconciler.v1.ActionKind
+	3,  // 12: curia.reconciler.v1.PlanResponse.action:type_name -> curia.reconciler.v1.Action
+	4,  // 13: curia.reconciler.v1.Reconciler.GetStatus:input_type -> curia.reconciler.v1.GetStatusRequest
+	7,  // 14: curia.reconciler.v1.Reconciler.Plan:input_type -> curia.reconciler.v1.PlanRequest
+	9,  // 15: curia.reconciler.v1.Reconciler.Pause:input_type -> curia.reconciler.v1.PauseRequest
+	11, // 16: curia.reconciler.v1.Reconciler.Resume:input_type -> curia.reconciler.v1.ResumeRequest
+	5,  // 17: curia.reconciler.v1.Reconciler.GetStatus:output_type -> curia.reconciler.v1.GetStatusResponse
+	8,  // 18: curia.reconciler.v1.Reconciler.Plan:output_type -> curia.reconciler.v1.PlanResponse
+	10, // 19: curia.reconciler.v1.Reconciler.Pause:output_type -> curia.reconciler.v1.PauseResponse
+	12, // 20: curia.reconciler.v1.Reconciler.Resume:output_type -> curia.reconciler.v1.ResumeResponse
+	17, // [17:21] is the sub-list for method output_type
+	13, // [13:17] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_curia_reconciler_v1_reconciler_proto_init() }
@@ -752,8 +1027,8 @@ func file_curia_reconciler_v1_reconciler_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_reconciler_v1_reconciler_proto_rawDesc), len(file_curia_reconciler_v1_reconciler_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   9,
+			NumEnums:      3,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

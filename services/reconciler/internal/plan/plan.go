@@ -153,6 +153,10 @@ type Action struct {
 	// fenced txn (CreateRevision(nodes/<id>) == 0). It is false for every
 	// other action, a learner removed for not starting included.
 	NodeAbsent bool
+	// Refused is, for a Refuse, the action the snapshot called for but
+	// the planner would not take (a removal below the voter floor); None
+	// when the snapshot looked wrong before any action was chosen.
+	Refused Kind
 	// Epoch is the snapshot's membership epoch: every action is fenced on
 	// it, so a plan made from a stale snapshot changes nothing.
 	Epoch  int64
@@ -230,7 +234,9 @@ func Plan(o Observed, c Config) Action {
 			continue
 		}
 		if !m.Learner && voters-1 < floor {
-			return act(Refuse, m.ID, m.NodeID, 0, "member %x has no node, but removing it would leave %d voters, below the floor of %d", m.ID, voters-1, floor)
+			a := act(Refuse, m.ID, m.NodeID, 0, "member %x has no node, but removing it would leave %d voters, below the floor of %d", m.ID, voters-1, floor)
+			a.Refused = RemoveMember
+			return a
 		}
 		a := act(RemoveMember, m.ID, m.NodeID, 0, "etcd member %x belongs to node %q, which does not exist", m.ID, m.NodeID)
 		a.NodeAbsent = true

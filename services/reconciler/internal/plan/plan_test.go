@@ -693,7 +693,7 @@ func TestRegressions(t *testing.T) {
 				Nodes:        []Node{{ID: "node-0", Revision: 100}},
 				LearnerSince: map[uint64]time.Time{1: now}, ReadySince: map[uint64]time.Time{}},
 			c: cfg,
-			want: Action{Kind: Refuse, MemberID: 2, NodeID: "ghost-0", Epoch: 1,
+			want: Action{Kind: Refuse, Refused: RemoveMember, MemberID: 2, NodeID: "ghost-0", Epoch: 1,
 				Reason: "member 2 has no node, but removing it would leave 0 voters, below the floor of 1"},
 		},
 	}
@@ -836,6 +836,9 @@ func describe(a Action) string {
 	}
 	if a.NodeAbsent {
 		b.WriteString(" node_absent")
+	}
+	if a.Refused != None {
+		fmt.Fprintf(&b, " refused=%s", a.Refused)
 	}
 	fmt.Fprintf(&b, "\n\treason: %s", a.Reason)
 	return b.String()

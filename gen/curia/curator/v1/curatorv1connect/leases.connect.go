@@ -39,9 +39,6 @@ const (
 	LeasesKeepAliveProcedure = "/curia.curator.v1.Leases/KeepAlive"
 	// LeasesReleaseProcedure is the fully-qualified name of the Leases's Release RPC.
 	LeasesReleaseProcedure = "/curia.curator.v1.Leases/Release"
-	// LeasesReconcileNodeRolesProcedure is the fully-qualified name of the Leases's ReconcileNodeRoles
-	// RPC.
-	LeasesReconcileNodeRolesProcedure = "/curia.curator.v1.Leases/ReconcileNodeRoles"
 )
 
 // LeasesClient is a client for the curia.curator.v1.Leases service.
@@ -52,10 +49,6 @@ type LeasesClient interface {
 	KeepAlive(context.Context, *connect.Request[v1.KeepAliveRequest]) (*connect.Response[v1.KeepAliveResponse], error)
 	// Release gives a held lease up.
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
-	// ReconcileNodeRoles writes a node's consensus roles under a fence: only
-	// if the fence is current, the node's record is at the revision the caller
-	// read, and the membership epoch is the one the caller read.
-	ReconcileNodeRoles(context.Context, *connect.Request[v1.ReconcileNodeRolesRequest]) (*connect.Response[v1.ReconcileNodeRolesResponse], error)
 }
 
 // NewLeasesClient constructs a client for the curia.curator.v1.Leases service. By default, it uses
@@ -87,21 +80,14 @@ func NewLeasesClient(httpClient connect.HTTPClient, baseURL string, opts ...conn
 			connect.WithSchema(leasesMethods.ByName("Release")),
 			connect.WithClientOptions(opts...),
 		),
-		reconcileNodeRoles: connect.NewClient[v1.ReconcileNodeRolesRequest, v1.ReconcileNodeRolesResponse](
-			httpClient,
-			baseURL+LeasesReconcileNodeRolesProcedure,
-			connect.WithSchema(leasesMethods.ByName("ReconcileNodeRoles")),
-			connect.WithClientOptions(opts...),
-		),
 	}
 }
 
 // leasesClient implements LeasesClient.
 type leasesClient struct {
-	acquire            *connect.Client[v1.AcquireRequest, v1.AcquireResponse]
-	keepAlive          *connect.Client[v1.KeepAliveRequest, v1.KeepAliveResponse]
-	release            *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
-	reconcileNodeRoles *connect.Client[v1.ReconcileNodeRolesRequest, v1.ReconcileNodeRolesResponse]
+	acquire   *connect.Client[v1.AcquireRequest, v1.AcquireResponse]
+	keepAlive *connect.Client[v1.KeepAliveRequest, v1.KeepAliveResponse]
+	release   *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
 }
 
 // Acquire calls curia.curator.v1.Leases.Acquire.
@@ -119,11 +105,6 @@ func (c *leasesClient) Release(ctx context.Context, req *connect.Request[v1.Rele
 	return c.release.CallUnary(ctx, req)
 }
 
-// ReconcileNodeRoles calls curia.curator.v1.Leases.ReconcileNodeRoles.
-func (c *leasesClient) ReconcileNodeRoles(ctx context.Context, req *connect.Request[v1.ReconcileNodeRolesRequest]) (*connect.Response[v1.ReconcileNodeRolesResponse], error) {
-	return c.reconcileNodeRoles.CallUnary(ctx, req)
-}
-
 // LeasesHandler is an implementation of the curia.curator.v1.Leases service.
 type LeasesHandler interface {
 	// Acquire takes the named lease, or says who holds it until when.
@@ -132,10 +113,6 @@ type LeasesHandler interface {
 	KeepAlive(context.Context, *connect.Request[v1.KeepAliveRequest]) (*connect.Response[v1.KeepAliveResponse], error)
 	// Release gives a held lease up.
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
-	// ReconcileNodeRoles writes a node's consensus roles under a fence: only
-	// if the fence is current, the node's record is at the revision the caller
-	// read, and the membership epoch is the one the caller read.
-	ReconcileNodeRoles(context.Context, *connect.Request[v1.ReconcileNodeRolesRequest]) (*connect.Response[v1.ReconcileNodeRolesResponse], error)
 }
 
 // NewLeasesHandler builds an HTTP handler from the service implementation. It returns the path on
@@ -163,12 +140,6 @@ func NewLeasesHandler(svc LeasesHandler, opts ...connect.HandlerOption) (string,
 		connect.WithSchema(leasesMethods.ByName("Release")),
 		connect.WithHandlerOptions(opts...),
 	)
-	leasesReconcileNodeRolesHandler := connect.NewUnaryHandler(
-		LeasesReconcileNodeRolesProcedure,
-		svc.ReconcileNodeRoles,
-		connect.WithSchema(leasesMethods.ByName("ReconcileNodeRoles")),
-		connect.WithHandlerOptions(opts...),
-	)
 	return "/curia.curator.v1.Leases/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LeasesAcquireProcedure:
@@ -177,8 +148,6 @@ func NewLeasesHandler(svc LeasesHandler, opts ...connect.HandlerOption) (string,
 			leasesKeepAliveHandler.ServeHTTP(w, r)
 		case LeasesReleaseProcedure:
 			leasesReleaseHandler.ServeHTTP(w, r)
-		case LeasesReconcileNodeRolesProcedure:
-			leasesReconcileNodeRolesHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -198,8 +167,4 @@ func (UnimplementedLeasesHandler) KeepAlive(context.Context, *connect.Request[v1
 
 func (UnimplementedLeasesHandler) Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Leases.Release is not implemented"))
-}
-
-func (UnimplementedLeasesHandler) ReconcileNodeRoles(context.Context, *connect.Request[v1.ReconcileNodeRolesRequest]) (*connect.Response[v1.ReconcileNodeRolesResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Leases.ReconcileNodeRoles is not implemented"))
 }
