@@ -156,22 +156,37 @@ func (s *Service) renewNodeCertificate(certPEM []byte) error {
 }
 
 // installRoleMember installs the member certificate the ConsensusMember role
-// carries when the local consensus (status st) has none of its key, or an
-// older one: the certificate issued with the role, before the member
-// starts.
+// carries when the local consensus (status st) should use it instead of its
+// own (roleMemberDue): the certificate issued with the role, before the
+// member starts.
 func (s *Service) installRoleMember(ctx context.Context, st *consensusv1.StatusResponse) error {
 	roleCert := s.roles().GetConsensusMember().GetMemberCertificate()
-	if len(roleCert) == 0 || bytes.Equal(roleCert, st.GetMemberCertificate()) {
-		return nil
-	}
-	fromRole, err := pki.ParseCertPEM(roleCert)
-	if err != nil || !ofKey(fromRole, st.GetPublicKey()) || time.Now().After(fromRole.NotAfter) {
-		return nil // for another key (a consensus process made anew) or too old: IssueCertificates
-	}
-	if have, err := pki.ParseCertPEM(st.GetMemberCertificate()); err == nil && ofKey(have, st.GetPublicKey()) && !have.NotAfter.Before(fromRole.NotAfter) {
+	if !roleMemberDue(roleCert, st.GetMemberCertificate(), st.GetPublicKey(), time.Now()) {
 		return nil
 	}
 	return s.install(ctx, &consensusv1.SetCredentialsRequest{MemberCertificate: roleCert})
+}
+
+// roleMemberDue reports whether the role's member certificate (PEM) should
+// replace the one the local consensus holds (installed; its key is pub):
+// the role's is of that key and valid, and the installed one is missing, of
+// another key, or issued before the role's. Issued, not expiring:
+// certificates end at the CA's expiry at the latest, so the certificate of
+// a member removed and the one of the member given back (revoked and fresh)
+// can expire at the same instant. A renewal the agent installed since is
+// issued after the role's, and stays. A role certificate of another key (a
+// consensus process made anew) or expired is never installed: the agent
+// asks IssueCertificates instead.
+func roleMemberDue(role, installed, pub []byte, now time.Time) bool {
+	if len(role) == 0 || bytes.Equal(role, installed) {
+		return false
+	}
+	fromRole, err := pki.ParseCertPEM(role)
+	if err != nil || !ofKey(fromRole, pub) || now.After(fromRole.NotAfter) {
+		return false
+	}
+	have, err := pki.ParseCertPEM(installed)
+	return err != nil || !ofKey(have, pub) || have.NotBefore.Before(fromRole.NotBefore)
 }
 
 // install hands certificates to the local consensus.
