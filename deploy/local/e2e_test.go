@@ -30,6 +30,7 @@ import (
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpcerr"
 )
 
 // cluster is a running curia-local.
@@ -391,7 +392,7 @@ func retryUnavailable(t *testing.T, f func() error) {
 	t.Helper()
 	proctest.Eventually(t, time.Minute, func() error {
 		err := f()
-		if err != nil && (strings.Contains(err.Error(), "Unavailable") || strings.Contains(err.Error(), "Aborted")) {
+		if rpcerr.Retryable(err) {
 			return err
 		}
 		if err != nil {

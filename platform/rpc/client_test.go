@@ -2,12 +2,21 @@ package rpc
 
 import (
 	"encoding/json"
+	"regexp"
+	"strings"
 	"testing"
 
-	"curia.dev/platform/pki"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	_ "curia.dev/gen/curia/consensus/v1"
+	_ "curia.dev/gen/curia/curator/v1"
+	_ "curia.dev/gen/curia/reconciler/v1"
+	_ "curia.dev/gen/curia/roleserve/v1"
+	"curia.dev/platform/pki"
 )
 
 func TestClientChecksServerKind(t *testing.T) {
@@ -95,5 +104,36 @@ func TestRetryServiceConfig(t *testing.T) {
 		if _, err := retryServiceConfig([]string{bad}); err == nil {
 			t.Errorf("retryServiceConfig accepted %q", bad)
 		}
+	}
+}
+
+// TestReadsAreDeclared: every method of curia's services that reads (its
+// name says so) is declared without side effects, so clients retry it;
+// no method that writes is, so none is ever retried.
+func TestReadsAreDeclared(t *testing.T) {
+	declared := map[string]bool{}
+	for _, m := range declaredWithoutSideEffects() {
+		declared[m] = true
+	}
+	read := regexp.MustCompile(`/(Get|List|Watch|Status$|Plan$)`)
+	var services int
+	protoregistry.GlobalFiles.RangeFiles(func(f protoreflect.FileDescriptor) bool {
+		if !strings.HasPrefix(string(f.Package()), "curia.") || f.Package() == "curia.test.v1" {
+			return true
+		}
+		for i := range f.Services().Len() {
+			svc := f.Services().Get(i)
+			services++
+			for j := range svc.Methods().Len() {
+				m := "/" + string(svc.FullName()) + "/" + string(svc.Methods().Get(j).Name())
+				if isRead := read.MatchString(m); isRead != declared[m] {
+					t.Errorf("%s: reads %v, declared without side effects %v", m, isRead, declared[m])
+				}
+			}
+		}
+		return true
+	})
+	if services < 7 {
+		t.Fatalf("%d curia services registered, want every one (the gen imports)", services)
 	}
 }

@@ -14,7 +14,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
@@ -23,6 +22,7 @@ import (
 	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/proctest"
+	ct "curia.dev/services/consensus/consensustest"
 	cut "curia.dev/services/curator/curatortest"
 )
 
@@ -232,21 +232,13 @@ func withEpoch(f *fencev1.Fence, epoch int64) *fencev1.Fence {
 	return f
 }
 
-// mgmtRetryUnavailable retries f while etcd refuses membership changes
-// (Unavailable shortly after the previous one) or another change is in
-// flight (Aborted); other errors fail.
+// mgmtRetryUnavailable retries f while what refuses it passes by itself
+// (etcd's reconfiguration window, a change in flight); other errors fail.
 func mgmtRetryUnavailable(t *testing.T, f func() error) {
 	t.Helper()
-	proctest.Eventually(t, time.Minute, func() error {
-		err := f()
-		if status.Code(err) == codes.Unavailable || status.Code(err) == codes.Aborted {
-			return err
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return nil
-	})
+	if err := ct.RetryUnavailable(t, f); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestWatchAuditLog: the backlog (bootstrap first), then new events as

@@ -1899,11 +1899,11 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	" MEMBERSHIP_OPERATION_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18MEMBERSHIP_OPERATION_ADD\x10\x01\x12 \n" +
 	"\x1cMEMBERSHIP_OPERATION_PROMOTE\x10\x02\x12\x1f\n" +
-	"\x1bMEMBERSHIP_OPERATION_REMOVE\x10\x032\xcc\x06\n" +
-	"\tConsensus\x12O\n" +
-	"\x06Status\x12!.curia.consensus.v1.StatusRequest\x1a\".curia.consensus.v1.StatusResponse\x12^\n" +
-	"\vListMembers\x12&.curia.consensus.v1.ListMembersRequest\x1a'.curia.consensus.v1.ListMembersResponse\x12l\n" +
-	"\x0fWatchMembership\x12*.curia.consensus.v1.WatchMembershipRequest\x1a+.curia.consensus.v1.WatchMembershipResponse0\x01\x12R\n" +
+	"\x1bMEMBERSHIP_OPERATION_REMOVE\x10\x032\xdb\x06\n" +
+	"\tConsensus\x12T\n" +
+	"\x06Status\x12!.curia.consensus.v1.StatusRequest\x1a\".curia.consensus.v1.StatusResponse\"\x03\x90\x02\x01\x12c\n" +
+	"\vListMembers\x12&.curia.consensus.v1.ListMembersRequest\x1a'.curia.consensus.v1.ListMembersResponse\"\x03\x90\x02\x01\x12q\n" +
+	"\x0fWatchMembership\x12*.curia.consensus.v1.WatchMembershipRequest\x1a+.curia.consensus.v1.WatchMembershipResponse\"\x03\x90\x02\x010\x01\x12R\n" +
 	"\aAddNode\x12\".curia.consensus.v1.AddNodeRequest\x1a#.curia.consensus.v1.AddNodeResponse\x12d\n" +
 	"\rPromoteMember\x12(.curia.consensus.v1.PromoteMemberRequest\x1a).curia.consensus.v1.PromoteMemberResponse\x12a\n" +
 	"\fRemoveMember\x12'.curia.consensus.v1.RemoveMemberRequest\x1a(.curia.consensus.v1.RemoveMemberResponse\x12L\n" +

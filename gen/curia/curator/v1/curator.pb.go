@@ -1220,19 +1220,19 @@ const file_curia_curator_v1_curator_proto_rawDesc = "" +
 	"\x0eca_certificate\x18\x04 \x01(\fR\rcaCertificate\"\x16\n" +
 	"\x14GetMembershipRequest\"Z\n" +
 	"\x15GetMembershipResponse\x12A\n" +
-	"\amembers\x18\x01 \x01(\v2'.curia.consensus.v1.ListMembersResponseR\amembers2\xcf\a\n" +
+	"\amembers\x18\x01 \x01(\v2'.curia.consensus.v1.ListMembersResponseR\amembers2\xe3\a\n" +
 	"\aCurator\x12i\n" +
 	"\x10BootstrapCluster\x12).curia.curator.v1.BootstrapClusterRequest\x1a*.curia.curator.v1.BootstrapClusterResponse\x12]\n" +
 	"\fRegisterNode\x12%.curia.curator.v1.RegisterNodeRequest\x1a&.curia.curator.v1.RegisterNodeResponse\x12W\n" +
 	"\n" +
-	"CommitNode\x12#.curia.curator.v1.CommitNodeRequest\x1a$.curia.curator.v1.CommitNodeResponse\x12J\n" +
-	"\x05Watch\x12\x1e.curia.curator.v1.WatchRequest\x1a\x1f.curia.curator.v1.WatchResponse0\x01\x12i\n" +
+	"CommitNode\x12#.curia.curator.v1.CommitNodeRequest\x1a$.curia.curator.v1.CommitNodeResponse\x12O\n" +
+	"\x05Watch\x12\x1e.curia.curator.v1.WatchRequest\x1a\x1f.curia.curator.v1.WatchResponse\"\x03\x90\x02\x010\x01\x12i\n" +
 	"\x10UpdateNodeStatus\x12).curia.curator.v1.UpdateNodeStatusRequest\x1a*.curia.curator.v1.UpdateNodeStatusResponse\x12X\n" +
-	"\tHeartbeat\x12\".curia.curator.v1.HeartbeatRequest\x1a#.curia.curator.v1.HeartbeatResponse(\x010\x01\x12k\n" +
-	"\x10GetCurrentLeader\x12).curia.curator.v1.GetCurrentLeaderRequest\x1a*.curia.curator.v1.GetCurrentLeaderResponse0\x01\x12l\n" +
-	"\x11IssueCertificates\x12*.curia.curator.v1.IssueCertificatesRequest\x1a+.curia.curator.v1.IssueCertificatesResponse\x12`\n" +
-	"\rGetMembership\x12&.curia.curator.v1.GetMembershipRequest\x1a'.curia.curator.v1.GetMembershipResponse\x12S\n" +
-	"\bWatchCRL\x12!.curia.curator.v1.WatchCRLRequest\x1a\".curia.curator.v1.WatchCRLResponse0\x01B\xb0\x01\n" +
+	"\tHeartbeat\x12\".curia.curator.v1.HeartbeatRequest\x1a#.curia.curator.v1.HeartbeatResponse(\x010\x01\x12p\n" +
+	"\x10GetCurrentLeader\x12).curia.curator.v1.GetCurrentLeaderRequest\x1a*.curia.curator.v1.GetCurrentLeaderResponse\"\x03\x90\x02\x010\x01\x12l\n" +
+	"\x11IssueCertificates\x12*.curia.curator.v1.IssueCertificatesRequest\x1a+.curia.curator.v1.IssueCertificatesResponse\x12e\n" +
+	"\rGetMembership\x12&.curia.curator.v1.GetMembershipRequest\x1a'.curia.curator.v1.GetMembershipResponse\"\x03\x90\x02\x01\x12X\n" +
+	"\bWatchCRL\x12!.curia.curator.v1.WatchCRLRequest\x1a\".curia.curator.v1.WatchCRLResponse\"\x03\x90\x02\x010\x01B\xb0\x01\n" +
 	"\x14com.curia.curator.v1B\fCuratorProtoP\x01Z(curia.dev/gen/curia/curator/v1;curatorv1\xa2\x02\x03CCX\xaa\x02\x10Curia.Curator.V1\xca\x02\x10Curia\\Curator\\V1\xe2\x02\x1cCuria\\Curator\\V1\\GPBMetadata\xea\x02\x12Curia::Curator::V1b\x06proto3"
 
 var (

@@ -1082,18 +1082,18 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\faudit.resume\x12Gstart_revision resumes a stream: it takes neither backlog nor no_follow\x1aBthis.start_revision == 0 || (this.backlog == 0 && !this.no_follow)\"`\n" +
 	"\x15WatchAuditLogResponse\x12+\n" +
 	"\x05event\x18\x01 \x01(\v2\x15.curia.audit.v1.EventR\x05event\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision2\xa6\x06\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision2\xbf\x06\n" +
 	"\n" +
-	"Management\x12S\n" +
-	"\bGetNodes\x12!.curia.curator.v1.GetNodesRequest\x1a\".curia.curator.v1.GetNodesResponse0\x01\x12Z\n" +
+	"Management\x12X\n" +
+	"\bGetNodes\x12!.curia.curator.v1.GetNodesRequest\x1a\".curia.curator.v1.GetNodesResponse\"\x03\x90\x02\x010\x01\x12Z\n" +
 	"\vApproveNode\x12$.curia.curator.v1.ApproveNodeRequest\x1a%.curia.curator.v1.ApproveNodeResponse\x12f\n" +
 	"\x0fUpdateNodeRoles\x12(.curia.curator.v1.UpdateNodeRolesRequest\x1a).curia.curator.v1.UpdateNodeRolesResponse\x12W\n" +
 	"\n" +
-	"DeleteNode\x12#.curia.curator.v1.DeleteNodeRequest\x1a$.curia.curator.v1.DeleteNodeResponse\x12c\n" +
-	"\x0eGetClusterInfo\x12'.curia.curator.v1.GetClusterInfoRequest\x1a(.curia.curator.v1.GetClusterInfoResponse\x12o\n" +
-	"\x12GetConsensusStatus\x12+.curia.curator.v1.GetConsensusStatusRequest\x1a,.curia.curator.v1.GetConsensusStatusResponse\x12l\n" +
-	"\x11GetRegisterTicket\x12*.curia.curator.v1.GetRegisterTicketRequest\x1a+.curia.curator.v1.GetRegisterTicketResponse\x12b\n" +
-	"\rWatchAuditLog\x12&.curia.curator.v1.WatchAuditLogRequest\x1a'.curia.curator.v1.WatchAuditLogResponse0\x01B\xb3\x01\n" +
+	"DeleteNode\x12#.curia.curator.v1.DeleteNodeRequest\x1a$.curia.curator.v1.DeleteNodeResponse\x12h\n" +
+	"\x0eGetClusterInfo\x12'.curia.curator.v1.GetClusterInfoRequest\x1a(.curia.curator.v1.GetClusterInfoResponse\"\x03\x90\x02\x01\x12t\n" +
+	"\x12GetConsensusStatus\x12+.curia.curator.v1.GetConsensusStatusRequest\x1a,.curia.curator.v1.GetConsensusStatusResponse\"\x03\x90\x02\x01\x12q\n" +
+	"\x11GetRegisterTicket\x12*.curia.curator.v1.GetRegisterTicketRequest\x1a+.curia.curator.v1.GetRegisterTicketResponse\"\x03\x90\x02\x01\x12g\n" +
+	"\rWatchAuditLog\x12&.curia.curator.v1.WatchAuditLogRequest\x1a'.curia.curator.v1.WatchAuditLogResponse\"\x03\x90\x02\x010\x01B\xb3\x01\n" +
 	"\x14com.curia.curator.v1B\x0fManagementProtoP\x01Z(curia.dev/gen/curia/curator/v1;curatorv1\xa2\x02\x03CCX\xaa\x02\x10Curia.Curator.V1\xca\x02\x10Curia\\Curator\\V1\xe2\x02\x1cCuria\\Curator\\V1\\GPBMetadata\xea\x02\x12Curia::Curator::V1b\x06proto3"
 
 var (

@@ -948,11 +948,11 @@ const file_curia_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\x13PASS_RESULT_REFUSED\x10\x04\x12\x16\n" +
 	"\x12PASS_RESULT_PAUSED\x10\x05\x12\x17\n" +
 	"\x13PASS_RESULT_STANDBY\x10\x06\x12\x15\n" +
-	"\x11PASS_RESULT_ERROR\x10\a2\xd8\x02\n" +
+	"\x11PASS_RESULT_ERROR\x10\a2\xe2\x02\n" +
 	"\n" +
-	"Reconciler\x12Z\n" +
-	"\tGetStatus\x12%.curia.reconciler.v1.GetStatusRequest\x1a&.curia.reconciler.v1.GetStatusResponse\x12K\n" +
-	"\x04Plan\x12 .curia.reconciler.v1.PlanRequest\x1a!.curia.reconciler.v1.PlanResponse\x12N\n" +
+	"Reconciler\x12_\n" +
+	"\tGetStatus\x12%.curia.reconciler.v1.GetStatusRequest\x1a&.curia.reconciler.v1.GetStatusResponse\"\x03\x90\x02\x01\x12P\n" +
+	"\x04Plan\x12 .curia.reconciler.v1.PlanRequest\x1a!.curia.reconciler.v1.PlanResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\x05Pause\x12!.curia.reconciler.v1.PauseRequest\x1a\".curia.reconciler.v1.PauseResponse\x12Q\n" +
 	"\x06Resume\x12\".curia.reconciler.v1.ResumeRequest\x1a#.curia.reconciler.v1.ResumeResponseB\xc8\x01\n" +
 	"\x17com.curia.reconciler.v1B\x0fReconcilerProtoP\x01Z.curia.dev/gen/curia/reconciler/v1;reconcilerv1\xa2\x02\x03CRX\xaa\x02\x13Curia.Reconciler.V1\xca\x02\x13Curia\\Reconciler\\V1\xe2\x02\x1fCuria\\Reconciler\\V1\\GPBMetadata\xea\x02\x15Curia::Reconciler::V1b\x06proto3"

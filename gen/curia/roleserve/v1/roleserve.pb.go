@@ -582,10 +582,10 @@ const file_curia_roleserve_v1_roleserve_proto_rawDesc = "" +
 	"\x1aCONSENSUS_MODE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13CONSENSUS_MODE_NONE\x10\x01\x12\x1c\n" +
 	"\x18CONSENSUS_MODE_BOOTSTRAP\x10\x02\x12\x17\n" +
-	"\x13CONSENSUS_MODE_JOIN\x10\x032f\n" +
+	"\x13CONSENSUS_MODE_JOIN\x10\x032k\n" +
 	"\n" +
-	"RoleServer\x12X\n" +
-	"\tGetStatus\x12$.curia.roleserve.v1.GetStatusRequest\x1a%.curia.roleserve.v1.GetStatusResponseB\xc0\x01\n" +
+	"RoleServer\x12]\n" +
+	"\tGetStatus\x12$.curia.roleserve.v1.GetStatusRequest\x1a%.curia.roleserve.v1.GetStatusResponse\"\x03\x90\x02\x01B\xc0\x01\n" +
 	"\x16com.curia.roleserve.v1B\x0eRoleserveProtoP\x01Z,curia.dev/gen/curia/roleserve/v1;roleservev1\xa2\x02\x03CRX\xaa\x02\x12Curia.Roleserve.V1\xca\x02\x12Curia\\Roleserve\\V1\xe2\x02\x1eCuria\\Roleserve\\V1\\GPBMetadata\xea\x02\x14Curia::Roleserve::V1b\x06proto3"
 
 var (

@@ -110,18 +110,21 @@ func NewConsensusClient(httpClient connect.HTTPClient, baseURL string, opts ...c
 			httpClient,
 			baseURL+ConsensusStatusProcedure,
 			connect.WithSchema(consensusMethods.ByName("Status")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		listMembers: connect.NewClient[v1.ListMembersRequest, v1.ListMembersResponse](
 			httpClient,
 			baseURL+ConsensusListMembersProcedure,
 			connect.WithSchema(consensusMethods.ByName("ListMembers")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		watchMembership: connect.NewClient[v1.WatchMembershipRequest, v1.WatchMembershipResponse](
 			httpClient,
 			baseURL+ConsensusWatchMembershipProcedure,
 			connect.WithSchema(consensusMethods.ByName("WatchMembership")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		addNode: connect.NewClient[v1.AddNodeRequest, v1.AddNodeResponse](
@@ -272,18 +275,21 @@ func NewConsensusHandler(svc ConsensusHandler, opts ...connect.HandlerOption) (s
 		ConsensusStatusProcedure,
 		svc.Status,
 		connect.WithSchema(consensusMethods.ByName("Status")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	consensusListMembersHandler := connect.NewUnaryHandler(
 		ConsensusListMembersProcedure,
 		svc.ListMembers,
 		connect.WithSchema(consensusMethods.ByName("ListMembers")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	consensusWatchMembershipHandler := connect.NewServerStreamHandler(
 		ConsensusWatchMembershipProcedure,
 		svc.WatchMembership,
 		connect.WithSchema(consensusMethods.ByName("WatchMembership")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	consensusAddNodeHandler := connect.NewUnaryHandler(

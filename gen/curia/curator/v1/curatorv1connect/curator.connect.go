@@ -138,6 +138,7 @@ func NewCuratorClient(httpClient connect.HTTPClient, baseURL string, opts ...con
 			httpClient,
 			baseURL+CuratorWatchProcedure,
 			connect.WithSchema(curatorMethods.ByName("Watch")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		updateNodeStatus: connect.NewClient[v1.UpdateNodeStatusRequest, v1.UpdateNodeStatusResponse](
@@ -156,6 +157,7 @@ func NewCuratorClient(httpClient connect.HTTPClient, baseURL string, opts ...con
 			httpClient,
 			baseURL+CuratorGetCurrentLeaderProcedure,
 			connect.WithSchema(curatorMethods.ByName("GetCurrentLeader")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		issueCertificates: connect.NewClient[v1.IssueCertificatesRequest, v1.IssueCertificatesResponse](
@@ -168,12 +170,14 @@ func NewCuratorClient(httpClient connect.HTTPClient, baseURL string, opts ...con
 			httpClient,
 			baseURL+CuratorGetMembershipProcedure,
 			connect.WithSchema(curatorMethods.ByName("GetMembership")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		watchCRL: connect.NewClient[v1.WatchCRLRequest, v1.WatchCRLResponse](
 			httpClient,
 			baseURL+CuratorWatchCRLProcedure,
 			connect.WithSchema(curatorMethods.ByName("WatchCRL")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 	}
@@ -318,6 +322,7 @@ func NewCuratorHandler(svc CuratorHandler, opts ...connect.HandlerOption) (strin
 		CuratorWatchProcedure,
 		svc.Watch,
 		connect.WithSchema(curatorMethods.ByName("Watch")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	curatorUpdateNodeStatusHandler := connect.NewUnaryHandler(
@@ -336,6 +341,7 @@ func NewCuratorHandler(svc CuratorHandler, opts ...connect.HandlerOption) (strin
 		CuratorGetCurrentLeaderProcedure,
 		svc.GetCurrentLeader,
 		connect.WithSchema(curatorMethods.ByName("GetCurrentLeader")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	curatorIssueCertificatesHandler := connect.NewUnaryHandler(
@@ -348,12 +354,14 @@ func NewCuratorHandler(svc CuratorHandler, opts ...connect.HandlerOption) (strin
 		CuratorGetMembershipProcedure,
 		svc.GetMembership,
 		connect.WithSchema(curatorMethods.ByName("GetMembership")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	curatorWatchCRLHandler := connect.NewServerStreamHandler(
 		CuratorWatchCRLProcedure,
 		svc.WatchCRL,
 		connect.WithSchema(curatorMethods.ByName("WatchCRL")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	return "/curia.curator.v1.Curator/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

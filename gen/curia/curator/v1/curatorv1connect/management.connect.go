@@ -94,6 +94,7 @@ func NewManagementClient(httpClient connect.HTTPClient, baseURL string, opts ...
 			httpClient,
 			baseURL+ManagementGetNodesProcedure,
 			connect.WithSchema(managementMethods.ByName("GetNodes")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		approveNode: connect.NewClient[v1.ApproveNodeRequest, v1.ApproveNodeResponse](
@@ -118,24 +119,28 @@ func NewManagementClient(httpClient connect.HTTPClient, baseURL string, opts ...
 			httpClient,
 			baseURL+ManagementGetClusterInfoProcedure,
 			connect.WithSchema(managementMethods.ByName("GetClusterInfo")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		getConsensusStatus: connect.NewClient[v1.GetConsensusStatusRequest, v1.GetConsensusStatusResponse](
 			httpClient,
 			baseURL+ManagementGetConsensusStatusProcedure,
 			connect.WithSchema(managementMethods.ByName("GetConsensusStatus")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		getRegisterTicket: connect.NewClient[v1.GetRegisterTicketRequest, v1.GetRegisterTicketResponse](
 			httpClient,
 			baseURL+ManagementGetRegisterTicketProcedure,
 			connect.WithSchema(managementMethods.ByName("GetRegisterTicket")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		watchAuditLog: connect.NewClient[v1.WatchAuditLogRequest, v1.WatchAuditLogResponse](
 			httpClient,
 			baseURL+ManagementWatchAuditLogProcedure,
 			connect.WithSchema(managementMethods.ByName("WatchAuditLog")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 	}
@@ -227,6 +232,7 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 		ManagementGetNodesProcedure,
 		svc.GetNodes,
 		connect.WithSchema(managementMethods.ByName("GetNodes")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	managementApproveNodeHandler := connect.NewUnaryHandler(
@@ -251,24 +257,28 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 		ManagementGetClusterInfoProcedure,
 		svc.GetClusterInfo,
 		connect.WithSchema(managementMethods.ByName("GetClusterInfo")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	managementGetConsensusStatusHandler := connect.NewUnaryHandler(
 		ManagementGetConsensusStatusProcedure,
 		svc.GetConsensusStatus,
 		connect.WithSchema(managementMethods.ByName("GetConsensusStatus")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	managementGetRegisterTicketHandler := connect.NewUnaryHandler(
 		ManagementGetRegisterTicketProcedure,
 		svc.GetRegisterTicket,
 		connect.WithSchema(managementMethods.ByName("GetRegisterTicket")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	managementWatchAuditLogHandler := connect.NewServerStreamHandler(
 		ManagementWatchAuditLogProcedure,
 		svc.WatchAuditLog,
 		connect.WithSchema(managementMethods.ByName("WatchAuditLog")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	return "/curia.curator.v1.Management/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

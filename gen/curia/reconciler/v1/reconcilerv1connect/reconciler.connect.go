@@ -72,12 +72,14 @@ func NewReconcilerClient(httpClient connect.HTTPClient, baseURL string, opts ...
 			httpClient,
 			baseURL+ReconcilerGetStatusProcedure,
 			connect.WithSchema(reconcilerMethods.ByName("GetStatus")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		plan: connect.NewClient[v1.PlanRequest, v1.PlanResponse](
 			httpClient,
 			baseURL+ReconcilerPlanProcedure,
 			connect.WithSchema(reconcilerMethods.ByName("Plan")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		pause: connect.NewClient[v1.PauseRequest, v1.PauseResponse](
@@ -148,12 +150,14 @@ func NewReconcilerHandler(svc ReconcilerHandler, opts ...connect.HandlerOption) 
 		ReconcilerGetStatusProcedure,
 		svc.GetStatus,
 		connect.WithSchema(reconcilerMethods.ByName("GetStatus")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	reconcilerPlanHandler := connect.NewUnaryHandler(
 		ReconcilerPlanProcedure,
 		svc.Plan,
 		connect.WithSchema(reconcilerMethods.ByName("Plan")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	reconcilerPauseHandler := connect.NewUnaryHandler(

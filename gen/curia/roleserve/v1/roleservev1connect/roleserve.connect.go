@@ -60,6 +60,7 @@ func NewRoleServerClient(httpClient connect.HTTPClient, baseURL string, opts ...
 			httpClient,
 			baseURL+RoleServerGetStatusProcedure,
 			connect.WithSchema(roleServerMethods.ByName("GetStatus")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 	}
@@ -94,6 +95,7 @@ func NewRoleServerHandler(svc RoleServerHandler, opts ...connect.HandlerOption) 
 		RoleServerGetStatusProcedure,
 		svc.GetStatus,
 		connect.WithSchema(roleServerMethods.ByName("GetStatus")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	return "/curia.roleserve.v1.RoleServer/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
