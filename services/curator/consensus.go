@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -21,20 +22,24 @@ import (
 // idempotent per node, so trying the next service after an unavailable one
 // is safe.
 type consensusPool struct {
-	s     *Service
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
+	// configured are the --consensus addresses; the nodes' records in
+	// etcd name more.
+	configured []string
+	etcd       *clientv3.Client
+	creds      *rpc.Credentials
+	mu         sync.Mutex
+	conns      map[string]*grpc.ClientConn
 }
 
-func newConsensusPool(s *Service) *consensusPool {
-	return &consensusPool{s: s, conns: map[string]*grpc.ClientConn{}}
+func newConsensusPool(configured []string, etcd *clientv3.Client, creds *rpc.Credentials) *consensusPool {
+	return &consensusPool{configured: configured, etcd: etcd, creds: creds, conns: map[string]*grpc.ClientConn{}}
 }
 
 func (p *consensusPool) addresses(ctx context.Context) []string {
-	addrs := slices.Clone(p.s.cfg.Consensus)
+	addrs := slices.Clone(p.configured)
 	// Best effort: the configured addresses when etcd does not answer; an
 	// unreadable record is skipped.
-	_, _ = scanNodes(ctx, p.s.etcd, func(kv *mvccpb.KeyValue) error {
+	_, _ = scanNodes(ctx, p.etcd, func(kv *mvccpb.KeyValue) error {
 		n, err := decodeNode(kv.Value, kv.ModRevision)
 		if err != nil || n.GetRoles().GetConsensusMember() == nil {
 			return nil
@@ -53,7 +58,7 @@ func (p *consensusPool) conn(addr string) (consensusv1.ConsensusClient, error) {
 	cc, ok := p.conns[addr]
 	if !ok {
 		var err error
-		cc, err = rpc.Dial(addr, rpc.ClientConfig{Credentials: p.s.creds, ServerKinds: []pki.Kind{pki.KindConsensus}})
+		cc, err = rpc.Dial(addr, rpc.ClientConfig{Credentials: p.creds, ServerKinds: []pki.Kind{pki.KindConsensus}})
 		if err != nil {
 			return nil, err
 		}

@@ -261,8 +261,8 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		return nil, err
 	}
 	s.crl = crl.New(s.trusted, log.With("part", "crl"))
-	s.lead = newLeadership(s)
-	s.consensus = newConsensusPool(s)
+	s.lead = newLeadership(cli, creds, log, leaderValue{Name: cfg.Name, Address: cfg.Advertise}, cfg.SessionTTL, s.becameLeader)
+	s.consensus = newConsensusPool(cfg.Consensus, cli, creds)
 	s.watch = newWatchHub(s)
 	limit := newEnrolmentLimit(cfg.EnrolmentRate, cfg.EnrolmentBurst)
 	srv, err := rpc.NewServer(rpc.ServerConfig{
@@ -281,7 +281,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	}
 	curatorv1.RegisterCuratorServer(srv.GRPC(), &curatorServer{s: s})
 	curatorv1.RegisterManagementServer(srv.GRPC(), &managementServer{s: s})
-	curatorv1.RegisterLeasesServer(srv.GRPC(), &leasesServer{s: s})
+	curatorv1.RegisterLeasesServer(srv.GRPC(), &leasesServer{etcd: cli, lead: s.lead, log: log.With("part", "leases")})
 	curatorv1.RegisterReconciliationServer(srv.GRPC(), &reconciliationServer{s: s})
 	s.rpc = srv
 	if err := s.registerMetrics(srv.Registry()); err != nil {

@@ -45,7 +45,7 @@ func (l *leadership) leaderConn(ctx context.Context) (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("%w: this replica received a forwarded call but does not lead (leadership moved); retry", errNotLeader)
 	}
 	cur, _ := l.leader()
-	if cur.Address == "" || cur.Name == l.s.cfg.Name {
+	if cur.Address == "" || cur.Name == l.self.Name {
 		return nil, errNoLeader
 	}
 	return l.conn(cur.Address)

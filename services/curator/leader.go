@@ -2,8 +2,11 @@ package curator
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -11,7 +14,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
+	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
@@ -40,7 +45,14 @@ type leaderInfo struct {
 
 // leadership tracks this replica's role in the election and who leads.
 type leadership struct {
-	s *Service
+	etcd  *clientv3.Client
+	creds *rpc.Credentials // to dial the leader when forwarding
+	log   *slog.Logger
+	// self is what this replica writes into its election key.
+	self       leaderValue
+	sessionTTL time.Duration
+	// onLead runs when this replica wins, before it serves as leader.
+	onLead func(ctx context.Context, term int64)
 
 	mu sync.Mutex
 	// Our own leadership: key and term while we lead, else empty.
@@ -55,20 +67,23 @@ type leadership struct {
 	conns  map[string]*grpc.ClientConn
 }
 
-func newLeadership(s *Service) *leadership {
-	return &leadership{s: s, changed: make(chan struct{}), conns: map[string]*grpc.ClientConn{}}
+func newLeadership(etcd *clientv3.Client, creds *rpc.Credentials, log *slog.Logger, self leaderValue, sessionTTL time.Duration, onLead func(context.Context, int64)) *leadership {
+	return &leadership{
+		etcd: etcd, creds: creds, log: log, self: self, sessionTTL: sessionTTL, onLead: onLead,
+		changed: make(chan struct{}), conns: map[string]*grpc.ClientConn{},
+	}
 }
 
 // campaign runs for leader until ctx ends: it wins, leads until its session
 // dies, and campaigns again. On ctx's end a leader resigns before returning.
 // It calls ready once it holds a session (it reached etcd and campaigns).
 func (l *leadership) campaign(ctx context.Context, ready func()) error {
-	ttl := int(l.s.cfg.SessionTTL / time.Second)
-	val, _ := json.Marshal(leaderValue{Name: l.s.cfg.Name, Address: l.s.cfg.Advertise})
+	ttl := int(l.sessionTTL / time.Second)
+	val, _ := json.Marshal(l.self)
 	for ctx.Err() == nil {
-		sess, err := concurrency.NewSession(l.s.etcd, concurrency.WithTTL(ttl), concurrency.WithContext(ctx))
+		sess, err := concurrency.NewSession(l.etcd, concurrency.WithTTL(ttl), concurrency.WithContext(ctx))
 		if err != nil {
-			l.s.log.Warn("election session", "err", err)
+			l.log.Warn("election session", "err", err)
 			run.Sleep(ctx, time.Second)
 			continue
 		}
@@ -77,7 +92,7 @@ func (l *leadership) campaign(ctx context.Context, ready func()) error {
 		if err := el.Campaign(ctx, string(val)); err != nil {
 			orphan(sess)
 			if ctx.Err() == nil {
-				l.s.log.Warn("campaign", "err", err)
+				l.log.Warn("campaign", "err", err)
 				run.Sleep(ctx, time.Second)
 			}
 			continue
@@ -85,8 +100,8 @@ func (l *leadership) campaign(ctx context.Context, ready func()) error {
 		l.mu.Lock()
 		l.key, l.term, l.session = el.Key(), el.Rev(), sess
 		l.mu.Unlock()
-		l.s.log.Info("leading", "term", el.Rev(), "key", el.Key())
-		l.s.becameLeader(ctx, el.Rev())
+		l.log.Info("leading", "term", el.Rev(), "key", el.Key())
+		l.onLead(ctx, el.Rev())
 
 		select {
 		case <-ctx.Done():
@@ -94,7 +109,7 @@ func (l *leadership) campaign(ctx context.Context, ready func()) error {
 			// for the session TTL.
 			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			if err := el.Resign(rctx); err != nil {
-				l.s.log.Warn("resign", "err", err)
+				l.log.Warn("resign", "err", err)
 			}
 			cancel()
 			l.stepDown("shutting down")
@@ -122,7 +137,7 @@ func (l *leadership) stepDown(why string) {
 	l.key, l.term, l.session = "", 0, nil
 	l.mu.Unlock()
 	if term != 0 {
-		l.s.log.Warn("stepped down", "term", term, "why", why)
+		l.log.Warn("stepped down", "term", term, "why", why)
 	}
 }
 
@@ -157,7 +172,7 @@ func (l *leadership) fence() (fence.Fence, error) {
 // once it knows a leader.
 func (l *leadership) observe(ctx context.Context, ready func()) error {
 	for ctx.Err() == nil {
-		sess, err := concurrency.NewSession(l.s.etcd, concurrency.WithTTL(int(l.s.cfg.SessionTTL/time.Second)), concurrency.WithContext(ctx))
+		sess, err := concurrency.NewSession(l.etcd, concurrency.WithTTL(int(l.sessionTTL/time.Second)), concurrency.WithContext(ctx))
 		if err != nil {
 			run.Sleep(ctx, time.Second)
 			continue
@@ -169,7 +184,7 @@ func (l *leadership) observe(ctx context.Context, ready func()) error {
 			}
 			var v leaderValue
 			if err := json.Unmarshal(resp.Kvs[0].Value, &v); err != nil {
-				l.s.log.Warn("unreadable election value", "key", string(resp.Kvs[0].Key), "err", err)
+				l.log.Warn("unreadable election value", "key", string(resp.Kvs[0].Key), "err", err)
 				continue
 			}
 			l.setCurrent(leaderInfo{leaderValue: v, Term: resp.Kvs[0].CreateRevision, Since: time.Now()})
@@ -190,7 +205,7 @@ func (l *leadership) setCurrent(info leaderInfo) {
 	l.current = info
 	close(l.changed)
 	l.changed = make(chan struct{})
-	l.s.log.Info("leader observed", "leader", info.Name, "address", info.Address, "term", info.Term)
+	l.log.Info("leader observed", "leader", info.Name, "address", info.Address, "term", info.Term)
 }
 
 // leader returns the observed leader and a channel closed when it changes.
@@ -209,7 +224,7 @@ func (l *leadership) txn(ctx context.Context, cmps []clientv3.Cmp, ops ...client
 		return nil, errNotLeader
 	}
 	guard := clientv3.Compare(clientv3.CreateRevision(key), "=", term)
-	resp, err := l.s.etcd.Txn(ctx).
+	resp, err := l.etcd.Txn(ctx).
 		If(append([]clientv3.Cmp{guard}, cmps...)...).
 		Then(ops...).
 		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
@@ -225,7 +240,7 @@ func (l *leadership) txn(ctx context.Context, cmps []clientv3.Cmp, ops ...client
 		return resp, nil
 	}
 	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != term {
-		l.s.log.Warn("term lost during a write", "term", term)
+		l.log.Warn("term lost during a write", "term", term)
 		l.lost()
 		return nil, errNotLeader
 	}
@@ -239,7 +254,7 @@ func (l *leadership) conn(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := l.conns[addr]; ok {
 		return cc, nil
 	}
-	cc, err := rpc.Dial(addr, rpc.ClientConfig{Credentials: l.s.creds, ServerKinds: []pki.Kind{pki.KindCurator}})
+	cc, err := rpc.Dial(addr, rpc.ClientConfig{Credentials: l.creds, ServerKinds: []pki.Kind{pki.KindCurator}})
 	if err != nil {
 		return nil, err
 	}
@@ -257,3 +272,50 @@ func (l *leadership) closeConns() {
 }
 
 var errNoLeader = rpcerr.NotLeader.Sub("no curator leader is elected yet; retry shortly")
+
+// becameLeader prepares what a leader needs: the register ticket, and no
+// lease of an earlier term.
+func (s *Service) becameLeader(ctx context.Context, term int64) {
+	if err := s.dropOldTermLeases(ctx, term); err != nil {
+		s.log.Warn("drop old-term leases", "term", term, "err", err)
+	}
+	if err := s.resignCRL(ctx); err != nil {
+		s.log.Warn("sign the CRL with this curator's CA", "term", term, "err", err)
+	}
+	ticket := make([]byte, 24)
+	rand.Read(ticket)
+	_, err := s.lead.txn(ctx,
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.RegisterTicket), "=", 0)},
+		clientv3.OpPut(keys.RegisterTicket, string(ticket)))
+	if err != nil && !errors.Is(err, errConflict) {
+		s.log.Warn("create register ticket", "term", term, "err", err)
+	}
+}
+
+// GetCurrentLeader streams who leads, and a new answer whenever that
+// changes; any replica answers from what it observes of the election.
+func (x *curatorServer) GetCurrentLeader(_ *curatorv1.GetCurrentLeaderRequest, stream curatorv1.Curator_GetCurrentLeaderServer) error {
+	s := x.s
+	for {
+		cur, changed := s.lead.leader()
+		_, _, ours := s.lead.ours()
+		resp := &curatorv1.GetCurrentLeaderResponse{
+			LeaderName:    cur.Name,
+			LeaderAddress: cur.Address,
+			Term:          cur.Term,
+			ThisName:      s.cfg.Name,
+			ThisIsLeader:  ours && cur.Name == s.cfg.Name,
+		}
+		if !cur.Since.IsZero() {
+			resp.Since = timestamppb.New(cur.Since)
+		}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-changed:
+		}
+	}
+}

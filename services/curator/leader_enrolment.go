@@ -3,7 +3,6 @@ package curator
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/rand"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -23,25 +22,6 @@ import (
 type curatorServer struct {
 	curatorv1.UnimplementedCuratorServer
 	s *Service
-}
-
-// becameLeader prepares what a leader needs: the register ticket, and no
-// lease of an earlier term.
-func (s *Service) becameLeader(ctx context.Context, term int64) {
-	if err := s.dropOldTermLeases(ctx, term); err != nil {
-		s.log.Warn("drop old-term leases", "term", term, "err", err)
-	}
-	if err := s.resignCRL(ctx); err != nil {
-		s.log.Warn("sign the CRL with this curator's CA", "term", term, "err", err)
-	}
-	ticket := make([]byte, 24)
-	rand.Read(ticket)
-	_, err := s.lead.txn(ctx,
-		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.RegisterTicket), "=", 0)},
-		clientv3.OpPut(keys.RegisterTicket, string(ticket)))
-	if err != nil && !errors.Is(err, errConflict) {
-		s.log.Warn("create register ticket", "term", term, "err", err)
-	}
 }
 
 // caller is the principal the interceptor verified.
@@ -288,22 +268,4 @@ func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse
 	}
 	s.log.Info("node committed", "node", id, "serial", n.CertificateSerial)
 	return &curatorv1.CommitNodeResponse{Node: n, Certificate: iss.CertPEM, CaCertificate: s.creds.CAPEM}, nil
-}
-
-func (x *curatorServer) UpdateNodeStatus(ctx context.Context, req *curatorv1.UpdateNodeStatusRequest) (*curatorv1.UpdateNodeStatusResponse, error) {
-	err := x.s.updateStatus(ctx, req)
-	return &curatorv1.UpdateNodeStatusResponse{}, err
-}
-
-func (s *Service) updateStatus(ctx context.Context, req *curatorv1.UpdateNodeStatusRequest) error {
-	_, err := retryConflicts(ctx, "update the status of node "+req.GetNodeId(), func() (struct{}, error) {
-		n, err := s.getNode(ctx, req.GetNodeId())
-		if err != nil || protoEqual(n.Status, req.GetStatus()) {
-			return struct{}{}, err
-		}
-		n.Status = req.GetStatus()
-		_, err = s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n))
-		return struct{}{}, err
-	})
-	return err
 }

@@ -63,7 +63,9 @@ import (
 // the reconciler; followers forward to the leader.
 type leasesServer struct {
 	curatorv1.UnimplementedLeasesServer
-	s *Service
+	etcd *clientv3.Client
+	lead *leadership // grants and writes only while this replica leads
+	log  *slog.Logger
 }
 
 const (
@@ -93,8 +95,6 @@ type leaseClaim struct {
 	rev          int64           // create revision of keys.Lease(name)
 }
 
-func (x *leasesServer) log() *slog.Logger { return x.s.log.With("part", "leases") }
-
 func (x *leasesServer) Acquire(ctx context.Context, req *curatorv1.AcquireRequest) (*curatorv1.AcquireResponse, error) {
 	l, err := x.acquire(ctx, req.GetName(), req.GetHolder(), req.GetTtlSeconds())
 	if err != nil {
@@ -109,10 +109,9 @@ func (x *leasesServer) Acquire(ctx context.Context, req *curatorv1.AcquireReques
 // DNS label, so a plain etcd key segment), the holder and the TTL (2..60s)
 // are AcquireRequest's contract.
 func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int64) (*curatorv1.Lease, error) {
-	s := x.s
 	key := keys.Lease(name)
 	for range acquireAttempts {
-		leaderKey, term, ok := s.lead.ours()
+		leaderKey, term, ok := x.lead.ours()
 		if !ok {
 			return nil, errNotLeader
 		}
@@ -125,14 +124,14 @@ func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int
 			case cur.rec.Term > term:
 				// Only a later leader writes a later term, and it leads
 				// only after our key is gone: confirm, and step down.
-				if _, err := s.lead.txn(ctx, nil); err != nil {
+				if _, err := x.lead.txn(ctx, nil); err != nil {
 					return nil, err
 				}
 				return nil, fmt.Errorf("%w: lease %s was granted in term %d, after this replica's term %d", errConflict, name, cur.rec.Term, term)
 			case cur.rec.Term == term && cur.rec.Holder == holder:
 				// Idempotent: the caller's own lease, kept alive.
 				start := time.Now()
-				ka, err := s.etcd.KeepAliveOnce(ctx, cur.id)
+				ka, err := x.etcd.KeepAliveOnce(ctx, cur.id)
 				if err == nil {
 					return cur.proto(name, leaderKey, start.Add(time.Duration(ka.TTL)*time.Second)), nil
 				}
@@ -152,7 +151,7 @@ func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int
 			// A record of an older term (or unreadable, term 0), or an
 			// expired one: delete it, pinned to the revision read, then
 			// grant afresh.
-			_, err := s.lead.txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", cur.createRev)}, clientv3.OpDelete(key))
+			_, err := x.lead.txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", cur.createRev)}, clientv3.OpDelete(key))
 			if errors.Is(err, errConflict) {
 				continue
 			}
@@ -160,12 +159,12 @@ func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int
 				return nil, err
 			}
 			x.revoke(cur.id)
-			x.log().Info("lease record replaced", "lease", name, "holder", cur.rec.Holder, "granted_term", cur.rec.Term, "term", term, "for", holder)
+			x.log.Info("lease record replaced", "lease", name, "holder", cur.rec.Holder, "granted_term", cur.rec.Term, "term", term, "for", holder)
 			continue
 		}
 
 		start := time.Now()
-		g, err := s.etcd.Grant(ctx, ttl)
+		g, err := x.etcd.Grant(ctx, ttl)
 		if err != nil {
 			return nil, fmt.Errorf("grant etcd lease for %s: %w", name, err)
 		}
@@ -175,7 +174,7 @@ func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int
 			x.revoke(g.ID)
 			return nil, fmt.Errorf("encode lease record: %w", err)
 		}
-		resp, err := s.lead.txn(ctx,
+		resp, err := x.lead.txn(ctx,
 			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
 			clientv3.OpPut(key, string(val), clientv3.WithLease(g.ID)))
 		if err != nil {
@@ -186,7 +185,7 @@ func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int
 			return nil, err
 		}
 		got := &storedLease{rec: rec, createRev: resp.Header.Revision, modRev: resp.Header.Revision, id: g.ID}
-		x.log().Info("lease granted", "lease", name, "holder", holder, "term", term, "revision", got.createRev, "ttl", g.TTL)
+		x.log.Info("lease granted", "lease", name, "holder", holder, "term", term, "revision", got.createRev, "ttl", g.TTL)
 		return got.proto(name, leaderKey, start.Add(time.Duration(g.TTL)*time.Second)), nil
 	}
 	return nil, fmt.Errorf("%w: lease %s changed under every attempt; retry", errConflict, name)
@@ -207,7 +206,7 @@ func (x *leasesServer) keepAlive(ctx context.Context, l *curatorv1.Lease) (*cura
 	if err != nil {
 		return nil, err
 	}
-	leaderKey, term, ok := x.s.lead.ours()
+	leaderKey, term, ok := x.lead.ours()
 	if !ok {
 		return nil, errNotLeader
 	}
@@ -222,7 +221,7 @@ func (x *leasesServer) keepAlive(ctx context.Context, l *curatorv1.Lease) (*cura
 		return nil, err
 	}
 	start := time.Now()
-	ka, err := x.s.etcd.KeepAliveOnce(ctx, cur.id)
+	ka, err := x.etcd.KeepAliveOnce(ctx, cur.id)
 	if err != nil {
 		if left, alive, lerr := x.remaining(ctx, cur.id); lerr == nil && (!alive || left == 0) {
 			return nil, staleLease("lease %s expired: acquire again", c.name)
@@ -255,7 +254,7 @@ func (x *leasesServer) release(ctx context.Context, l *curatorv1.Lease) error {
 		return nil
 	}
 	key := keys.Lease(c.name)
-	_, err = x.s.lead.txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", c.rev)}, clientv3.OpDelete(key))
+	_, err = x.lead.txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", c.rev)}, clientv3.OpDelete(key))
 	if errors.Is(err, errConflict) {
 		return nil // expired or replaced meanwhile
 	}
@@ -263,7 +262,7 @@ func (x *leasesServer) release(ctx context.Context, l *curatorv1.Lease) error {
 		return err
 	}
 	x.revoke(cur.id)
-	x.log().Info("lease released", "lease", c.name, "holder", c.holder, "revision", c.rev)
+	x.log.Info("lease released", "lease", c.name, "holder", c.holder, "revision", c.rev)
 	return nil
 }
 
@@ -271,7 +270,7 @@ func (x *leasesServer) release(ctx context.Context, l *curatorv1.Lease) error {
 // unreadable record reads as one of term 0: stale, and replaced by the next
 // Acquire.
 func (x *leasesServer) read(ctx context.Context, name string) (*storedLease, error) {
-	resp, err := x.s.etcd.Get(ctx, keys.Lease(name))
+	resp, err := x.etcd.Get(ctx, keys.Lease(name))
 	if err != nil {
 		return nil, fmt.Errorf("read lease %s: %w", name, err)
 	}
@@ -281,7 +280,7 @@ func (x *leasesServer) read(ctx context.Context, name string) (*storedLease, err
 	kv := resp.Kvs[0]
 	sl := &storedLease{createRev: kv.CreateRevision, modRev: kv.ModRevision, id: clientv3.LeaseID(kv.Lease)}
 	if err := json.Unmarshal(kv.Value, &sl.rec); err != nil {
-		x.log().Warn("unreadable lease record", "lease", name, "err", err)
+		x.log.Warn("unreadable lease record", "lease", name, "err", err)
 		sl.rec = leaseRecord{}
 	}
 	return sl, nil
@@ -295,7 +294,7 @@ func (x *leasesServer) remaining(ctx context.Context, id clientv3.LeaseID) (left
 	if id == clientv3.NoLease {
 		return 0, false, nil
 	}
-	resp, err := x.s.etcd.TimeToLive(ctx, id)
+	resp, err := x.etcd.TimeToLive(ctx, id)
 	if err != nil {
 		return 0, false, fmt.Errorf("read etcd lease %x: %w", int64(id), err)
 	}
@@ -313,8 +312,8 @@ func (x *leasesServer) revoke(id clientv3.LeaseID) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := x.s.etcd.Revoke(ctx, id); err != nil {
-		x.log().Debug("revoke etcd lease", "id", fmt.Sprintf("%x", int64(id)), "err", err)
+	if _, err := x.etcd.Revoke(ctx, id); err != nil {
+		x.log.Debug("revoke etcd lease", "id", fmt.Sprintf("%x", int64(id)), "err", err)
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
@@ -374,32 +373,6 @@ func (x *managementServer) GetClusterInfo(ctx context.Context, _ *curatorv1.GetC
 		return nil, err
 	}
 	return info, nil
-}
-
-func (x *curatorServer) GetCurrentLeader(_ *curatorv1.GetCurrentLeaderRequest, stream curatorv1.Curator_GetCurrentLeaderServer) error {
-	s := x.s
-	for {
-		cur, changed := s.lead.leader()
-		_, _, ours := s.lead.ours()
-		resp := &curatorv1.GetCurrentLeaderResponse{
-			LeaderName:    cur.Name,
-			LeaderAddress: cur.Address,
-			Term:          cur.Term,
-			ThisName:      s.cfg.Name,
-			ThisIsLeader:  ours && cur.Name == s.cfg.Name,
-		}
-		if !cur.Since.IsZero() {
-			resp.Since = timestamppb.New(cur.Since)
-		}
-		if err := stream.Send(resp); err != nil {
-			return err
-		}
-		select {
-		case <-stream.Context().Done():
-			return nil
-		case <-changed:
-		}
-	}
 }
 
 // truncate cuts s to at most n bytes, on a character boundary.
