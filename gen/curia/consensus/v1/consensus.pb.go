@@ -30,7 +30,7 @@ const (
 type LifecycleState int32
 
 const (
-	// Unknown.
+	// Not set: a server never answers with it.
 	LifecycleState_LIFECYCLE_STATE_UNSPECIFIED LifecycleState = 0
 	// No data and no member: waiting for Start.
 	LifecycleState_LIFECYCLE_STATE_IDLE LifecycleState = 1
@@ -96,7 +96,7 @@ func (LifecycleState) EnumDescriptor() ([]byte, []int) {
 type MembershipOperation int32
 
 const (
-	// Unknown.
+	// Not set: a server never answers with it.
 	MembershipOperation_MEMBERSHIP_OPERATION_UNSPECIFIED MembershipOperation = 0
 	// A node is added as a learner.
 	MembershipOperation_MEMBERSHIP_OPERATION_ADD MembershipOperation = 1

@@ -176,7 +176,7 @@ func (x *AcquireRequest) GetTtlSeconds() int64 {
 // AcquireResponse is the granted lease.
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The lease.
+	// The lease, with the fence every write under it carries and its expiry.
 	Lease         *Lease `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

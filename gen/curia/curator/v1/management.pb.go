@@ -121,7 +121,7 @@ func (x *GetNodesResponse) GetNodes() []*Node {
 // ApproveNodeRequest approves a node.
 type ApproveNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The node.
+	// The node's id (node-<32 hex digits>).
 	NodeId        string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -213,7 +213,7 @@ func (x *ApproveNodeResponse) GetNode() *Node {
 // UpdateNodeRolesRequest changes roles; unset fields leave a role alone.
 type UpdateNodeRolesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The node.
+	// The node's id (node-<32 hex digits>).
 	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// Give (true) or take (false) ConsensusMember.
 	ConsensusMember *bool `protobuf:"varint,2,opt,name=consensus_member,json=consensusMember,proto3,oneof" json:"consensus_member,omitempty"`
@@ -341,7 +341,7 @@ func (x *UpdateNodeRolesResponse) GetNode() *Node {
 // DeleteNodeRequest deletes a node.
 type DeleteNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The node.
+	// The node's id (node-<32 hex digits>).
 	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// Delete even though the node has roles (the reconciler then removes its
 	// etcd member).

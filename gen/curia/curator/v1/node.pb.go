@@ -29,7 +29,7 @@ const (
 type NodeState int32
 
 const (
-	// Unknown.
+	// Not set: a server never answers with it.
 	NodeState_NODE_STATE_UNSPECIFIED NodeState = 0
 	// Registered with the ticket, waiting for an admin's approval.
 	NodeState_NODE_STATE_NEW NodeState = 1
@@ -90,7 +90,7 @@ func (NodeState) EnumDescriptor() ([]byte, []int) {
 type NodeHealth int32
 
 const (
-	// Unknown.
+	// Not set: a server never answers with it.
 	NodeHealth_NODE_HEALTH_UNSPECIFIED NodeHealth = 0
 	// The node never sent a heartbeat.
 	NodeHealth_NODE_HEALTH_UNKNOWN NodeHealth = 1
@@ -451,7 +451,8 @@ type Node struct {
 	PublicKey []byte `protobuf:"bytes,2,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
 	// Enrolment state.
 	State NodeState `protobuf:"varint,3,opt,name=state,proto3,enum=curia.curator.v1.NodeState" json:"state,omitempty"`
-	// Roles.
+	// What the node does in the cluster; etcd membership is the truth for
+	// ConsensusMember (the reconciler aligns the role with it).
 	Roles *Roles `protobuf:"bytes,4,opt,name=roles,proto3" json:"roles,omitempty"`
 	// Last reported status.
 	Status *NodeStatus `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`

@@ -31,7 +31,7 @@ type ReconcileNodeRolesRequest struct {
 	// The caller's fence, with the membership epoch it read before listing
 	// members.
 	Fence *v1.Fence `protobuf:"bytes,1,opt,name=fence,proto3" json:"fence,omitempty"`
-	// The node.
+	// The node's id (node-<32 hex digits>).
 	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The node's record revision the caller read (Node.revision).
 	NodeRevision int64 `protobuf:"varint,3,opt,name=node_revision,json=nodeRevision,proto3" json:"node_revision,omitempty"`

@@ -28,7 +28,7 @@ const (
 type Role int32
 
 const (
-	// Unknown.
+	// Not set: a server never answers with it.
 	Role_ROLE_UNSPECIFIED Role = 0
 	// Holds the lease and acts.
 	Role_ROLE_ACTIVE Role = 1
@@ -237,7 +237,7 @@ type Action struct {
 	NodeRevision int64 `protobuf:"varint,4,opt,name=node_revision,json=nodeRevision,proto3" json:"node_revision,omitempty"`
 	// The membership epoch the action was planned from.
 	MembershipEpoch int64 `protobuf:"varint,5,opt,name=membership_epoch,json=membershipEpoch,proto3" json:"membership_epoch,omitempty"`
-	// Why.
+	// Why, in words: the drift seen and what the action mends.
 	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -539,7 +539,7 @@ type Refusal struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// When the pass refused.
 	Time *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
-	// Why.
+	// Why, in words: what in the snapshot looked wrong.
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// The action refused, when the planner had chosen one (removing a member
 	// whose node is gone, refused below the voter floor); unspecified when
@@ -660,9 +660,9 @@ type PlanResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The action the next pass would take.
 	Action *Action `protobuf:"bytes,1,opt,name=action,proto3" json:"action,omitempty"`
-	// How many members and nodes were observed.
+	// How many etcd members the plan was made from.
 	Members int64 `protobuf:"varint,2,opt,name=members,proto3" json:"members,omitempty"`
-	// Nodes observed.
+	// How many node records the plan was made from.
 	Nodes         int64 `protobuf:"varint,3,opt,name=nodes,proto3" json:"nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

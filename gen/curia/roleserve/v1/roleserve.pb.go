@@ -28,7 +28,7 @@ const (
 type EnrolmentState int32
 
 const (
-	// Unknown.
+	// Not set: a server never answers with it.
 	EnrolmentState_ENROLMENT_STATE_UNSPECIFIED EnrolmentState = 0
 	// Nothing done yet: the agent decides between bootstrapping and
 	// registering.
@@ -105,7 +105,7 @@ func (EnrolmentState) EnumDescriptor() ([]byte, []int) {
 type ConsensusMode int32
 
 const (
-	// Unknown.
+	// Not set: a server never answers with it.
 	ConsensusMode_CONSENSUS_MODE_UNSPECIFIED ConsensusMode = 0
 	// The node runs no consensus member.
 	ConsensusMode_CONSENSUS_MODE_NONE ConsensusMode = 1
@@ -169,7 +169,8 @@ type Decision struct {
 	Decided bool `protobuf:"varint,1,opt,name=decided,proto3" json:"decided,omitempty"`
 	// Whether this node runs a consensus member.
 	RunConsensus bool `protobuf:"varint,2,opt,name=run_consensus,json=runConsensus,proto3" json:"run_consensus,omitempty"`
-	// How.
+	// How the member starts: bootstrap a cluster, join one, or restart from
+	// its data.
 	Mode ConsensusMode `protobuf:"varint,3,opt,name=mode,proto3,enum=curia.roleserve.v1.ConsensusMode" json:"mode,omitempty"`
 	// Why, for a human.
 	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
