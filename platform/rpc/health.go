@@ -122,6 +122,20 @@ func ServeMetrics(ctx context.Context, lis net.Listener, gatherer prometheus.Gat
 	return nil
 }
 
+// Listen listens on a service's gRPC address and, when metrics is set, on
+// its metrics address (ListenMetrics); on an error nothing stays open.
+func Listen(api, metrics string) (lis, mlis net.Listener, err error) {
+	lis, err = net.Listen("tcp", api)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listen %s: %w", api, err)
+	}
+	if mlis, err = ListenMetrics(metrics); err != nil {
+		lis.Close()
+		return nil, nil, err
+	}
+	return lis, mlis, nil
+}
+
 // ListenMetrics listens on addr for ServeMetrics; an empty addr (the flag
 // not given) is no listener and no error.
 func ListenMetrics(addr string) (net.Listener, error) {

@@ -359,13 +359,8 @@ func (s *Service) NodeID() string { return s.cfg.nodeID }
 // flip it (Status and curia_consensus_member_running do). It turns
 // NOT_SERVING when the process stops.
 func (s *Service) Run(ctx context.Context) error {
-	lis, err := net.Listen("tcp", s.cfg.ListenAPI)
+	lis, mlis, err := rpc.Listen(s.cfg.ListenAPI, s.cfg.ListenMetrics)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", s.cfg.ListenAPI, err)
-	}
-	mlis, err := rpc.ListenMetrics(s.cfg.ListenMetrics)
-	if err != nil {
-		lis.Close()
 		return err
 	}
 	var g run.Group

@@ -303,13 +303,8 @@ func (s *Service) Run(ctx context.Context) error {
 	defer s.etcd.Close()
 	defer s.consensus.close()
 	defer s.lead.closeConns()
-	lis, err := net.Listen("tcp", s.cfg.Listen)
+	lis, mlis, err := rpc.Listen(s.cfg.Listen, s.cfg.ListenMetrics)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", s.cfg.Listen, err)
-	}
-	mlis, err := rpc.ListenMetrics(s.cfg.ListenMetrics)
-	if err != nil {
-		lis.Close()
 		return err
 	}
 	var g run.Group

@@ -269,13 +269,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			cc.Close()
 		}
 	}()
-	lis, err := net.Listen("tcp", r.cfg.Listen)
+	lis, mlis, err := rpc.Listen(r.cfg.Listen, r.cfg.ListenMetrics)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", r.cfg.Listen, err)
-	}
-	mlis, err := rpc.ListenMetrics(r.cfg.ListenMetrics)
-	if err != nil {
-		lis.Close()
 		return err
 	}
 	var g run.Group
