@@ -27,7 +27,7 @@ func (x *server) Status(ctx context.Context, _ *consensusv1.StatusRequest) (*con
 }
 
 func (x *server) ListMembers(ctx context.Context, _ *consensusv1.ListMembersRequest) (*consensusv1.ListMembersResponse, error) {
-	_, cli, err := x.s.member.running()
+	e, cli, err := x.s.member.running()
 	if err != nil {
 		return nil, err
 	}
@@ -40,6 +40,7 @@ func (x *server) ListMembers(ctx context.Context, _ *consensusv1.ListMembersRequ
 		AnsweredByMemberId: snap.answeredBy,
 		MembershipEpoch:    snap.epoch,
 		Revision:           snap.revision,
+		LeaderId:           uint64(e.Server.Leader()),
 	}
 	if snap.pending != nil {
 		resp.Pending = snap.pending.PendingChange

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
@@ -114,15 +115,28 @@ func (r *Reconciler) act(ctx context.Context, s *snapshot, a plan.Action, f *fen
 	case plan.Promote:
 		_, err := r.members().PromoteMember(ctx, &consensusv1.PromoteMemberRequest{MemberId: a.MemberID, Fence: f})
 		return err
-	case plan.AddRole:
-		// The node is a member already: AddNode changes nothing and
-		// answers with its join parameters.
-		added, err := r.members().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: a.NodeID, PeerUrl: s.peerURLs[a.MemberID], Fence: f})
+	case plan.AddRole, plan.AddMember:
+		// AddRole: the node is a member already; AddNode changes nothing
+		// and answers with its join parameters. AddMember: AddNode adds
+		// the node as a learner, and the role write that follows is
+		// fenced on the epoch that addition left (this replica made the
+		// change; anything since fails the fence). A crash in between
+		// leaves a member without the role, which rule 2 repairs.
+		peerURL := s.peerURLs[a.MemberID]
+		if a.Kind == plan.AddMember {
+			peerURL = a.PeerURL
+		}
+		added, err := r.members().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: a.NodeID, PeerUrl: peerURL, Fence: f})
 		if err != nil {
-			return fmt.Errorf("join parameters of %s: %w", a.NodeID, err)
+			return fmt.Errorf("add %s to etcd, or read its join parameters: %w", a.NodeID, err)
+		}
+		roleFence := f
+		if e := added.GetMembershipEpoch(); e != 0 && e != f.GetMembershipEpoch() {
+			roleFence = proto.Clone(f).(*fencev1.Fence)
+			roleFence.MembershipEpoch = e
 		}
 		_, err = r.reconciliation().ReconcileNodeRoles(ctx, &curatorv1.ReconcileNodeRolesRequest{
-			Fence: f, NodeId: a.NodeID, NodeRevision: a.NodeRevision,
+			Fence: roleFence, NodeId: a.NodeID, NodeRevision: a.NodeRevision,
 			Change: &curatorv1.ReconcileNodeRolesRequest_AddConsensusMember{AddConsensusMember: added.GetJoin()},
 			Reason: reason,
 		})
@@ -147,6 +161,7 @@ var actionKinds = map[plan.Kind]reconcilerv1.ActionKind{
 	plan.AddRole:      reconcilerv1.ActionKind_ACTION_KIND_ADD_ROLE,
 	plan.RemoveRole:   reconcilerv1.ActionKind_ACTION_KIND_REMOVE_ROLE,
 	plan.Promote:      reconcilerv1.ActionKind_ACTION_KIND_PROMOTE,
+	plan.AddMember:    reconcilerv1.ActionKind_ACTION_KIND_ADD_MEMBER,
 }
 
 func toProto(a *plan.Action) *reconcilerv1.Action {

@@ -12,6 +12,9 @@ import (
 	"curia.dev/services/reconciler/internal/plan"
 )
 
+// zoneLabel is the node label autopilot spreads voters across.
+const zoneLabel = "zone"
+
 // snapshot is one observation with what act needs beyond the plan.
 type snapshot struct {
 	observed plan.Observed
@@ -46,7 +49,7 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 	}
 	now := time.Now()
 	s := &snapshot{peerURLs: map[uint64]string{}}
-	o := plan.Observed{Epoch: members.GetMembershipEpoch(), AnsweredBy: members.GetAnsweredByMemberId(), Now: now}
+	o := plan.Observed{Epoch: members.GetMembershipEpoch(), AnsweredBy: members.GetAnsweredByMemberId(), Leader: members.GetLeaderId(), Now: now}
 	if p := members.GetPending(); p != nil {
 		o.Pending = fmt.Sprintf("%s of node %s (member %x) by %s, change %s", p.GetOperation(), p.GetNodeId(), p.GetMemberId(), p.GetActor(), p.GetId())
 	}
@@ -60,12 +63,20 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 		if n.GetUnreadable() != "" && failpoint.Mutated(failpoint.NoSnapshotFreshness) {
 			continue // the mutation: an unreadable record looks deleted
 		}
-		o.Nodes = append(o.Nodes, plan.Node{
+		pn := plan.Node{
 			ID: n.GetId(), Revision: n.GetRevision(),
 			ConsensusMember:      n.GetRoles().GetConsensusMember() != nil,
 			KubernetesController: n.GetRoles().GetKubernetesController() != nil,
 			Unreadable:           n.GetUnreadable() != "",
-		})
+			Up:                   n.GetState() == curatorv1.NodeState_NODE_STATE_UP,
+			Healthy:              n.GetHealth() == curatorv1.NodeHealth_NODE_HEALTH_HEALTHY,
+			PeerURL:              n.GetStatus().GetConsensusPeerUrl(),
+			Zone:                 n.GetLabels()[zoneLabel],
+		}
+		if hb := n.GetLastHeartbeat(); hb != nil {
+			pn.LastHeartbeat = hb.AsTime()
+		}
+		o.Nodes = append(o.Nodes, pn)
 	}
 	o.LearnerSince, o.ReadySince = r.learnerClocks(o.Members, now)
 	s.observed = o

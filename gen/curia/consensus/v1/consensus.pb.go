@@ -618,7 +618,9 @@ type ListMembersResponse struct {
 	Revision int64 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
 	// The membership change in flight, if any. While one is pending, plans
 	// from this snapshot must do nothing: every change is refused anyway.
-	Pending       *PendingChange `protobuf:"bytes,6,opt,name=pending,proto3" json:"pending,omitempty"`
+	Pending *PendingChange `protobuf:"bytes,6,opt,name=pending,proto3" json:"pending,omitempty"`
+	// The etcd leader as the answering member knows it (0: none known).
+	LeaderId      uint64 `protobuf:"varint,7,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -693,6 +695,13 @@ func (x *ListMembersResponse) GetPending() *PendingChange {
 		return x.Pending
 	}
 	return nil
+}
+
+func (x *ListMembersResponse) GetLeaderId() uint64 {
+	if x != nil {
+		return x.LeaderId
+	}
+	return 0
 }
 
 // PendingChange is the cluster-wide record of the one membership change in
@@ -1813,14 +1822,15 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"clientUrls\x12\x18\n" +
 	"\alearner\x18\x05 \x01(\bR\alearner\x12\x18\n" +
 	"\astarted\x18\x06 \x01(\bR\astarted\x12\x1b\n" +
-	"\tcaught_up\x18\a \x01(\bR\bcaughtUp\"\xb1\x02\n" +
+	"\tcaught_up\x18\a \x01(\bR\bcaughtUp\"\xce\x02\n" +
 	"\x13ListMembersResponse\x124\n" +
 	"\amembers\x18\x01 \x03(\v2\x1a.curia.consensus.v1.MemberR\amembers\x121\n" +
 	"\x15answered_by_member_id\x18\x02 \x01(\x04R\x12answeredByMemberId\x12-\n" +
 	"\x13answered_by_node_id\x18\x03 \x01(\tR\x10answeredByNodeId\x12)\n" +
 	"\x10membership_epoch\x18\x04 \x01(\x03R\x0fmembershipEpoch\x12\x1a\n" +
 	"\brevision\x18\x05 \x01(\x03R\brevision\x12;\n" +
-	"\apending\x18\x06 \x01(\v2!.curia.consensus.v1.PendingChangeR\apending\"\xf1\x02\n" +
+	"\apending\x18\x06 \x01(\v2!.curia.consensus.v1.PendingChangeR\apending\x12\x1b\n" +
+	"\tleader_id\x18\a \x01(\x04R\bleaderId\"\xf1\x02\n" +
 	"\rPendingChange\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12E\n" +
 	"\toperation\x18\x02 \x01(\x0e2'.curia.consensus.v1.MembershipOperationR\toperation\x12\x1b\n" +

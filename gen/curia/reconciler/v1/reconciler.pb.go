@@ -89,7 +89,8 @@ const (
 	ActionKind_ACTION_KIND_NONE ActionKind = 1
 	// The snapshot looks wrong: do nothing, and say why.
 	ActionKind_ACTION_KIND_REFUSE ActionKind = 2
-	// Remove an etcd member (its node is gone, or its learner never started).
+	// Remove an etcd member (its node is gone, its learner never started or
+	// is behind on a dead node, or autopilot removes a dead voter or shrinks).
 	ActionKind_ACTION_KIND_REMOVE_MEMBER ActionKind = 3
 	// Give ConsensusMember to the node of an etcd member that lacks it.
 	ActionKind_ACTION_KIND_ADD_ROLE ActionKind = 4
@@ -98,6 +99,10 @@ const (
 	ActionKind_ACTION_KIND_REMOVE_ROLE ActionKind = 5
 	// Promote a caught-up learner to a voter.
 	ActionKind_ACTION_KIND_PROMOTE ActionKind = 6
+	// Add a node that is no member as a learner and give it
+	// ConsensusMember (autopilot: grow to the target, or a replacement for a
+	// dead voter, which joins before the dead one is removed).
+	ActionKind_ACTION_KIND_ADD_MEMBER ActionKind = 7
 )
 
 // Enum value maps for ActionKind.
@@ -110,6 +115,7 @@ var (
 		4: "ACTION_KIND_ADD_ROLE",
 		5: "ACTION_KIND_REMOVE_ROLE",
 		6: "ACTION_KIND_PROMOTE",
+		7: "ACTION_KIND_ADD_MEMBER",
 	}
 	ActionKind_value = map[string]int32{
 		"ACTION_KIND_UNSPECIFIED":   0,
@@ -119,6 +125,7 @@ var (
 		"ACTION_KIND_ADD_ROLE":      4,
 		"ACTION_KIND_REMOVE_ROLE":   5,
 		"ACTION_KIND_PROMOTE":       6,
+		"ACTION_KIND_ADD_MEMBER":    7,
 	}
 )
 
@@ -929,7 +936,7 @@ const file_curia_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_ACTIVE\x10\x01\x12\x10\n" +
-	"\fROLE_STANDBY\x10\x02*\xc6\x01\n" +
+	"\fROLE_STANDBY\x10\x02*\xe2\x01\n" +
 	"\n" +
 	"ActionKind\x12\x1b\n" +
 	"\x17ACTION_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
@@ -938,7 +945,8 @@ const file_curia_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\x19ACTION_KIND_REMOVE_MEMBER\x10\x03\x12\x18\n" +
 	"\x14ACTION_KIND_ADD_ROLE\x10\x04\x12\x1b\n" +
 	"\x17ACTION_KIND_REMOVE_ROLE\x10\x05\x12\x17\n" +
-	"\x13ACTION_KIND_PROMOTE\x10\x06*\xd5\x01\n" +
+	"\x13ACTION_KIND_PROMOTE\x10\x06\x12\x1a\n" +
+	"\x16ACTION_KIND_ADD_MEMBER\x10\a*\xd5\x01\n" +
 	"\n" +
 	"PassResult\x12\x1b\n" +
 	"\x17PASS_RESULT_UNSPECIFIED\x10\x00\x12\x19\n" +

@@ -15,10 +15,16 @@
 //	2. a member's node lacks ConsensusMember              → AddRole
 //	3. a node that is not a member has ConsensusMember
 //	   or KubernetesController                            → RemoveRole (both go)
-//	4. a learner unstarted past LearnerStartTimeout       → RemoveMember
+//	4. a learner unstarted past LearnerStartTimeout, or
+//	   behind on a node dead for DeadAfter                → RemoveMember
 //	   a learner caught up for Stabilization              → Promote
 //	   otherwise a learner to wait for                    → None   "waiting for learner …"
 //	5. some node records do not decode                    → None   "unreadable node records: …"
+//	6. autopilot (Config.TargetSize > 0; autopilot.go):
+//	   fewer live voters than the target, a candidate     → AddMember (grow, or replace a dead voter first)
+//	   more voters than the target                        → RemoveMember (a dead one first), never below the floor
+//	   a dead voter and no candidate                      → RemoveMember only if that raises the failure
+//	                                                        tolerance (an even number of voters), else None
 //	   nothing to do                                      → None   "converged: …"
 //
 // A node whose record does not decode (Node.Unreadable) exists: its member
@@ -75,6 +81,17 @@ type Node struct {
 	Unreadable           bool
 	ConsensusMember      bool
 	KubernetesController bool
+
+	// For autopilot (rule 6). Up: the node is enrolled and in service
+	// (NODE_STATE_UP). Healthy: its heartbeats arrive; LastHeartbeat is
+	// the last one (zero: never). PeerURL is the etcd peer URL its
+	// consensus process reported ("" until it can run one). Zone is its
+	// "zone" label, which autopilot spreads voters across.
+	Up            bool
+	Healthy       bool
+	LastHeartbeat time.Time
+	PeerURL       string
+	Zone          string
 }
 
 // Observed is one snapshot, read in this order: the membership epoch, the
@@ -89,8 +106,11 @@ type Observed struct {
 	Pending string
 	// AnsweredBy is the member that answered the member list.
 	AnsweredBy uint64
-	Members    []Member
-	Nodes      []Node
+	// Leader is the etcd leader as the answering member knows it (0:
+	// none known).
+	Leader  uint64
+	Members []Member
+	Nodes   []Node
 	// LearnerSince is when the reconciler first saw each learner;
 	// ReadySince when it first saw each learner caught up, continuously.
 	// The reconciler keeps both across passes.
@@ -110,6 +130,12 @@ type Config struct {
 	// LearnerStartTimeout is how long a learner may stay unstarted before
 	// it is removed: it would block every later join (one learner at a time).
 	LearnerStartTimeout time.Duration
+	// TargetSize is the number of voters autopilot keeps (0: manual, no
+	// autopilot; rule 6).
+	TargetSize int
+	// DeadAfter is how long a voter's node may go without a heartbeat, and
+	// be unhealthy, before autopilot replaces it.
+	DeadAfter time.Duration
 }
 
 // Kind is what an action does.
@@ -135,10 +161,14 @@ const (
 	RemoveRole
 	// Promote promotes a caught-up learner.
 	Promote
+	// AddMember adds a node that is no member as a learner and gives it
+	// ConsensusMember (autopilot: grow, or a replacement); PeerURL is the
+	// node's.
+	AddMember
 )
 
 func (k Kind) String() string {
-	return [...]string{"none", "refuse", "remove-member", "add-role", "remove-role", "promote"}[k]
+	return [...]string{"none", "refuse", "remove-member", "add-role", "remove-role", "promote", "add-member"}[k]
 }
 
 // Action is the planned step.
@@ -153,6 +183,8 @@ type Action struct {
 	// fenced txn (CreateRevision(nodes/<id>) == 0). It is false for every
 	// other action, a learner removed for not starting included.
 	NodeAbsent bool
+	// PeerURL is, for an AddMember, the peer URL the learner is added with.
+	PeerURL string
 	// Refused is, for a Refuse, the action the snapshot called for but
 	// the planner would not take (a removal below the voter floor); None
 	// when the snapshot looked wrong before any action was chosen.
@@ -297,6 +329,9 @@ func Plan(o Observed, c Config) Action {
 			waiting = append(waiting, fmt.Sprintf("learner %x (node %s) to start", m.ID, m.NodeID))
 			continue
 		}
+		if n := nodes[m.NodeID]; !m.CaughtUp && c.DeadAfter > 0 && isDead(n, o.Now, c.DeadAfter) {
+			return act(RemoveMember, m.ID, m.NodeID, 0, "learner %x (node %s) is not caught up and its node is dead (no heartbeat for %v): it blocks every later join", m.ID, m.NodeID, silence(n, o.Now))
+		}
 		ready, isReady := o.ReadySince[m.ID]
 		if m.CaughtUp && isReady && o.Now.Sub(ready) >= c.Stabilization {
 			return act(Promote, m.ID, m.NodeID, 0, "learner %x (node %s) has been caught up for %v", m.ID, m.NodeID, o.Now.Sub(ready).Round(time.Millisecond))
@@ -310,10 +345,17 @@ func Plan(o Observed, c Config) Action {
 	if len(waiting) > 0 {
 		return act(None, 0, "", 0, "%s %s%s", reasonWaiting, waiting[0], also)
 	}
-	// 5. Nothing to do. Unreadable records hide roles: say so instead of
-	// claiming convergence.
+	// 5. Unreadable records hide roles: say so instead of claiming
+	// convergence, and change nothing more.
 	if len(unreadable) > 0 {
 		return act(None, 0, "", 0, "%s: %s: their roles are unknown, so agreement with membership cannot be checked for them; everything else agrees (%d members, %d voters)", reasonUnreadable, strings.Join(unreadable, ", "), len(members), voters)
+	}
+	// 6. Autopilot: the size, and dead voters.
+	if c.TargetSize > 0 {
+		if a, ok := autopilot(o, c, members, nodes, memberOf, floor); ok {
+			a.Epoch = o.Epoch
+			return a
+		}
 	}
 	return act(None, 0, "", 0, "%s: %d members (%d voters), every member's node has ConsensusMember and every node with ConsensusMember or KubernetesController is a member", reasonConverged, len(members), voters)
 }

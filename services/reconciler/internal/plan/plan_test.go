@@ -837,6 +837,9 @@ func describe(a Action) string {
 	if a.NodeAbsent {
 		b.WriteString(" node_absent")
 	}
+	if a.PeerURL != "" {
+		fmt.Fprintf(&b, " peer_url=%s", a.PeerURL)
+	}
 	if a.Refused != None {
 		fmt.Fprintf(&b, " refused=%s", a.Refused)
 	}

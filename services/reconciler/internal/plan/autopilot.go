@@ -1,0 +1,173 @@
+package plan
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Autopilot (rule 6) keeps Config.TargetSize voters and replaces dead ones.
+// It runs only when rules 1–5 found nothing to do: roles and membership
+// agree, no learner is in flight, no change is pending, every record reads.
+// It takes one step per pass, like every rule, and the next pass sees what
+// the step did.
+//
+// A voter is dead when its node has been unhealthy, without a heartbeat,
+// for Config.DeadAfter. Unhealthy for less, it counts as alive: a node
+// that restarts is not replaced.
+//
+// Failure tolerance. With n voters of which h are healthy, etcd needs a
+// quorum of q(n) = ⌊n/2⌋+1 and survives t(n, h) = h − q(n) more voter
+// failures. Since q(n+1) − q(n) is 1 for odd n and 0 for even n:
+//
+//	adding a healthy voter     t(n+1, h+1) = t + 1 − [n odd]   never lowers t
+//	removing a dead voter      t(n−1, h)   = t + [n even]      never lowers t
+//	removing a healthy voter   t(n−1, h−1) = t − [n odd]
+//
+// So a dead voter is replaced add-before-remove: the replacement joins as a
+// learner (which no quorum counts), is promoted once caught up, and then
+// the dead voter goes (n+1 is even: its removal raises t). The exception
+// is an even n: there the dead voter makes the quorum worse than its
+// removal would, so it goes first, at once, without waiting for a
+// replacement to catch up. Neither order lowers t at any step; no removal
+// goes below the floor (Config.VoterFloor, the cluster's min_quorum), and
+// a healthy voter is never removed while a dead one is left.
+//
+// Choices are deterministic: a new voter from the zone (node label "zone")
+// with the fewest voters, then the lowest node id; a voter to remove the
+// dead one silent longest, then an unhealthy one, then one from the zone
+// with the most voters, not the etcd leader when another will do, then
+// the highest node id.
+func autopilot(o Observed, c Config, members []Member, nodes map[string]Node, memberOf map[string]Member, floor int) (Action, bool) {
+	var voters, dead []Member
+	for _, m := range members {
+		if m.Learner {
+			continue // rule 4 waits for every learner before autopilot runs
+		}
+		voters = append(voters, m)
+		if isDead(nodes[m.NodeID], o.Now, c.DeadAfter) {
+			dead = append(dead, m)
+		}
+	}
+	slices.SortStableFunc(dead, func(a, b Member) int {
+		return nodes[a.NodeID].LastHeartbeat.Compare(nodes[b.NodeID].LastHeartbeat)
+	})
+	n, target := len(voters), c.TargetSize
+	healthy := 0
+	zones := map[string]int{}
+	for _, m := range voters {
+		if nodes[m.NodeID].Healthy {
+			healthy++
+		}
+		zones[nodes[m.NodeID].Zone]++
+	}
+	tolerance := func(n, h int) int { return h - (n/2 + 1) }
+	t := tolerance(n, healthy)
+	act := func(k Kind, m uint64, node string, why string, args ...any) (Action, bool) {
+		return Action{Kind: k, MemberID: m, NodeID: node, Reason: fmt.Sprintf(why, args...)}, true
+	}
+
+	// An even number of voters with a dead one: its removal raises the
+	// failure tolerance now.
+	if len(dead) > 0 && n%2 == 0 && n-1 >= floor {
+		d := dead[0]
+		return act(RemoveMember, d.ID, d.NodeID, "voter %x (node %s) is dead (no heartbeat for %v); with %d voters, an even number, its removal raises the failure tolerance from %d to %d",
+			d.ID, d.NodeID, silence(nodes[d.NodeID], o.Now), n, t, tolerance(n-1, healthy))
+	}
+
+	// Fewer live voters than the target: add one (grow, or a replacement
+	// that joins before the dead voter goes).
+	if n-len(dead) < target {
+		if cand, ok := candidate(o.Nodes, memberOf, zones); ok {
+			a, _ := act(AddMember, 0, cand.ID, "%s: node %s joins as a learner (zone %q)", growWhy(n, len(dead), target, dead, nodes, o.Now), cand.ID, cand.Zone)
+			a.NodeRevision, a.PeerURL = cand.Revision, cand.PeerURL
+			return a, true
+		}
+	}
+
+	// More voters than the target: remove one.
+	if n > target {
+		r := removal(voters, dead, nodes, zones, o.Leader)
+		why := fmt.Sprintf("%d voters, the target is %d", n, target)
+		if len(dead) > 0 {
+			why = fmt.Sprintf("voter %x (node %s) is dead (no heartbeat for %v) and %d live voters make the target of %d", r.ID, r.NodeID, silence(nodes[r.NodeID], o.Now), n-len(dead), target)
+		}
+		if n-1 < floor {
+			a, _ := act(Refuse, r.ID, r.NodeID, "%s, but removing voter %x would leave %d voters, below the floor of %d", why, r.ID, n-1, floor)
+			a.Refused = RemoveMember
+			return a, true
+		}
+		return act(RemoveMember, r.ID, r.NodeID, "%s: removing voter %x (node %s)", why, r.ID, r.NodeID)
+	}
+
+	if len(dead) > 0 {
+		d := dead[0]
+		return act(None, 0, "", "%s a node to replace dead voter %x (node %s, no heartbeat for %v): no node is UP, healthy, no member and reports a consensus peer URL; with %d voters removing it first would not raise the failure tolerance (%d)",
+			reasonWaiting, d.ID, d.NodeID, silence(nodes[d.NodeID], o.Now), n, t)
+	}
+	if n < target {
+		return act(None, 0, "", "%s nodes to grow to %d voters (%d now): no node is UP, healthy, no member and reports a consensus peer URL", reasonWaiting, target, n)
+	}
+	return Action{}, false
+}
+
+// isDead reports whether n has been unhealthy, without a heartbeat, for
+// at least after. A node that never sent one is not dead: nothing says
+// since when it is silent.
+func isDead(n Node, now time.Time, after time.Duration) bool {
+	return !n.Healthy && !n.LastHeartbeat.IsZero() && now.Sub(n.LastHeartbeat) >= after
+}
+
+func silence(n Node, now time.Time) time.Duration { return now.Sub(n.LastHeartbeat).Round(time.Second) }
+
+func growWhy(n, dead, target int, deadVoters []Member, nodes map[string]Node, now time.Time) string {
+	if dead > 0 {
+		d := deadVoters[0]
+		return fmt.Sprintf("voter %x (node %s) is dead (no heartbeat for %v): its replacement joins before it is removed", d.ID, d.NodeID, silence(nodes[d.NodeID], now))
+	}
+	return fmt.Sprintf("%d voters, the target is %d", n, target)
+}
+
+// candidate is the node to add: UP, healthy, not a member, with a
+// consensus peer URL; from the zone with the fewest voters, then the
+// lowest id.
+func candidate(nodes []Node, memberOf map[string]Member, zones map[string]int) (Node, bool) {
+	var cs []Node
+	for _, n := range nodes {
+		if _, member := memberOf[n.ID]; member || !n.Up || !n.Healthy || n.Unreadable || n.PeerURL == "" {
+			continue
+		}
+		cs = append(cs, n)
+	}
+	if len(cs) == 0 {
+		return Node{}, false
+	}
+	return slices.MinFunc(cs, func(a, b Node) int {
+		return cmp.Or(cmp.Compare(zones[a.Zone], zones[b.Zone]), cmp.Compare(a.ID, b.ID))
+	}), true
+}
+
+// removal is the voter to remove: the dead one silent longest; else an
+// unhealthy one; else one from the zone with the most voters, not the
+// leader when another will do, then the highest node id.
+func removal(voters, dead []Member, nodes map[string]Node, zones map[string]int, leader uint64) Member {
+	if len(dead) > 0 {
+		return dead[0]
+	}
+	rank := func(m Member) (unhealthy, notLeader, zone int) {
+		n := nodes[m.NodeID]
+		if !n.Healthy {
+			unhealthy = 1
+		}
+		if m.ID != leader {
+			notLeader = 1
+		}
+		return unhealthy, notLeader, zones[n.Zone]
+	}
+	return slices.MaxFunc(voters, func(a, b Member) int {
+		ua, la, za := rank(a)
+		ub, lb, zb := rank(b)
+		return cmp.Or(cmp.Compare(ua, ub), cmp.Compare(la, lb), cmp.Compare(za, zb), cmp.Compare(a.NodeID, b.NodeID))
+	})
+}
