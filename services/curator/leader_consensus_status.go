@@ -3,6 +3,7 @@ package curator
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,6 +44,14 @@ func (s *Service) consensusStatus(ctx context.Context) (*curatorv1.GetConsensusS
 		return nil, err
 	}
 
+	list := make([]*curatorv1.Node, 0, len(nodes))
+	for _, n := range nodes {
+		list = append(list, n)
+	}
+	slices.SortFunc(list, func(a, b *curatorv1.Node) int { return strings.Compare(a.GetId(), b.GetId()) })
+	if err := s.decorate(ctx, list); err != nil {
+		return nil, err
+	}
 	statuses := s.memberStatuses(ctx, members.GetMembers(), nodes)
 	// The etcd leader: the member that says it leads, else the leader the
 	// others name.
@@ -72,6 +81,16 @@ func (s *Service) consensusStatus(ctx context.Context) (*curatorv1.GetConsensusS
 			Started:    m.GetStarted(),
 			PeerUrls:   m.GetPeerUrls(),
 			Leader:     leaderID != 0 && m.GetId() == leaderID,
+			NodeHealth: n.GetHealth(),
+		}
+		ms.LastHeartbeat = n.GetLastHeartbeat()
+		st, answered := statuses[m.GetId()]
+		ms.Healthy = answered && st.GetState() == consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING && (st.GetLeader() || st.GetLeaderId() != 0)
+		if !m.GetLearner() {
+			resp.Voters++
+			if ms.Healthy {
+				resp.HealthyVoters++
+			}
 		}
 		if st, ok := statuses[m.GetId()]; ok {
 			ms.RaftIndex = st.GetRaftIndex()
@@ -88,6 +107,8 @@ func (s *Service) consensusStatus(ctx context.Context) (*curatorv1.GetConsensusS
 		}
 	}
 	slices.Sort(resp.RoleWithoutMember)
+	resp.Quorum = resp.Voters/2 + 1
+	resp.FailureTolerance = int32(resp.HealthyVoters) - int32(resp.Quorum)
 	return resp, nil
 }
 

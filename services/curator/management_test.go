@@ -145,6 +145,10 @@ func TestGetConsensusStatus(t *testing.T) {
 	if len(st.RoleWithoutMember) != 0 {
 		t.Fatalf("role_without_member: %v", st.RoleWithoutMember)
 	}
+	if !mem.Healthy || st.Voters != 1 || st.HealthyVoters != 1 || st.Quorum != 1 || st.FailureTolerance != 0 {
+		t.Fatalf("one healthy voter: member healthy %v, voters %d, healthy %d, quorum %d, failure tolerance %d, want true, 1, 1, 1, 0",
+			mem.Healthy, st.Voters, st.HealthyVoters, st.Quorum, st.FailureTolerance)
+	}
 	epoch := st.MembershipEpoch
 	if want := voter.Members().MembershipEpoch; epoch != want {
 		t.Fatalf("membership epoch %d, want %d", epoch, want)
@@ -192,6 +196,10 @@ func TestGetConsensusStatus(t *testing.T) {
 	g := byNode[ghost]
 	if g == nil || g.NodeExists || g.HasRole || !g.Learner || g.Started || g.Leader || g.RaftIndex != 0 || !slices.Equal(g.PeerUrls, []string{ghostURL}) {
 		t.Fatalf("learner of a node that does not exist: %v", g)
+	}
+	// The learner that never started is neither healthy nor a voter.
+	if g.Healthy || st.Voters != 1 || st.HealthyVoters != 1 || st.FailureTolerance != 0 {
+		t.Fatalf("with an unstarted learner: learner healthy %v, voters %d, healthy %d, failure tolerance %d", g.Healthy, st.Voters, st.HealthyVoters, st.FailureTolerance)
 	}
 	if want := voter.Members().MembershipEpoch; st.MembershipEpoch != want || st.MembershipEpoch <= epoch {
 		t.Fatalf("membership epoch %d, want %d (and past %d, before the changes)", st.MembershipEpoch, want, epoch)

@@ -12,6 +12,7 @@ import (
 	_ "curia.dev/gen/curia/validate/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -636,7 +637,14 @@ type ConsensusMemberStatus struct {
 	// How far the member's raft index is behind the leader's.
 	Lag uint64 `protobuf:"varint,9,opt,name=lag,proto3" json:"lag,omitempty"`
 	// Whether this member leads etcd.
-	Leader        bool `protobuf:"varint,10,opt,name=leader,proto3" json:"leader,omitempty"`
+	Leader bool `protobuf:"varint,10,opt,name=leader,proto3" json:"leader,omitempty"`
+	// Whether the member is healthy: its consensus process answered (within
+	// 2 s) that it runs and knows a leader.
+	Healthy bool `protobuf:"varint,11,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// The heartbeat health of the member's node, and the node's last
+	// heartbeat: when the curators last heard from it.
+	NodeHealth    NodeHealth             `protobuf:"varint,12,opt,name=node_health,json=nodeHealth,proto3,enum=curia.curator.v1.NodeHealth" json:"node_health,omitempty"`
+	LastHeartbeat *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -741,6 +749,27 @@ func (x *ConsensusMemberStatus) GetLeader() bool {
 	return false
 }
 
+func (x *ConsensusMemberStatus) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *ConsensusMemberStatus) GetNodeHealth() NodeHealth {
+	if x != nil {
+		return x.NodeHealth
+	}
+	return NodeHealth_NODE_HEALTH_UNSPECIFIED
+}
+
+func (x *ConsensusMemberStatus) GetLastHeartbeat() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastHeartbeat
+	}
+	return nil
+}
+
 // GetConsensusStatusResponse lists members and nodes that disagree.
 type GetConsensusStatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -750,8 +779,16 @@ type GetConsensusStatusResponse struct {
 	RoleWithoutMember []string `protobuf:"bytes,2,rep,name=role_without_member,json=roleWithoutMember,proto3" json:"role_without_member,omitempty"`
 	// The membership epoch.
 	MembershipEpoch int64 `protobuf:"varint,3,opt,name=membership_epoch,json=membershipEpoch,proto3" json:"membership_epoch,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The voters, and how many of them are healthy (ConsensusMemberStatus.healthy).
+	Voters        uint32 `protobuf:"varint,4,opt,name=voters,proto3" json:"voters,omitempty"`
+	HealthyVoters uint32 `protobuf:"varint,5,opt,name=healthy_voters,json=healthyVoters,proto3" json:"healthy_voters,omitempty"`
+	// The quorum of the voters: voters/2 + 1.
+	Quorum uint32 `protobuf:"varint,6,opt,name=quorum,proto3" json:"quorum,omitempty"`
+	// How many more voter failures the cluster survives: healthy_voters −
+	// quorum. Negative: no quorum now, and no membership change is possible.
+	FailureTolerance int32 `protobuf:"varint,7,opt,name=failure_tolerance,json=failureTolerance,proto3" json:"failure_tolerance,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *GetConsensusStatusResponse) Reset() {
@@ -801,6 +838,34 @@ func (x *GetConsensusStatusResponse) GetRoleWithoutMember() []string {
 func (x *GetConsensusStatusResponse) GetMembershipEpoch() int64 {
 	if x != nil {
 		return x.MembershipEpoch
+	}
+	return 0
+}
+
+func (x *GetConsensusStatusResponse) GetVoters() uint32 {
+	if x != nil {
+		return x.Voters
+	}
+	return 0
+}
+
+func (x *GetConsensusStatusResponse) GetHealthyVoters() uint32 {
+	if x != nil {
+		return x.HealthyVoters
+	}
+	return 0
+}
+
+func (x *GetConsensusStatusResponse) GetQuorum() uint32 {
+	if x != nil {
+		return x.Quorum
+	}
+	return 0
+}
+
+func (x *GetConsensusStatusResponse) GetFailureTolerance() int32 {
+	if x != nil {
+		return x.FailureTolerance
 	}
 	return 0
 }
@@ -1015,7 +1080,7 @@ var File_curia_curator_v1_management_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\n" +
-	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/audit/v1/audit.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\"3\n" +
+	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/audit/v1/audit.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"3\n" +
 	"\x0fGetNodesRequest\x12 \n" +
 	"\x06filter\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06filter\"@\n" +
 	"\x10GetNodesResponse\x12,\n" +
@@ -1053,7 +1118,7 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x11NodesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x1b\n" +
-	"\x19GetConsensusStatusRequest\"\xa3\x02\n" +
+	"\x19GetConsensusStatusRequest\"\xbf\x03\n" +
 	"\x15ConsensusMemberStatus\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\x04R\bmemberId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1f\n" +
@@ -1067,11 +1132,19 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"raft_index\x18\b \x01(\x04R\traftIndex\x12\x10\n" +
 	"\x03lag\x18\t \x01(\x04R\x03lag\x12\x16\n" +
 	"\x06leader\x18\n" +
-	" \x01(\bR\x06leader\"\xba\x01\n" +
+	" \x01(\bR\x06leader\x12\x18\n" +
+	"\ahealthy\x18\v \x01(\bR\ahealthy\x12=\n" +
+	"\vnode_health\x18\f \x01(\x0e2\x1c.curia.curator.v1.NodeHealthR\n" +
+	"nodeHealth\x12A\n" +
+	"\x0elast_heartbeat\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\"\xbe\x02\n" +
 	"\x1aGetConsensusStatusResponse\x12A\n" +
 	"\amembers\x18\x01 \x03(\v2'.curia.curator.v1.ConsensusMemberStatusR\amembers\x12.\n" +
 	"\x13role_without_member\x18\x02 \x03(\tR\x11roleWithoutMember\x12)\n" +
-	"\x10membership_epoch\x18\x03 \x01(\x03R\x0fmembershipEpoch\"\x1a\n" +
+	"\x10membership_epoch\x18\x03 \x01(\x03R\x0fmembershipEpoch\x12\x16\n" +
+	"\x06voters\x18\x04 \x01(\rR\x06voters\x12%\n" +
+	"\x0ehealthy_voters\x18\x05 \x01(\rR\rhealthyVoters\x12\x16\n" +
+	"\x06quorum\x18\x06 \x01(\rR\x06quorum\x12+\n" +
+	"\x11failure_tolerance\x18\a \x01(\x05R\x10failureTolerance\"\x1a\n" +
 	"\x18GetRegisterTicketRequest\"3\n" +
 	"\x19GetRegisterTicketResponse\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\fR\x06ticket\"\xab\x02\n" +
@@ -1129,36 +1202,40 @@ var file_curia_curator_v1_management_proto_goTypes = []any{
 	(*WatchAuditLogResponse)(nil),      // 16: curia.curator.v1.WatchAuditLogResponse
 	nil,                                // 17: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
 	(*Node)(nil),                       // 18: curia.curator.v1.Node
-	(*v1.Event)(nil),                   // 19: curia.audit.v1.Event
+	(NodeHealth)(0),                    // 19: curia.curator.v1.NodeHealth
+	(*timestamppb.Timestamp)(nil),      // 20: google.protobuf.Timestamp
+	(*v1.Event)(nil),                   // 21: curia.audit.v1.Event
 }
 var file_curia_curator_v1_management_proto_depIdxs = []int32{
 	18, // 0: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
 	18, // 1: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
 	18, // 2: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
 	17, // 3: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	11, // 4: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
-	19, // 5: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
-	0,  // 6: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
-	2,  // 7: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
-	4,  // 8: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
-	6,  // 9: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
-	8,  // 10: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
-	10, // 11: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
-	13, // 12: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
-	15, // 13: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
-	1,  // 14: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
-	3,  // 15: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
-	5,  // 16: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
-	7,  // 17: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
-	9,  // 18: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
-	12, // 19: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
-	14, // 20: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
-	16, // 21: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
-	14, // [14:22] is the sub-list for method output_type
-	6,  // [6:14] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	19, // 4: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
+	20, // 5: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	11, // 6: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
+	21, // 7: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
+	0,  // 8: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
+	2,  // 9: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
+	4,  // 10: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
+	6,  // 11: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
+	8,  // 12: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
+	10, // 13: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
+	13, // 14: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
+	15, // 15: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
+	1,  // 16: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
+	3,  // 17: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
+	5,  // 18: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
+	7,  // 19: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
+	9,  // 20: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
+	12, // 21: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
+	14, // 22: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
+	16, // 23: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
+	16, // [16:24] is the sub-list for method output_type
+	8,  // [8:16] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_management_proto_init() }
