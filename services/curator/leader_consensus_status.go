@@ -108,7 +108,7 @@ func (s *Service) consensusStatus(ctx context.Context) (*curatorv1.GetConsensusS
 	}
 	slices.Sort(resp.RoleWithoutMember)
 	resp.Quorum = resp.Voters/2 + 1
-	resp.FailureTolerance = int32(resp.HealthyVoters) - int32(resp.Quorum)
+	resp.FailureTolerance = int32(resp.HealthyVoters) - int32(resp.Quorum) //nolint:gosec // G115: both are at most the number of etcd voters
 	return resp, nil
 }
 
