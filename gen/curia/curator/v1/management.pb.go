@@ -641,9 +641,9 @@ type ConsensusMemberStatus struct {
 	// Whether the member is healthy: its consensus process answered (within
 	// 2 s) that it runs and knows a leader.
 	Healthy bool `protobuf:"varint,11,opt,name=healthy,proto3" json:"healthy,omitempty"`
-	// The heartbeat health of the member's node, and the node's last
-	// heartbeat: when the curators last heard from it.
-	NodeHealth    NodeHealth             `protobuf:"varint,12,opt,name=node_health,json=nodeHealth,proto3,enum=curia.curator.v1.NodeHealth" json:"node_health,omitempty"`
+	// The heartbeat health of the member's node.
+	NodeHealth NodeHealth `protobuf:"varint,12,opt,name=node_health,json=nodeHealth,proto3,enum=curia.curator.v1.NodeHealth" json:"node_health,omitempty"`
+	// The node's last heartbeat: when the curators last heard from it.
 	LastHeartbeat *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -779,8 +779,9 @@ type GetConsensusStatusResponse struct {
 	RoleWithoutMember []string `protobuf:"bytes,2,rep,name=role_without_member,json=roleWithoutMember,proto3" json:"role_without_member,omitempty"`
 	// The membership epoch.
 	MembershipEpoch int64 `protobuf:"varint,3,opt,name=membership_epoch,json=membershipEpoch,proto3" json:"membership_epoch,omitempty"`
-	// The voters, and how many of them are healthy (ConsensusMemberStatus.healthy).
-	Voters        uint32 `protobuf:"varint,4,opt,name=voters,proto3" json:"voters,omitempty"`
+	// The voters (learners do not count).
+	Voters uint32 `protobuf:"varint,4,opt,name=voters,proto3" json:"voters,omitempty"`
+	// How many voters are healthy (ConsensusMemberStatus.healthy).
 	HealthyVoters uint32 `protobuf:"varint,5,opt,name=healthy_voters,json=healthyVoters,proto3" json:"healthy_voters,omitempty"`
 	// The quorum of the voters: voters/2 + 1.
 	Quorum uint32 `protobuf:"varint,6,opt,name=quorum,proto3" json:"quorum,omitempty"`
