@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -55,7 +56,7 @@ func (id *identity) memberCertPath() string { return filepath.Join(id.dir, "memb
 // loadIdentity loads (or makes) the key and the certificates on disk,
 // taking the deployment's certificates (cfg.TLS.Cert, cfg.MemberCert) when
 // the data directory has none yet.
-func loadIdentity(cfg Config, revocations *crl.Watcher) (*identity, error) {
+func loadIdentity(cfg Config, revocations *crl.Watcher, log *slog.Logger) (*identity, error) {
 	caPEM, err := os.ReadFile(cfg.TLS.CA)
 	if err != nil {
 		return nil, fmt.Errorf("read --ca: %w", err)
@@ -100,11 +101,45 @@ func loadIdentity(cfg Config, revocations *crl.Watcher) (*identity, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := id.set(c.kind, certPEM); err != nil {
+		if err := id.load(c.kind, certPEM, log); err != nil {
 			return nil, fmt.Errorf("%s certificate: %w", c.kind, err)
 		}
 	}
 	return id, nil
+}
+
+// load takes a certificate from disk at start. One the CRL revokes, or
+// that expired, does not stop the process, which would then restart in a
+// loop (a deleted node's, after a reboot): the API serves with its
+// self-signed certificate until the agent installs a fresh one, and a
+// revoked member certificate is kept only so that etcd is not restarted
+// with it (runMember). A certificate of another key stops it: the data
+// directory is not this process's.
+func (id *identity) load(kind pki.Kind, certPEM []byte, log *slog.Logger) error {
+	cert, err := pki.ParseCertPEM(certPEM)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errBadRequest, err)
+	}
+	revoked, expired := id.crl.IsRevoked(cert), time.Now().After(cert.NotAfter)
+	switch {
+	case !revoked && !expired:
+		return id.set(kind, certPEM)
+	case kind == pki.KindMember && revoked:
+		if pub, ok := cert.PublicKey.(ed25519.PublicKey); !ok || !pub.Equal(id.key.Public()) {
+			return fmt.Errorf("%w: the member certificate %x is not of this process's key", errBadRequest, cert.SerialNumber)
+		}
+		creds, err := rpc.NewCredentials(id.cluster, id.api.CAPEM, certPEM, id.keyPEM)
+		if err != nil {
+			return fmt.Errorf("%w: the member certificate: %v", errBadRequest, err)
+		}
+		id.mu.Lock()
+		id.member = creds
+		id.mu.Unlock()
+		log.Warn("the member certificate on disk is revoked: etcd will not restart with it", "serial", cert.SerialNumber.Text(16))
+	default:
+		log.Warn("a certificate on disk is revoked or expired and not used; the node's agent installs a fresh one", "kind", string(kind), "serial", cert.SerialNumber.Text(16), "revoked", revoked, "expired", expired)
+	}
+	return nil
 }
 
 func (id *identity) principal(k pki.Kind) pki.Principal {
@@ -112,8 +147,8 @@ func (id *identity) principal(k pki.Kind) pki.Principal {
 }
 
 // set checks a certificate of this process's key for kind (consensus or
-// member), stores it and uses it from now on. An expired certificate on
-// disk is refused like any other: the agent installs a fresh one.
+// member), stores it and uses it from now on: SetCredentials, and load for
+// a certificate on disk that is neither revoked nor expired.
 func (id *identity) set(kind pki.Kind, certPEM []byte) error {
 	cert, err := pki.ParseCertPEM(certPEM)
 	if err != nil {

@@ -107,7 +107,7 @@ func newMember(cfg Config, revocations *crl.Watcher, log, etcdLog *slog.Logger) 
 	if err := m.loadCRL(); err != nil {
 		return nil, err
 	}
-	if m.id, err = loadIdentity(cfg, revocations); err != nil {
+	if m.id, err = loadIdentity(cfg, revocations, log); err != nil {
 		return nil, err
 	}
 	if b, err := os.ReadFile(m.statePath()); err == nil {

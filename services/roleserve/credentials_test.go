@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"path/filepath"
 	"testing"
 	"time"
@@ -227,6 +228,37 @@ func TestCredentialsFollowTheRole(t *testing.T) {
 		return nil
 	})
 	t.Logf("etcd and the curator refuse the deleted member node's certificates %v after DeleteNode answered", time.Since(deleted).Round(time.Millisecond))
+
+	// The deleted node's machine reboots: its consensus process starts
+	// with revoked certificates on disk, and serves (self-signed) instead
+	// of exiting in a loop, which would keep the node's supervisor, and a
+	// deployment waiting on health, from ever settling.
+	served := func() int {
+		b, _ := os.ReadFile(n.Log)
+		return strings.Count(string(b), `msg="consensus serving"`)
+	}
+	before := served()
+	n.Stop()
+	n.Start()
+	proctest.Eventually(t, time.Minute, func() error {
+		if !n.Running() {
+			t.Fatalf("the deleted node's consensus process exited at start; its log: %s", tailOf(n.Log))
+		}
+		if served() == before {
+			return errors.New("not serving yet")
+		}
+		return nil
+	})
+	if !n.LogContains("revoked") {
+		t.Fatal("the consensus process did not say its certificates on disk are revoked")
+	}
+}
+
+// tailOf is the last lines of a log file.
+func tailOf(path string) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(0, len(lines)-10):], "\n")
 }
 
 // ofKeyPEM reports whether c certifies the ed25519 key pub.
