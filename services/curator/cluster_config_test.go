@@ -250,10 +250,10 @@ func TestClusterConfig(t *testing.T) {
 		}
 		first, follower := events[0], events[len(events)-2]
 		if first.Actor != "admin/test" || first.NodeId != "" || len(first.Fence) == 0 ||
-			first.Reason != `three voters: control_plane_size 0 -> 3, paused false -> true, pause_reason "" -> "upgrade"` {
+			first.Reason != `three voters: control_plane_size=3 (was 0), paused=true (was false), pause_reason="upgrade" (was "")` {
 			t.Fatalf("first event: %v", first)
 		}
-		if follower.Actor != "admin/test" || !strings.HasPrefix(follower.Reason, "via follower: stabilization 10s -> 30s") || follower.RecordedBy != "curator/"+leader.Name {
+		if follower.Actor != "admin/test" || !strings.HasPrefix(follower.Reason, "via follower: stabilization=30s (was 10s)") || follower.RecordedBy != "curator/"+leader.Name {
 			t.Fatalf("event of the update through a follower: %v", follower)
 		}
 	})

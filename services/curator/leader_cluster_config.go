@@ -155,7 +155,7 @@ func configChanges(old, next *curatorv1.ClusterConfig) string {
 	for i := range fields.Len() {
 		f := fields.Get(i)
 		if was, is := configValue(old, f), configValue(next, f); was != is {
-			out = append(out, fmt.Sprintf("%s %s -> %s", f.Name(), was, is))
+			out = append(out, fmt.Sprintf("%s=%s (was %s)", f.Name(), is, was))
 		}
 	}
 	return strings.Join(out, ", ")

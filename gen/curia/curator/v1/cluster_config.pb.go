@@ -234,10 +234,11 @@ type UpdateClusterConfigRequest struct {
 	// The new values; only the fields update_mask names are read (the others
 	// must still be valid, or be left unset).
 	Config *ClusterConfig `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
-	// Which fields of config to change, by their names in ClusterConfig
-	// (e.g. "control_plane_size", "paused"; over JSON "controlPlaneSize,paused").
-	// Required and non-empty; "*" is not accepted. A named duration must be
-	// set: there is no "reset to default".
+	// Which fields of config to change, by their names in ClusterConfig,
+	// e.g. ["control_plane_size", "paused"]: in proto3 JSON (Connect, curl)
+	// "controlPlaneSize,paused", in grpcurl {"paths": ["control_plane_size",
+	// "paused"]}. Required and non-empty; "*" is not accepted. A named
+	// duration must be set: there is no "reset to default".
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,2,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// Check the update and return the config it would leave, with the
 	// current revision; write nothing.
