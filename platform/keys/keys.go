@@ -1,9 +1,9 @@
 // Package keys is the layout of curia's data in etcd. Every key curia reads or
 // writes is built here, with a comment saying what it holds and who writes it.
-// Values are protobuf unless a comment says otherwise. Node records and the
-// pending membership change are private curia.storage.v1 records, not the
-// API messages they are served as, read and written through
-// platform/records.
+// Values are protobuf unless a comment says otherwise. Node records, the
+// pending membership change and the cluster configuration are private
+// curia.storage.v1 records, not the API messages they are served as, read
+// and written through platform/records.
 //
 //	/curia/
 //	├── leader/<lease id>          curator election (concurrency.Election)
@@ -17,6 +17,7 @@
 //	├── heartbeats-seen/<node id>  a node's last recorded heartbeat, no lease
 //	├── tombstones/<node id>       a deleted node's id, never to register again
 //	├── cluster/register-ticket    the ticket nodes register with (raw bytes)
+//	├── cluster/config             the cluster configuration (autopilot's settings)
 //	└── pki/crl                    the cluster CA's revocation list (PEM)
 package keys
 
@@ -113,6 +114,13 @@ const (
 	// RegisterTicket is the cluster's register ticket (raw bytes), created
 	// by the first curator leader.
 	RegisterTicket = Prefix + "cluster/register-ticket"
+
+	// ClusterConfig is the cluster configuration
+	// (curia.storage.v1.ClusterConfigRecord), written whole by the curator
+	// leader (UpdateClusterConfig) in a transaction guarded by the
+	// ModRevision it read, which is the configuration's revision. Absent
+	// until the first update: every field reads as its default.
+	ClusterConfig = Prefix + "cluster/config"
 
 	// CRL is the cluster CA's current certificate revocation list (PEM),
 	// written by the curator when it revokes a node's certificate.

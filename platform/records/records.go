@@ -9,6 +9,9 @@
 //	               ◀──NodeFromRecord──                       ◀──
 //	         EncodeNode and DecodeNode do both steps.
 //
+//	curatorv1.ClusterConfig ──EncodeClusterConfig──▶ cluster/config
+//	                        ◀──DecodeClusterConfig──  (defaults filled in)
+//
 // The API message may gain fields the record lacks (computed on read: a
 // node's health, last heartbeat, revision); the conversion leaves them
 // unset, and the reader fills them in. See docs/design-changes.md,
@@ -17,8 +20,10 @@ package records
 
 import (
 	"fmt"
+	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
@@ -126,4 +131,64 @@ func DecodePendingChange(b []byte) (*consensusv1.PendingChange, error) {
 		return nil, fmt.Errorf("decode pending change record: %w", err)
 	}
 	return PendingChangeFromRecord(r), nil
+}
+
+// DefaultClusterConfig is the cluster configuration of a cluster that never
+// wrote one, and what each field never written reads as: manual membership
+// (control_plane_size 0), dead_node_threshold 5m, min_quorum 1,
+// stabilization 10s, not paused. It is here, with the decoder that fills
+// it in, so that the curator (which serves it) and the reconciler (which
+// acts on it before its first read) share one set of defaults.
+func DefaultClusterConfig() *curatorv1.ClusterConfig {
+	return &curatorv1.ClusterConfig{
+		ControlPlaneSize:  0,
+		DeadNodeThreshold: durationpb.New(5 * time.Minute),
+		MinQuorum:         1,
+		Stabilization:     durationpb.New(10 * time.Second),
+	}
+}
+
+// EncodeClusterConfig is the value stored under keys.ClusterConfig for c:
+// all of it.
+func EncodeClusterConfig(c *curatorv1.ClusterConfig) ([]byte, error) {
+	r := &storagev1.ClusterConfigRecord{
+		ControlPlaneSize:  c.GetControlPlaneSize(),
+		DeadNodeThreshold: c.GetDeadNodeThreshold(),
+		Stabilization:     c.GetStabilization(),
+		Paused:            c.GetPaused(),
+		PauseReason:       c.GetPauseReason(),
+	}
+	if c.GetMinQuorum() != 0 {
+		r.MinQuorum = proto.Uint32(c.GetMinQuorum())
+	}
+	b, err := proto.Marshal(r)
+	if err != nil {
+		return nil, fmt.Errorf("encode cluster config record: %w", err)
+	}
+	return b, nil
+}
+
+// DecodeClusterConfig reads the value stored under keys.ClusterConfig as
+// the API's ClusterConfig, every field that the record does not set
+// (dead_node_threshold, min_quorum, stabilization) taken from
+// DefaultClusterConfig.
+func DecodeClusterConfig(b []byte) (*curatorv1.ClusterConfig, error) {
+	r := &storagev1.ClusterConfigRecord{}
+	if err := proto.Unmarshal(b, r); err != nil {
+		return nil, fmt.Errorf("decode cluster config record: %w", err)
+	}
+	c := DefaultClusterConfig()
+	c.ControlPlaneSize = r.GetControlPlaneSize()
+	if r.DeadNodeThreshold != nil {
+		c.DeadNodeThreshold = r.GetDeadNodeThreshold()
+	}
+	if r.MinQuorum != nil {
+		c.MinQuorum = r.GetMinQuorum()
+	}
+	if r.Stabilization != nil {
+		c.Stabilization = r.GetStabilization()
+	}
+	c.Paused = r.GetPaused()
+	c.PauseReason = r.GetPauseReason()
+	return c, nil
 }

@@ -251,3 +251,61 @@ func sameFields(t *testing.T, api, rec protoreflect.MessageDescriptor, computed 
 		t.Errorf("%s has %d fields, %s %d stored ones", rec.FullName(), got, api.FullName(), n)
 	}
 }
+
+func TestClusterConfigRecordFieldNumbers(t *testing.T) {
+	api := (&curatorv1.ClusterConfig{}).ProtoReflect().Descriptor()
+	rec := (&storagev1.ClusterConfigRecord{}).ProtoReflect().Descriptor()
+	sameFields(t, api, rec, nil)
+}
+
+// TestClusterConfigRecord: a config reads back as written, and a field the
+// record does not set reads as its default.
+func TestClusterConfigRecord(t *testing.T) {
+	full := &curatorv1.ClusterConfig{
+		ControlPlaneSize:  5,
+		DeadNodeThreshold: durationpb.New(time.Hour),
+		MinQuorum:         3,
+		Stabilization:     durationpb.New(0), // set, though zero: not the default
+		Paused:            true,
+		PauseReason:       "maintenance",
+	}
+	tests := map[string]struct {
+		record *storagev1.ClusterConfigRecord
+		want   *curatorv1.ClusterConfig
+	}{
+		"empty record: defaults": {record: &storagev1.ClusterConfigRecord{}, want: DefaultClusterConfig()},
+		"only size set": {
+			record: &storagev1.ClusterConfigRecord{ControlPlaneSize: 3},
+			want: func() *curatorv1.ClusterConfig {
+				c := DefaultClusterConfig()
+				c.ControlPlaneSize = 3
+				return c
+			}(),
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			b, err := proto.Marshal(tc.record)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := DecodeClusterConfig(b)
+			if err != nil || !proto.Equal(got, tc.want) {
+				t.Fatalf("got %v (%v), want %v", got, err, tc.want)
+			}
+		})
+	}
+	t.Run("round trip", func(t *testing.T) {
+		b, err := EncodeClusterConfig(full)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := DecodeClusterConfig(b)
+		if err != nil || !proto.Equal(got, full) {
+			t.Fatalf("got %v (%v), want %v", got, err, full)
+		}
+	})
+	if _, err := DecodeClusterConfig([]byte("\xff\xfe")); err == nil {
+		t.Fatal("a record that does not decode decoded")
+	}
+}

@@ -18,7 +18,8 @@ import (
 )
 
 // TestConnect: the admin API over the Connect protocol, with JSON as curl
-// sends it, on the leader and on a follower, for admins only.
+// sends it, on the leader and on a follower, for admins only (and the
+// reconciler's read of the cluster config).
 func TestConnect(t *testing.T) {
 	c := cut.New(t, 2)
 	ctx := ctxT(t)
@@ -61,9 +62,23 @@ func TestConnect(t *testing.T) {
 	if code, body := post(admin, c.Curators[0], "ApproveNode", `{"nodeId": "bob"}`); code != http.StatusBadRequest || !strings.Contains(body, "invalid_argument") {
 		t.Fatalf("bad node id: %d %s", code, body)
 	}
-	// Only admins.
-	if code, body := post(httpClient(pki.Principal{Kind: pki.KindReconciler}), c.Curators[0], "GetClusterInfo", "{}"); code != http.StatusForbidden {
+	// A write as curl sends it: the mask's JSON is one string of camelCase
+	// paths.
+	update := `{"config": {"paused": true, "pauseReason": "maintenance"}, "updateMask": "paused,pauseReason", "reason": "over curl"}`
+	if code, body := post(admin, c.Curators[1], "UpdateClusterConfig", update); code != http.StatusOK ||
+		!strings.Contains(body, `"paused":true`) || !strings.Contains(body, `"pauseReason":"maintenance"`) {
+		t.Fatalf("UpdateClusterConfig: %d %s", code, body)
+	}
+	// Only admins, but for the reconciler's read of the cluster config.
+	reconciler := httpClient(pki.Principal{Kind: pki.KindReconciler})
+	if code, body := post(reconciler, c.Curators[0], "GetClusterInfo", "{}"); code != http.StatusForbidden {
 		t.Fatalf("reconciler on the admin API: %d %s", code, body)
+	}
+	if code, body := post(reconciler, c.Curators[0], "UpdateClusterConfig", update); code != http.StatusForbidden {
+		t.Fatalf("reconciler updates the cluster config: %d %s", code, body)
+	}
+	if code, body := post(reconciler, c.Curators[0], "GetClusterConfig", "{}"); code != http.StatusOK || !strings.Contains(body, `"pauseReason":"maintenance"`) {
+		t.Fatalf("reconciler reads the cluster config: %d %s", code, body)
 	}
 	// And curl itself, when this machine has it.
 	if curl, err := exec.LookPath("curl"); err == nil {

@@ -3,8 +3,11 @@ package curator_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	fencev1 "curia.dev/gen/curia/fence/v1"
@@ -42,6 +45,12 @@ func TestRequestContracts(t *testing.T) {
 			return err
 		}
 	}
+	clusterConfig := func(cfg *curatorv1.ClusterConfig, paths ...string) func() error {
+		return func() error {
+			_, err := mgmt.UpdateClusterConfig(ctx, &curatorv1.UpdateClusterConfigRequest{Config: cfg, UpdateMask: &fieldmaskpb.FieldMask{Paths: paths}, ValidateOnly: true})
+			return err
+		}
+	}
 	fence := &fencev1.Fence{Conditions: []*fencev1.FenceCondition{{Key: "/curia/leader/x", CreateRevision: 1}}, MembershipEpoch: 1}
 	tests := map[string]struct {
 		call        func() error
@@ -73,6 +82,16 @@ func TestRequestContracts(t *testing.T) {
 			}
 			return err
 		}},
+		"cluster config: size 2":       {call: clusterConfig(&curatorv1.ClusterConfig{ControlPlaneSize: 2}, "control_plane_size"), code: codes.InvalidArgument, field: "config.control_plane_size", rule: "uint32.in"},
+		"cluster config: size 9":       {call: clusterConfig(&curatorv1.ClusterConfig{ControlPlaneSize: 9}, "control_plane_size"), code: codes.InvalidArgument, field: "config.control_plane_size", rule: "uint32.in"},
+		"cluster config: threshold 1s": {call: clusterConfig(&curatorv1.ClusterConfig{DeadNodeThreshold: durationpb.New(time.Second)}, "dead_node_threshold"), code: codes.InvalidArgument, field: "config.dead_node_threshold", rule: "duration.gte_lte"},
+		"cluster config: min_quorum 8": {call: clusterConfig(&curatorv1.ClusterConfig{MinQuorum: 8}, "min_quorum"), code: codes.InvalidArgument, field: "config.min_quorum", rule: "uint32.gte_lte"},
+		"cluster config: unknown path": {call: clusterConfig(&curatorv1.ClusterConfig{}, "paused", "bogus"), code: codes.InvalidArgument, field: "update_mask", rule: "cluster_config.mask_paths"},
+		"cluster config: empty mask":   {call: clusterConfig(&curatorv1.ClusterConfig{}), code: codes.InvalidArgument, field: "update_mask", rule: "cluster_config.mask_paths"},
+		"cluster config: no mask": {code: codes.InvalidArgument, field: "update_mask", rule: "required", call: func() error {
+			_, err := mgmt.UpdateClusterConfig(ctx, &curatorv1.UpdateClusterConfigRequest{Config: &curatorv1.ClusterConfig{}})
+			return err
+		}},
 		// Authorization first: callers the policy refuses learn nothing
 		// about what a valid request looks like.
 		"admin acquires, bad TTL": {call: acquire(asAdmin, 0), code: codes.PermissionDenied},
@@ -81,8 +100,9 @@ func TestRequestContracts(t *testing.T) {
 			return err
 		}},
 		// Valid requests pass.
-		"status: valid":  {call: status(&curatorv1.NodeStatus{Address: "127.0.0.9", ConsensusPeerUrl: "https://127.0.0.9:2380", ConsensusClientUrl: "https://[::1]:2379/"}), code: codes.OK},
-		"acquire: valid": {call: acquire(leases, 2), code: codes.OK},
+		"status: valid":         {call: status(&curatorv1.NodeStatus{Address: "127.0.0.9", ConsensusPeerUrl: "https://127.0.0.9:2380", ConsensusClientUrl: "https://[::1]:2379/"}), code: codes.OK},
+		"acquire: valid":        {call: acquire(leases, 2), code: codes.OK},
+		"cluster config: valid": {call: clusterConfig(&curatorv1.ClusterConfig{ControlPlaneSize: 3, DeadNodeThreshold: durationpb.New(10 * time.Second), Stabilization: durationpb.New(0)}, "control_plane_size", "dead_node_threshold", "stabilization"), code: codes.OK},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

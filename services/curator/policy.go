@@ -28,6 +28,7 @@ import (
 //	            IssueCertificates  nodes, for themselves
 //	            GetMembership      consensus processes
 //	Management  everything         admin
+//	            GetClusterConfig   admin, reconciler (it follows the config)
 //	Leases      everything         reconciler
 //	Reconciliation  ReconcileNodeRoles  reconciler
 func policy() rpc.Policy {
@@ -53,6 +54,7 @@ func policy() rpc.Policy {
 	for _, m := range curatorv1.Management_ServiceDesc.Streams {
 		p[method(curatorv1.Management_ServiceDesc.ServiceName, m.StreamName)] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin}}
 	}
+	p[curatorv1.Management_GetClusterConfig_FullMethodName] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindReconciler}}
 	for _, m := range curatorv1.Leases_ServiceDesc.Methods {
 		p[method(curatorv1.Leases_ServiceDesc.ServiceName, m.MethodName)] = rpc.Rule{Allow: []pki.Kind{pki.KindReconciler}}
 	}

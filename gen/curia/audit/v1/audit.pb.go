@@ -54,6 +54,9 @@ const (
 	// The reconciler took ConsensusMember (and KubernetesController) from a
 	// node that is no etcd member (ReconcileNodeRoles).
 	AuditAction_AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER AuditAction = 12
+	// An admin changed the cluster configuration (UpdateClusterConfig);
+	// reason says which fields changed, from what to what.
+	AuditAction_AUDIT_ACTION_CLUSTER_CONFIG_UPDATE AuditAction = 13
 )
 
 // Enum value maps for AuditAction.
@@ -72,6 +75,7 @@ var (
 		10: "AUDIT_ACTION_ROLES_UPDATE",
 		11: "AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER",
 		12: "AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER",
+		13: "AUDIT_ACTION_CLUSTER_CONFIG_UPDATE",
 	}
 	AuditAction_value = map[string]int32{
 		"AUDIT_ACTION_UNSPECIFIED":                             0,
@@ -87,6 +91,7 @@ var (
 		"AUDIT_ACTION_ROLES_UPDATE":                            10,
 		"AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER":    11,
 		"AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER": 12,
+		"AUDIT_ACTION_CLUSTER_CONFIG_UPDATE":                   13,
 	}
 )
 
@@ -170,9 +175,10 @@ func (ChangeOutcome) EnumDescriptor() ([]byte, []int) {
 	return file_curia_audit_v1_audit_proto_rawDescGZIP(), []int{1}
 }
 
-// Event is one entry of the cluster's audit log: a membership or role change,
-// who made it, under which fence and why. Events are written in the same etcd
-// transaction as the fence check that allows the change, before the change.
+// Event is one entry of the cluster's audit log: a membership, role or
+// cluster configuration change, who made it, under which fence and why.
+// Events are written in the same etcd transaction as the fence check that
+// allows the change, before the change.
 // A membership change has two events: its intent (outcome unspecified),
 // written with the pending change record, and its outcome, written when the
 // record is deleted; both carry the record's id in change_id.
@@ -187,7 +193,7 @@ type Event struct {
 	RecordedBy string `protobuf:"bytes,3,opt,name=recorded_by,json=recordedBy,proto3" json:"recorded_by,omitempty"`
 	// What is done.
 	Action AuditAction `protobuf:"varint,11,opt,name=action,proto3,enum=curia.audit.v1.AuditAction" json:"action,omitempty"`
-	// The node concerned.
+	// The node concerned (empty for a cluster configuration change).
 	NodeId string `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The etcd member concerned, 0 when not known yet (an add's intent; its
 	// outcome names the new member).
@@ -401,7 +407,7 @@ const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"\x05Roles\x12)\n" +
 	"\x10consensus_member\x18\x01 \x01(\bR\x0fconsensusMember\x123\n" +
 	"\x15kubernetes_controller\x18\x02 \x01(\bR\x14kubernetesController\x12+\n" +
-	"\x11kubernetes_worker\x18\x03 \x01(\bR\x10kubernetesWorker*\xe4\x03\n" +
+	"\x11kubernetes_worker\x18\x03 \x01(\bR\x10kubernetesWorker*\x8c\x04\n" +
 	"\vAuditAction\x12\x1c\n" +
 	"\x18AUDIT_ACTION_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eAUDIT_ACTION_CLUSTER_BOOTSTRAP\x10\x01\x12\x1c\n" +
@@ -416,7 +422,8 @@ const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"\x19AUDIT_ACTION_ROLES_UPDATE\x10\n" +
 	"\x125\n" +
 	"1AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER\x10\v\x128\n" +
-	"4AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER\x10\f*k\n" +
+	"4AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER\x10\f\x12&\n" +
+	"\"AUDIT_ACTION_CLUSTER_CONFIG_UPDATE\x10\r*k\n" +
 	"\rChangeOutcome\x12\x1e\n" +
 	"\x1aCHANGE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CHANGE_OUTCOME_APPLIED\x10\x01\x12\x1e\n" +

@@ -1081,7 +1081,7 @@ var File_curia_curator_v1_management_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\n" +
-	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/audit/v1/audit.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"3\n" +
+	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/audit/v1/audit.proto\x1a%curia/curator/v1/cluster_config.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"3\n" +
 	"\x0fGetNodesRequest\x12 \n" +
 	"\x06filter\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06filter\"@\n" +
 	"\x10GetNodesResponse\x12,\n" +
@@ -1156,7 +1156,7 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\faudit.resume\x12Gstart_revision resumes a stream: it takes neither backlog nor no_follow\x1aBthis.start_revision == 0 || (this.backlog == 0 && !this.no_follow)\"`\n" +
 	"\x15WatchAuditLogResponse\x12+\n" +
 	"\x05event\x18\x01 \x01(\v2\x15.curia.audit.v1.EventR\x05event\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision2\xbf\x06\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision2\xa3\b\n" +
 	"\n" +
 	"Management\x12X\n" +
 	"\bGetNodes\x12!.curia.curator.v1.GetNodesRequest\x1a\".curia.curator.v1.GetNodesResponse\"\x03\x90\x02\x010\x01\x12Z\n" +
@@ -1166,7 +1166,9 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"DeleteNode\x12#.curia.curator.v1.DeleteNodeRequest\x1a$.curia.curator.v1.DeleteNodeResponse\x12h\n" +
 	"\x0eGetClusterInfo\x12'.curia.curator.v1.GetClusterInfoRequest\x1a(.curia.curator.v1.GetClusterInfoResponse\"\x03\x90\x02\x01\x12t\n" +
 	"\x12GetConsensusStatus\x12+.curia.curator.v1.GetConsensusStatusRequest\x1a,.curia.curator.v1.GetConsensusStatusResponse\"\x03\x90\x02\x01\x12q\n" +
-	"\x11GetRegisterTicket\x12*.curia.curator.v1.GetRegisterTicketRequest\x1a+.curia.curator.v1.GetRegisterTicketResponse\"\x03\x90\x02\x01\x12g\n" +
+	"\x11GetRegisterTicket\x12*.curia.curator.v1.GetRegisterTicketRequest\x1a+.curia.curator.v1.GetRegisterTicketResponse\"\x03\x90\x02\x01\x12n\n" +
+	"\x10GetClusterConfig\x12).curia.curator.v1.GetClusterConfigRequest\x1a*.curia.curator.v1.GetClusterConfigResponse\"\x03\x90\x02\x01\x12r\n" +
+	"\x13UpdateClusterConfig\x12,.curia.curator.v1.UpdateClusterConfigRequest\x1a-.curia.curator.v1.UpdateClusterConfigResponse\x12g\n" +
 	"\rWatchAuditLog\x12&.curia.curator.v1.WatchAuditLogRequest\x1a'.curia.curator.v1.WatchAuditLogResponse\"\x03\x90\x02\x010\x01B\xb3\x01\n" +
 	"\x14com.curia.curator.v1B\x0fManagementProtoP\x01Z(curia.dev/gen/curia/curator/v1;curatorv1\xa2\x02\x03CCX\xaa\x02\x10Curia.Curator.V1\xca\x02\x10Curia\\Curator\\V1\xe2\x02\x1cCuria\\Curator\\V1\\GPBMetadata\xea\x02\x12Curia::Curator::V1b\x06proto3"
 
@@ -1184,28 +1186,32 @@ func file_curia_curator_v1_management_proto_rawDescGZIP() []byte {
 
 var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_curia_curator_v1_management_proto_goTypes = []any{
-	(*GetNodesRequest)(nil),            // 0: curia.curator.v1.GetNodesRequest
-	(*GetNodesResponse)(nil),           // 1: curia.curator.v1.GetNodesResponse
-	(*ApproveNodeRequest)(nil),         // 2: curia.curator.v1.ApproveNodeRequest
-	(*ApproveNodeResponse)(nil),        // 3: curia.curator.v1.ApproveNodeResponse
-	(*UpdateNodeRolesRequest)(nil),     // 4: curia.curator.v1.UpdateNodeRolesRequest
-	(*UpdateNodeRolesResponse)(nil),    // 5: curia.curator.v1.UpdateNodeRolesResponse
-	(*DeleteNodeRequest)(nil),          // 6: curia.curator.v1.DeleteNodeRequest
-	(*DeleteNodeResponse)(nil),         // 7: curia.curator.v1.DeleteNodeResponse
-	(*GetClusterInfoRequest)(nil),      // 8: curia.curator.v1.GetClusterInfoRequest
-	(*GetClusterInfoResponse)(nil),     // 9: curia.curator.v1.GetClusterInfoResponse
-	(*GetConsensusStatusRequest)(nil),  // 10: curia.curator.v1.GetConsensusStatusRequest
-	(*ConsensusMemberStatus)(nil),      // 11: curia.curator.v1.ConsensusMemberStatus
-	(*GetConsensusStatusResponse)(nil), // 12: curia.curator.v1.GetConsensusStatusResponse
-	(*GetRegisterTicketRequest)(nil),   // 13: curia.curator.v1.GetRegisterTicketRequest
-	(*GetRegisterTicketResponse)(nil),  // 14: curia.curator.v1.GetRegisterTicketResponse
-	(*WatchAuditLogRequest)(nil),       // 15: curia.curator.v1.WatchAuditLogRequest
-	(*WatchAuditLogResponse)(nil),      // 16: curia.curator.v1.WatchAuditLogResponse
-	nil,                                // 17: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	(*Node)(nil),                       // 18: curia.curator.v1.Node
-	(NodeHealth)(0),                    // 19: curia.curator.v1.NodeHealth
-	(*timestamppb.Timestamp)(nil),      // 20: google.protobuf.Timestamp
-	(*v1.Event)(nil),                   // 21: curia.audit.v1.Event
+	(*GetNodesRequest)(nil),             // 0: curia.curator.v1.GetNodesRequest
+	(*GetNodesResponse)(nil),            // 1: curia.curator.v1.GetNodesResponse
+	(*ApproveNodeRequest)(nil),          // 2: curia.curator.v1.ApproveNodeRequest
+	(*ApproveNodeResponse)(nil),         // 3: curia.curator.v1.ApproveNodeResponse
+	(*UpdateNodeRolesRequest)(nil),      // 4: curia.curator.v1.UpdateNodeRolesRequest
+	(*UpdateNodeRolesResponse)(nil),     // 5: curia.curator.v1.UpdateNodeRolesResponse
+	(*DeleteNodeRequest)(nil),           // 6: curia.curator.v1.DeleteNodeRequest
+	(*DeleteNodeResponse)(nil),          // 7: curia.curator.v1.DeleteNodeResponse
+	(*GetClusterInfoRequest)(nil),       // 8: curia.curator.v1.GetClusterInfoRequest
+	(*GetClusterInfoResponse)(nil),      // 9: curia.curator.v1.GetClusterInfoResponse
+	(*GetConsensusStatusRequest)(nil),   // 10: curia.curator.v1.GetConsensusStatusRequest
+	(*ConsensusMemberStatus)(nil),       // 11: curia.curator.v1.ConsensusMemberStatus
+	(*GetConsensusStatusResponse)(nil),  // 12: curia.curator.v1.GetConsensusStatusResponse
+	(*GetRegisterTicketRequest)(nil),    // 13: curia.curator.v1.GetRegisterTicketRequest
+	(*GetRegisterTicketResponse)(nil),   // 14: curia.curator.v1.GetRegisterTicketResponse
+	(*WatchAuditLogRequest)(nil),        // 15: curia.curator.v1.WatchAuditLogRequest
+	(*WatchAuditLogResponse)(nil),       // 16: curia.curator.v1.WatchAuditLogResponse
+	nil,                                 // 17: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	(*Node)(nil),                        // 18: curia.curator.v1.Node
+	(NodeHealth)(0),                     // 19: curia.curator.v1.NodeHealth
+	(*timestamppb.Timestamp)(nil),       // 20: google.protobuf.Timestamp
+	(*v1.Event)(nil),                    // 21: curia.audit.v1.Event
+	(*GetClusterConfigRequest)(nil),     // 22: curia.curator.v1.GetClusterConfigRequest
+	(*UpdateClusterConfigRequest)(nil),  // 23: curia.curator.v1.UpdateClusterConfigRequest
+	(*GetClusterConfigResponse)(nil),    // 24: curia.curator.v1.GetClusterConfigResponse
+	(*UpdateClusterConfigResponse)(nil), // 25: curia.curator.v1.UpdateClusterConfigResponse
 }
 var file_curia_curator_v1_management_proto_depIdxs = []int32{
 	18, // 0: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
@@ -1223,17 +1229,21 @@ var file_curia_curator_v1_management_proto_depIdxs = []int32{
 	8,  // 12: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
 	10, // 13: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
 	13, // 14: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
-	15, // 15: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
-	1,  // 16: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
-	3,  // 17: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
-	5,  // 18: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
-	7,  // 19: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
-	9,  // 20: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
-	12, // 21: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
-	14, // 22: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
-	16, // 23: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
-	16, // [16:24] is the sub-list for method output_type
-	8,  // [8:16] is the sub-list for method input_type
+	22, // 15: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
+	23, // 16: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
+	15, // 17: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
+	1,  // 18: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
+	3,  // 19: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
+	5,  // 20: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
+	7,  // 21: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
+	9,  // 22: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
+	12, // 23: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
+	14, // 24: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
+	24, // 25: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
+	25, // 26: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
+	16, // 27: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
+	18, // [18:28] is the sub-list for method output_type
+	8,  // [8:18] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -1244,6 +1254,7 @@ func file_curia_curator_v1_management_proto_init() {
 	if File_curia_curator_v1_management_proto != nil {
 		return
 	}
+	file_curia_curator_v1_cluster_config_proto_init()
 	file_curia_curator_v1_node_proto_init()
 	file_curia_curator_v1_management_proto_msgTypes[4].OneofWrappers = []any{}
 	type x struct{}

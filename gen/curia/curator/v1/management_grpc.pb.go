@@ -19,21 +19,24 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Management_GetNodes_FullMethodName           = "/curia.curator.v1.Management/GetNodes"
-	Management_ApproveNode_FullMethodName        = "/curia.curator.v1.Management/ApproveNode"
-	Management_UpdateNodeRoles_FullMethodName    = "/curia.curator.v1.Management/UpdateNodeRoles"
-	Management_DeleteNode_FullMethodName         = "/curia.curator.v1.Management/DeleteNode"
-	Management_GetClusterInfo_FullMethodName     = "/curia.curator.v1.Management/GetClusterInfo"
-	Management_GetConsensusStatus_FullMethodName = "/curia.curator.v1.Management/GetConsensusStatus"
-	Management_GetRegisterTicket_FullMethodName  = "/curia.curator.v1.Management/GetRegisterTicket"
-	Management_WatchAuditLog_FullMethodName      = "/curia.curator.v1.Management/WatchAuditLog"
+	Management_GetNodes_FullMethodName            = "/curia.curator.v1.Management/GetNodes"
+	Management_ApproveNode_FullMethodName         = "/curia.curator.v1.Management/ApproveNode"
+	Management_UpdateNodeRoles_FullMethodName     = "/curia.curator.v1.Management/UpdateNodeRoles"
+	Management_DeleteNode_FullMethodName          = "/curia.curator.v1.Management/DeleteNode"
+	Management_GetClusterInfo_FullMethodName      = "/curia.curator.v1.Management/GetClusterInfo"
+	Management_GetConsensusStatus_FullMethodName  = "/curia.curator.v1.Management/GetConsensusStatus"
+	Management_GetRegisterTicket_FullMethodName   = "/curia.curator.v1.Management/GetRegisterTicket"
+	Management_GetClusterConfig_FullMethodName    = "/curia.curator.v1.Management/GetClusterConfig"
+	Management_UpdateClusterConfig_FullMethodName = "/curia.curator.v1.Management/UpdateClusterConfig"
+	Management_WatchAuditLog_FullMethodName       = "/curia.curator.v1.Management/WatchAuditLog"
 )
 
 // ManagementClient is the client API for Management service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// Management is the operator's API (admin identity only).
+// Management is the operator's API (admin identity only; the reconciler
+// also reads the cluster configuration).
 type ManagementClient interface {
 	// GetNodes streams the nodes matching a filter.
 	GetNodes(ctx context.Context, in *GetNodesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetNodesResponse], error)
@@ -50,6 +53,12 @@ type ManagementClient interface {
 	GetConsensusStatus(ctx context.Context, in *GetConsensusStatusRequest, opts ...grpc.CallOption) (*GetConsensusStatusResponse, error)
 	// GetRegisterTicket returns the ticket new nodes register with.
 	GetRegisterTicket(ctx context.Context, in *GetRegisterTicketRequest, opts ...grpc.CallOption) (*GetRegisterTicketResponse, error)
+	// GetClusterConfig returns the cluster configuration (ClusterConfig),
+	// defaults filled in, and its revision.
+	GetClusterConfig(ctx context.Context, in *GetClusterConfigRequest, opts ...grpc.CallOption) (*GetClusterConfigResponse, error)
+	// UpdateClusterConfig changes the fields of the cluster configuration
+	// that its update_mask names, in one write with its audit event.
+	UpdateClusterConfig(ctx context.Context, in *UpdateClusterConfigRequest, opts ...grpc.CallOption) (*UpdateClusterConfigResponse, error)
 	// WatchAuditLog streams the audit log: the recent past (or everything
 	// after a revision), then every new event. The log keeps events for
 	// --audit-max-age and at most --audit-max-events of them.
@@ -143,6 +152,26 @@ func (c *managementClient) GetRegisterTicket(ctx context.Context, in *GetRegiste
 	return out, nil
 }
 
+func (c *managementClient) GetClusterConfig(ctx context.Context, in *GetClusterConfigRequest, opts ...grpc.CallOption) (*GetClusterConfigResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetClusterConfigResponse)
+	err := c.cc.Invoke(ctx, Management_GetClusterConfig_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *managementClient) UpdateClusterConfig(ctx context.Context, in *UpdateClusterConfigRequest, opts ...grpc.CallOption) (*UpdateClusterConfigResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateClusterConfigResponse)
+	err := c.cc.Invoke(ctx, Management_UpdateClusterConfig_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *managementClient) WatchAuditLog(ctx context.Context, in *WatchAuditLogRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchAuditLogResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Management_ServiceDesc.Streams[1], Management_WatchAuditLog_FullMethodName, cOpts...)
@@ -166,7 +195,8 @@ type Management_WatchAuditLogClient = grpc.ServerStreamingClient[WatchAuditLogRe
 // All implementations must embed UnimplementedManagementServer
 // for forward compatibility.
 //
-// Management is the operator's API (admin identity only).
+// Management is the operator's API (admin identity only; the reconciler
+// also reads the cluster configuration).
 type ManagementServer interface {
 	// GetNodes streams the nodes matching a filter.
 	GetNodes(*GetNodesRequest, grpc.ServerStreamingServer[GetNodesResponse]) error
@@ -183,6 +213,12 @@ type ManagementServer interface {
 	GetConsensusStatus(context.Context, *GetConsensusStatusRequest) (*GetConsensusStatusResponse, error)
 	// GetRegisterTicket returns the ticket new nodes register with.
 	GetRegisterTicket(context.Context, *GetRegisterTicketRequest) (*GetRegisterTicketResponse, error)
+	// GetClusterConfig returns the cluster configuration (ClusterConfig),
+	// defaults filled in, and its revision.
+	GetClusterConfig(context.Context, *GetClusterConfigRequest) (*GetClusterConfigResponse, error)
+	// UpdateClusterConfig changes the fields of the cluster configuration
+	// that its update_mask names, in one write with its audit event.
+	UpdateClusterConfig(context.Context, *UpdateClusterConfigRequest) (*UpdateClusterConfigResponse, error)
 	// WatchAuditLog streams the audit log: the recent past (or everything
 	// after a revision), then every new event. The log keeps events for
 	// --audit-max-age and at most --audit-max-events of them.
@@ -217,6 +253,12 @@ func (UnimplementedManagementServer) GetConsensusStatus(context.Context, *GetCon
 }
 func (UnimplementedManagementServer) GetRegisterTicket(context.Context, *GetRegisterTicketRequest) (*GetRegisterTicketResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetRegisterTicket not implemented")
+}
+func (UnimplementedManagementServer) GetClusterConfig(context.Context, *GetClusterConfigRequest) (*GetClusterConfigResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetClusterConfig not implemented")
+}
+func (UnimplementedManagementServer) UpdateClusterConfig(context.Context, *UpdateClusterConfigRequest) (*UpdateClusterConfigResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateClusterConfig not implemented")
 }
 func (UnimplementedManagementServer) WatchAuditLog(*WatchAuditLogRequest, grpc.ServerStreamingServer[WatchAuditLogResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchAuditLog not implemented")
@@ -361,6 +403,42 @@ func _Management_GetRegisterTicket_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Management_GetClusterConfig_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetClusterConfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ManagementServer).GetClusterConfig(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Management_GetClusterConfig_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ManagementServer).GetClusterConfig(ctx, req.(*GetClusterConfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Management_UpdateClusterConfig_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateClusterConfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ManagementServer).UpdateClusterConfig(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Management_UpdateClusterConfig_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ManagementServer).UpdateClusterConfig(ctx, req.(*UpdateClusterConfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Management_WatchAuditLog_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchAuditLogRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -402,6 +480,14 @@ var Management_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetRegisterTicket",
 			Handler:    _Management_GetRegisterTicket_Handler,
+		},
+		{
+			MethodName: "GetClusterConfig",
+			Handler:    _Management_GetClusterConfig_Handler,
+		},
+		{
+			MethodName: "UpdateClusterConfig",
+			Handler:    _Management_UpdateClusterConfig_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

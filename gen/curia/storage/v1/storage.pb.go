@@ -298,6 +298,104 @@ func (x *PendingChangeRecord) GetDeadline() *durationpb.Duration {
 	return nil
 }
 
+// ClusterConfigRecord is the cluster configuration (etcd key
+// cluster/config), written by the curator leader (UpdateClusterConfig),
+// always whole. It is served as curia.curator.v1.ClusterConfig, with the
+// same numbers; none is computed. A field that is not set reads as its
+// default (platform/records.DefaultClusterConfig): dead_node_threshold,
+// min_quorum and stabilization, whose defaults are not zero, have
+// presence so that "never set" differs from a value, for a record written
+// before a field existed.
+type ClusterConfigRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Voters the reconciler keeps; 0 = manual.
+	ControlPlaneSize uint32 `protobuf:"varint,1,opt,name=control_plane_size,json=controlPlaneSize,proto3" json:"control_plane_size,omitempty"`
+	// How long a voter's node may be unhealthy before it is replaced.
+	DeadNodeThreshold *durationpb.Duration `protobuf:"bytes,2,opt,name=dead_node_threshold,json=deadNodeThreshold,proto3" json:"dead_node_threshold,omitempty"`
+	// The fewest voters automation leaves.
+	MinQuorum *uint32 `protobuf:"varint,3,opt,name=min_quorum,json=minQuorum,proto3,oneof" json:"min_quorum,omitempty"`
+	// How long a learner stays caught up before promotion.
+	Stabilization *durationpb.Duration `protobuf:"bytes,4,opt,name=stabilization,proto3" json:"stabilization,omitempty"`
+	// Cluster-wide pause of the reconciler's actions.
+	Paused bool `protobuf:"varint,5,opt,name=paused,proto3" json:"paused,omitempty"`
+	// Why it is paused.
+	PauseReason   string `protobuf:"bytes,6,opt,name=pause_reason,json=pauseReason,proto3" json:"pause_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterConfigRecord) Reset() {
+	*x = ClusterConfigRecord{}
+	mi := &file_curia_storage_v1_storage_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterConfigRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterConfigRecord) ProtoMessage() {}
+
+func (x *ClusterConfigRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_storage_v1_storage_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterConfigRecord.ProtoReflect.Descriptor instead.
+func (*ClusterConfigRecord) Descriptor() ([]byte, []int) {
+	return file_curia_storage_v1_storage_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ClusterConfigRecord) GetControlPlaneSize() uint32 {
+	if x != nil {
+		return x.ControlPlaneSize
+	}
+	return 0
+}
+
+func (x *ClusterConfigRecord) GetDeadNodeThreshold() *durationpb.Duration {
+	if x != nil {
+		return x.DeadNodeThreshold
+	}
+	return nil
+}
+
+func (x *ClusterConfigRecord) GetMinQuorum() uint32 {
+	if x != nil && x.MinQuorum != nil {
+		return *x.MinQuorum
+	}
+	return 0
+}
+
+func (x *ClusterConfigRecord) GetStabilization() *durationpb.Duration {
+	if x != nil {
+		return x.Stabilization
+	}
+	return nil
+}
+
+func (x *ClusterConfigRecord) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *ClusterConfigRecord) GetPauseReason() string {
+	if x != nil {
+		return x.PauseReason
+	}
+	return ""
+}
+
 var File_curia_storage_v1_storage_proto protoreflect.FileDescriptor
 
 const file_curia_storage_v1_storage_proto_rawDesc = "" +
@@ -331,7 +429,16 @@ const file_curia_storage_v1_storage_proto_rawDesc = "" +
 	"recordedBy\x124\n" +
 	"\astarted\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\astarted\x125\n" +
 	"\bdeadline\x18\n" +
-	" \x01(\v2\x19.google.protobuf.DurationR\bdeadlineB\xb0\x01\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\bdeadline\"\xbd\x02\n" +
+	"\x13ClusterConfigRecord\x12,\n" +
+	"\x12control_plane_size\x18\x01 \x01(\rR\x10controlPlaneSize\x12I\n" +
+	"\x13dead_node_threshold\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x11deadNodeThreshold\x12\"\n" +
+	"\n" +
+	"min_quorum\x18\x03 \x01(\rH\x00R\tminQuorum\x88\x01\x01\x12?\n" +
+	"\rstabilization\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\rstabilization\x12\x16\n" +
+	"\x06paused\x18\x05 \x01(\bR\x06paused\x12!\n" +
+	"\fpause_reason\x18\x06 \x01(\tR\vpauseReasonB\r\n" +
+	"\v_min_quorumB\xb0\x01\n" +
 	"\x14com.curia.storage.v1B\fStorageProtoP\x01Z(curia.dev/gen/curia/storage/v1;storagev1\xa2\x02\x03CSX\xaa\x02\x10Curia.Storage.V1\xca\x02\x10Curia\\Storage\\V1\xe2\x02\x1cCuria\\Storage\\V1\\GPBMetadata\xea\x02\x12Curia::Storage::V1b\x06proto3"
 
 var (
@@ -346,33 +453,36 @@ func file_curia_storage_v1_storage_proto_rawDescGZIP() []byte {
 	return file_curia_storage_v1_storage_proto_rawDescData
 }
 
-var file_curia_storage_v1_storage_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_curia_storage_v1_storage_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_curia_storage_v1_storage_proto_goTypes = []any{
 	(*NodeRecord)(nil),            // 0: curia.storage.v1.NodeRecord
 	(*PendingChangeRecord)(nil),   // 1: curia.storage.v1.PendingChangeRecord
-	nil,                           // 2: curia.storage.v1.NodeRecord.LabelsEntry
-	(v1.NodeState)(0),             // 3: curia.curator.v1.NodeState
-	(*v1.Roles)(nil),              // 4: curia.curator.v1.Roles
-	(*v1.NodeStatus)(nil),         // 5: curia.curator.v1.NodeStatus
-	(*v1.IssuedCertificate)(nil),  // 6: curia.curator.v1.IssuedCertificate
-	(v11.MembershipOperation)(0),  // 7: curia.consensus.v1.MembershipOperation
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 9: google.protobuf.Duration
+	(*ClusterConfigRecord)(nil),   // 2: curia.storage.v1.ClusterConfigRecord
+	nil,                           // 3: curia.storage.v1.NodeRecord.LabelsEntry
+	(v1.NodeState)(0),             // 4: curia.curator.v1.NodeState
+	(*v1.Roles)(nil),              // 5: curia.curator.v1.Roles
+	(*v1.NodeStatus)(nil),         // 6: curia.curator.v1.NodeStatus
+	(*v1.IssuedCertificate)(nil),  // 7: curia.curator.v1.IssuedCertificate
+	(v11.MembershipOperation)(0),  // 8: curia.consensus.v1.MembershipOperation
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
 }
 var file_curia_storage_v1_storage_proto_depIdxs = []int32{
-	3, // 0: curia.storage.v1.NodeRecord.state:type_name -> curia.curator.v1.NodeState
-	4, // 1: curia.storage.v1.NodeRecord.roles:type_name -> curia.curator.v1.Roles
-	5, // 2: curia.storage.v1.NodeRecord.status:type_name -> curia.curator.v1.NodeStatus
-	2, // 3: curia.storage.v1.NodeRecord.labels:type_name -> curia.storage.v1.NodeRecord.LabelsEntry
-	6, // 4: curia.storage.v1.NodeRecord.certificates:type_name -> curia.curator.v1.IssuedCertificate
-	7, // 5: curia.storage.v1.PendingChangeRecord.operation:type_name -> curia.consensus.v1.MembershipOperation
-	8, // 6: curia.storage.v1.PendingChangeRecord.started:type_name -> google.protobuf.Timestamp
-	9, // 7: curia.storage.v1.PendingChangeRecord.deadline:type_name -> google.protobuf.Duration
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	4,  // 0: curia.storage.v1.NodeRecord.state:type_name -> curia.curator.v1.NodeState
+	5,  // 1: curia.storage.v1.NodeRecord.roles:type_name -> curia.curator.v1.Roles
+	6,  // 2: curia.storage.v1.NodeRecord.status:type_name -> curia.curator.v1.NodeStatus
+	3,  // 3: curia.storage.v1.NodeRecord.labels:type_name -> curia.storage.v1.NodeRecord.LabelsEntry
+	7,  // 4: curia.storage.v1.NodeRecord.certificates:type_name -> curia.curator.v1.IssuedCertificate
+	8,  // 5: curia.storage.v1.PendingChangeRecord.operation:type_name -> curia.consensus.v1.MembershipOperation
+	9,  // 6: curia.storage.v1.PendingChangeRecord.started:type_name -> google.protobuf.Timestamp
+	10, // 7: curia.storage.v1.PendingChangeRecord.deadline:type_name -> google.protobuf.Duration
+	10, // 8: curia.storage.v1.ClusterConfigRecord.dead_node_threshold:type_name -> google.protobuf.Duration
+	10, // 9: curia.storage.v1.ClusterConfigRecord.stabilization:type_name -> google.protobuf.Duration
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_curia_storage_v1_storage_proto_init() }
@@ -380,13 +490,14 @@ func file_curia_storage_v1_storage_proto_init() {
 	if File_curia_storage_v1_storage_proto != nil {
 		return
 	}
+	file_curia_storage_v1_storage_proto_msgTypes[2].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_storage_v1_storage_proto_rawDesc), len(file_curia_storage_v1_storage_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -51,6 +51,12 @@ const (
 	// ManagementGetRegisterTicketProcedure is the fully-qualified name of the Management's
 	// GetRegisterTicket RPC.
 	ManagementGetRegisterTicketProcedure = "/curia.curator.v1.Management/GetRegisterTicket"
+	// ManagementGetClusterConfigProcedure is the fully-qualified name of the Management's
+	// GetClusterConfig RPC.
+	ManagementGetClusterConfigProcedure = "/curia.curator.v1.Management/GetClusterConfig"
+	// ManagementUpdateClusterConfigProcedure is the fully-qualified name of the Management's
+	// UpdateClusterConfig RPC.
+	ManagementUpdateClusterConfigProcedure = "/curia.curator.v1.Management/UpdateClusterConfig"
 	// ManagementWatchAuditLogProcedure is the fully-qualified name of the Management's WatchAuditLog
 	// RPC.
 	ManagementWatchAuditLogProcedure = "/curia.curator.v1.Management/WatchAuditLog"
@@ -73,6 +79,12 @@ type ManagementClient interface {
 	GetConsensusStatus(context.Context, *connect.Request[v1.GetConsensusStatusRequest]) (*connect.Response[v1.GetConsensusStatusResponse], error)
 	// GetRegisterTicket returns the ticket new nodes register with.
 	GetRegisterTicket(context.Context, *connect.Request[v1.GetRegisterTicketRequest]) (*connect.Response[v1.GetRegisterTicketResponse], error)
+	// GetClusterConfig returns the cluster configuration (ClusterConfig),
+	// defaults filled in, and its revision.
+	GetClusterConfig(context.Context, *connect.Request[v1.GetClusterConfigRequest]) (*connect.Response[v1.GetClusterConfigResponse], error)
+	// UpdateClusterConfig changes the fields of the cluster configuration
+	// that its update_mask names, in one write with its audit event.
+	UpdateClusterConfig(context.Context, *connect.Request[v1.UpdateClusterConfigRequest]) (*connect.Response[v1.UpdateClusterConfigResponse], error)
 	// WatchAuditLog streams the audit log: the recent past (or everything
 	// after a revision), then every new event. The log keeps events for
 	// --audit-max-age and at most --audit-max-events of them.
@@ -136,6 +148,19 @@ func NewManagementClient(httpClient connect.HTTPClient, baseURL string, opts ...
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		getClusterConfig: connect.NewClient[v1.GetClusterConfigRequest, v1.GetClusterConfigResponse](
+			httpClient,
+			baseURL+ManagementGetClusterConfigProcedure,
+			connect.WithSchema(managementMethods.ByName("GetClusterConfig")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		updateClusterConfig: connect.NewClient[v1.UpdateClusterConfigRequest, v1.UpdateClusterConfigResponse](
+			httpClient,
+			baseURL+ManagementUpdateClusterConfigProcedure,
+			connect.WithSchema(managementMethods.ByName("UpdateClusterConfig")),
+			connect.WithClientOptions(opts...),
+		),
 		watchAuditLog: connect.NewClient[v1.WatchAuditLogRequest, v1.WatchAuditLogResponse](
 			httpClient,
 			baseURL+ManagementWatchAuditLogProcedure,
@@ -148,14 +173,16 @@ func NewManagementClient(httpClient connect.HTTPClient, baseURL string, opts ...
 
 // managementClient implements ManagementClient.
 type managementClient struct {
-	getNodes           *connect.Client[v1.GetNodesRequest, v1.GetNodesResponse]
-	approveNode        *connect.Client[v1.ApproveNodeRequest, v1.ApproveNodeResponse]
-	updateNodeRoles    *connect.Client[v1.UpdateNodeRolesRequest, v1.UpdateNodeRolesResponse]
-	deleteNode         *connect.Client[v1.DeleteNodeRequest, v1.DeleteNodeResponse]
-	getClusterInfo     *connect.Client[v1.GetClusterInfoRequest, v1.GetClusterInfoResponse]
-	getConsensusStatus *connect.Client[v1.GetConsensusStatusRequest, v1.GetConsensusStatusResponse]
-	getRegisterTicket  *connect.Client[v1.GetRegisterTicketRequest, v1.GetRegisterTicketResponse]
-	watchAuditLog      *connect.Client[v1.WatchAuditLogRequest, v1.WatchAuditLogResponse]
+	getNodes            *connect.Client[v1.GetNodesRequest, v1.GetNodesResponse]
+	approveNode         *connect.Client[v1.ApproveNodeRequest, v1.ApproveNodeResponse]
+	updateNodeRoles     *connect.Client[v1.UpdateNodeRolesRequest, v1.UpdateNodeRolesResponse]
+	deleteNode          *connect.Client[v1.DeleteNodeRequest, v1.DeleteNodeResponse]
+	getClusterInfo      *connect.Client[v1.GetClusterInfoRequest, v1.GetClusterInfoResponse]
+	getConsensusStatus  *connect.Client[v1.GetConsensusStatusRequest, v1.GetConsensusStatusResponse]
+	getRegisterTicket   *connect.Client[v1.GetRegisterTicketRequest, v1.GetRegisterTicketResponse]
+	getClusterConfig    *connect.Client[v1.GetClusterConfigRequest, v1.GetClusterConfigResponse]
+	updateClusterConfig *connect.Client[v1.UpdateClusterConfigRequest, v1.UpdateClusterConfigResponse]
+	watchAuditLog       *connect.Client[v1.WatchAuditLogRequest, v1.WatchAuditLogResponse]
 }
 
 // GetNodes calls curia.curator.v1.Management.GetNodes.
@@ -193,6 +220,16 @@ func (c *managementClient) GetRegisterTicket(ctx context.Context, req *connect.R
 	return c.getRegisterTicket.CallUnary(ctx, req)
 }
 
+// GetClusterConfig calls curia.curator.v1.Management.GetClusterConfig.
+func (c *managementClient) GetClusterConfig(ctx context.Context, req *connect.Request[v1.GetClusterConfigRequest]) (*connect.Response[v1.GetClusterConfigResponse], error) {
+	return c.getClusterConfig.CallUnary(ctx, req)
+}
+
+// UpdateClusterConfig calls curia.curator.v1.Management.UpdateClusterConfig.
+func (c *managementClient) UpdateClusterConfig(ctx context.Context, req *connect.Request[v1.UpdateClusterConfigRequest]) (*connect.Response[v1.UpdateClusterConfigResponse], error) {
+	return c.updateClusterConfig.CallUnary(ctx, req)
+}
+
 // WatchAuditLog calls curia.curator.v1.Management.WatchAuditLog.
 func (c *managementClient) WatchAuditLog(ctx context.Context, req *connect.Request[v1.WatchAuditLogRequest]) (*connect.ServerStreamForClient[v1.WatchAuditLogResponse], error) {
 	return c.watchAuditLog.CallServerStream(ctx, req)
@@ -215,6 +252,12 @@ type ManagementHandler interface {
 	GetConsensusStatus(context.Context, *connect.Request[v1.GetConsensusStatusRequest]) (*connect.Response[v1.GetConsensusStatusResponse], error)
 	// GetRegisterTicket returns the ticket new nodes register with.
 	GetRegisterTicket(context.Context, *connect.Request[v1.GetRegisterTicketRequest]) (*connect.Response[v1.GetRegisterTicketResponse], error)
+	// GetClusterConfig returns the cluster configuration (ClusterConfig),
+	// defaults filled in, and its revision.
+	GetClusterConfig(context.Context, *connect.Request[v1.GetClusterConfigRequest]) (*connect.Response[v1.GetClusterConfigResponse], error)
+	// UpdateClusterConfig changes the fields of the cluster configuration
+	// that its update_mask names, in one write with its audit event.
+	UpdateClusterConfig(context.Context, *connect.Request[v1.UpdateClusterConfigRequest]) (*connect.Response[v1.UpdateClusterConfigResponse], error)
 	// WatchAuditLog streams the audit log: the recent past (or everything
 	// after a revision), then every new event. The log keeps events for
 	// --audit-max-age and at most --audit-max-events of them.
@@ -274,6 +317,19 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	managementGetClusterConfigHandler := connect.NewUnaryHandler(
+		ManagementGetClusterConfigProcedure,
+		svc.GetClusterConfig,
+		connect.WithSchema(managementMethods.ByName("GetClusterConfig")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	managementUpdateClusterConfigHandler := connect.NewUnaryHandler(
+		ManagementUpdateClusterConfigProcedure,
+		svc.UpdateClusterConfig,
+		connect.WithSchema(managementMethods.ByName("UpdateClusterConfig")),
+		connect.WithHandlerOptions(opts...),
+	)
 	managementWatchAuditLogHandler := connect.NewServerStreamHandler(
 		ManagementWatchAuditLogProcedure,
 		svc.WatchAuditLog,
@@ -297,6 +353,10 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 			managementGetConsensusStatusHandler.ServeHTTP(w, r)
 		case ManagementGetRegisterTicketProcedure:
 			managementGetRegisterTicketHandler.ServeHTTP(w, r)
+		case ManagementGetClusterConfigProcedure:
+			managementGetClusterConfigHandler.ServeHTTP(w, r)
+		case ManagementUpdateClusterConfigProcedure:
+			managementUpdateClusterConfigHandler.ServeHTTP(w, r)
 		case ManagementWatchAuditLogProcedure:
 			managementWatchAuditLogHandler.ServeHTTP(w, r)
 		default:
@@ -334,6 +394,14 @@ func (UnimplementedManagementHandler) GetConsensusStatus(context.Context, *conne
 
 func (UnimplementedManagementHandler) GetRegisterTicket(context.Context, *connect.Request[v1.GetRegisterTicketRequest]) (*connect.Response[v1.GetRegisterTicketResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.GetRegisterTicket is not implemented"))
+}
+
+func (UnimplementedManagementHandler) GetClusterConfig(context.Context, *connect.Request[v1.GetClusterConfigRequest]) (*connect.Response[v1.GetClusterConfigResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.GetClusterConfig is not implemented"))
+}
+
+func (UnimplementedManagementHandler) UpdateClusterConfig(context.Context, *connect.Request[v1.UpdateClusterConfigRequest]) (*connect.Response[v1.UpdateClusterConfigResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.UpdateClusterConfig is not implemented"))
 }
 
 func (UnimplementedManagementHandler) WatchAuditLog(context.Context, *connect.Request[v1.WatchAuditLogRequest], *connect.ServerStream[v1.WatchAuditLogResponse]) error {
