@@ -32,7 +32,7 @@ func (r *Reconciler) pass(ctx context.Context) bool {
 		r.finish(reconcilerv1.PassResult_PASS_RESULT_ERROR, err.Error(), nil, nil)
 		return false
 	}
-	a := plan.Plan(snap.observed, r.cfg.planConfig())
+	a := plan.Plan(snap.observed, r.cfg.planConfig(snap.config))
 	r.noteDrift(a)
 	switch a.Kind {
 	case plan.None:
@@ -51,6 +51,10 @@ func (r *Reconciler) pass(ctx context.Context) bool {
 	}
 	if paused, why := r.paused(); paused {
 		r.finish(reconcilerv1.PassResult_PASS_RESULT_PAUSED, "paused ("+why+"): would "+a.String(), &a, nil)
+		return false
+	}
+	if cc := snap.config; cc.GetPaused() {
+		r.finish(reconcilerv1.PassResult_PASS_RESULT_PAUSED, "paused cluster-wide ("+cc.GetPauseReason()+"): would "+a.String(), &a, nil)
 		return false
 	}
 	failpoint.Hold("before-act")

@@ -38,7 +38,7 @@ func (x *apiServer) Plan(ctx context.Context, _ *reconcilerv1.PlanRequest) (*rec
 	if err != nil {
 		return nil, err
 	}
-	a := plan.Plan(snap.observed, x.r.cfg.planConfig())
+	a := plan.Plan(snap.observed, x.r.cfg.planConfig(snap.config))
 	return &reconcilerv1.PlanResponse{Action: toProto(&a), Members: int64(len(snap.observed.Members)), Nodes: int64(len(snap.observed.Nodes))}, nil
 }
 

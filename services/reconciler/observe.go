@@ -18,6 +18,8 @@ const zoneLabel = "zone"
 // snapshot is one observation with what act needs beyond the plan.
 type snapshot struct {
 	observed plan.Observed
+	// config is the cluster configuration the pass plans under.
+	config *curatorv1.ClusterConfig
 	// peerURLs of members, for AddNode when a role is added.
 	peerURLs map[uint64]string
 }
@@ -47,8 +49,12 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read nodes: %w", err)
 	}
+	cc, err := curatorv1.NewManagementClient(r.curator).GetClusterConfig(ctx, &curatorv1.GetClusterConfigRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("read the cluster configuration: %w", err)
+	}
 	now := time.Now()
-	s := &snapshot{peerURLs: map[uint64]string{}}
+	s := &snapshot{peerURLs: map[uint64]string{}, config: cc.GetConfig()}
 	o := plan.Observed{Epoch: members.GetMembershipEpoch(), AnsweredBy: members.GetAnsweredByMemberId(), Leader: members.GetLeaderId(), Now: now}
 	if p := members.GetPending(); p != nil {
 		o.Pending = fmt.Sprintf("%s of node %s (member %x) by %s, change %s", p.GetOperation(), p.GetNodeId(), p.GetMemberId(), p.GetActor(), p.GetId())

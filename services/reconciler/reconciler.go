@@ -69,7 +69,11 @@ type Config struct {
 	LeaseTTL time.Duration
 	// Tick is the backstop between passes when nothing triggers one.
 	Tick time.Duration
-	// Plan's bounds.
+	// Plan's bounds. The cluster configuration (Management/
+	// GetClusterConfig, read every pass) sets the target size, the dead
+	// node threshold, min_quorum and the stabilisation; VoterFloor raises
+	// min_quorum for this replica, and a non-zero Stabilization overrides
+	// the cluster's (tests shorten it).
 	VoterFloor          int
 	Stabilization       time.Duration
 	LearnerStartTimeout time.Duration
@@ -85,7 +89,6 @@ func DefaultConfig() Config {
 		LeaseTTL:            10 * time.Second,
 		Tick:                5 * time.Second,
 		VoterFloor:          1,
-		Stabilization:       10 * time.Second,
 		LearnerStartTimeout: 2 * time.Minute,
 	}
 }
@@ -101,8 +104,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	run.ListFlag(fs, "consensus", "consensus service address host:port", &c.Consensus)
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "TTL of the reconciler lease")
 	fs.DurationVar(&c.Tick, "tick", c.Tick, "time between passes when nothing triggers one")
-	fs.IntVar(&c.VoterFloor, "voter-floor", c.VoterFloor, "voters no automated removal goes below (at least 1)")
-	fs.DurationVar(&c.Stabilization, "stabilization", c.Stabilization, "how long a learner stays caught up before promotion")
+	fs.IntVar(&c.VoterFloor, "voter-floor", c.VoterFloor, "voters no automated removal goes below (at least 1; the cluster configuration's min_quorum raises it)")
+	fs.DurationVar(&c.Stabilization, "stabilization", c.Stabilization, "how long a learner stays caught up before promotion; when set, overrides the cluster configuration's stabilization")
 	fs.DurationVar(&c.LearnerStartTimeout, "learner-start-timeout", c.LearnerStartTimeout, "how long a learner may stay unstarted before it is removed")
 }
 
@@ -135,8 +138,20 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-func (c Config) planConfig() plan.Config {
-	return plan.Config{VoterFloor: c.VoterFloor, Stabilization: c.Stabilization, LearnerStartTimeout: c.LearnerStartTimeout}
+// planConfig is what the planner may do under the cluster configuration
+// cc and this replica's flags.
+func (c Config) planConfig(cc *curatorv1.ClusterConfig) plan.Config {
+	pc := plan.Config{
+		VoterFloor:          max(c.VoterFloor, int(cc.GetMinQuorum())),
+		Stabilization:       cc.GetStabilization().AsDuration(),
+		LearnerStartTimeout: c.LearnerStartTimeout,
+		TargetSize:          int(cc.GetControlPlaneSize()),
+		DeadAfter:           cc.GetDeadNodeThreshold().AsDuration(),
+	}
+	if c.Stabilization > 0 {
+		pc.Stabilization = c.Stabilization
+	}
+	return pc
 }
 
 // Reconciler is one replica.
