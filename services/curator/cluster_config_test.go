@@ -2,8 +2,6 @@ package curator_test
 
 import (
 	"context"
-	"errors"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -39,23 +37,13 @@ func configGet(t *testing.T, m curatorv1.ManagementClient) (*curatorv1.ClusterCo
 // configEvents is every CLUSTER_CONFIG_UPDATE event of the audit log.
 func configEvents(t *testing.T, m curatorv1.ManagementClient) []*auditv1.Event {
 	t.Helper()
-	stream, err := m.WatchAuditLog(ctxT(t), &curatorv1.WatchAuditLogRequest{Backlog: 10000, NoFollow: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []*auditv1.Event
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.Event.Action == auditv1.AuditAction_AUDIT_ACTION_CLUSTER_CONFIG_UPDATE {
-			out = append(out, resp.Event)
+	for _, ev := range cut.AuditLog(t, m) {
+		if ev.Action == auditv1.AuditAction_AUDIT_ACTION_CLUSTER_CONFIG_UPDATE {
+			out = append(out, ev)
 		}
 	}
+	return out
 }
 
 // TestClusterConfig: defaults until the first write; an update changes

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
-	"io"
 	"strconv"
 	"strings"
 	"testing"
@@ -61,19 +60,7 @@ func TestStaleTermWriteRefused(t *testing.T) {
 		t.Fatalf("approve through the old leader: %v", err)
 	}
 	// Every approval in the audit log was made under the new term.
-	stream, err := curatorv1.NewManagementClient(c.Conn(next, cut.Admin)).WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{NoFollow: true, Backlog: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		ev := resp.Event
+	for _, ev := range cut.AuditLog(t, curatorv1.NewManagementClient(c.Conn(next, cut.Admin))) {
 		if ev.Action != auditv1.AuditAction_AUDIT_ACTION_NODE_APPROVE {
 			continue
 		}

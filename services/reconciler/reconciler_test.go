@@ -258,21 +258,7 @@ func pause(t *testing.T, c *cut.Cluster, r *replica, on bool) {
 
 func audit(t *testing.T, c *cut.Cluster) []*auditv1.Event {
 	t.Helper()
-	stream, err := c.Management().WatchAuditLog(context.Background(), &curatorv1.WatchAuditLogRequest{NoFollow: true, Backlog: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []*auditv1.Event
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, resp.Event)
-	}
+	return cut.AuditLog(t, c.Management())
 }
 
 // TestCrashAfterAddNode: the curator dies between a successful AddNode and

@@ -8,6 +8,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
@@ -318,4 +320,27 @@ func (a *Agent) Curator(cur *Curator) curatorv1.CuratorClient {
 	}
 	t.Cleanup(func() { cc.Close() })
 	return curatorv1.NewCuratorClient(cc)
+}
+
+// AuditLog is the audit log as m serves it, oldest first (up to 10,000
+// events, without following).
+func AuditLog(t testing.TB, m curatorv1.ManagementClient) []*auditv1.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := m.WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{Backlog: 10000, NoFollow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*auditv1.Event
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, resp.Event)
+	}
 }

@@ -133,22 +133,7 @@ func (p *pilot) world() {
 }
 
 func (p *pilot) observe() Observed {
-	since, ready := map[uint64]time.Time{}, map[uint64]time.Time{}
-	for _, m := range p.members {
-		if !m.Learner {
-			continue
-		}
-		since[m.ID] = p.now
-		if t, ok := p.learnerSince[m.ID]; ok {
-			since[m.ID] = t
-		}
-		if m.CaughtUp {
-			ready[m.ID] = p.now
-			if t, ok := p.readySince[m.ID]; ok {
-				ready[m.ID] = t
-			}
-		}
-	}
+	since, ready := learnerClocks(p.members, p.learnerSince, p.readySince, p.now)
 	p.learnerSince, p.readySince = since, ready
 	leader := uint64(0)
 	for _, m := range p.members {

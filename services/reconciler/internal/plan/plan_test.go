@@ -313,22 +313,7 @@ func (s *model) world(t *rapid.T) {
 // real one does: when each learner was first seen, and since when it has
 // been caught up without a break.
 func (s *model) observe() Observed {
-	since, ready := map[uint64]time.Time{}, map[uint64]time.Time{}
-	for _, m := range s.members {
-		if !m.Learner {
-			continue
-		}
-		since[m.ID] = s.now
-		if t, ok := s.learnerSince[m.ID]; ok {
-			since[m.ID] = t
-		}
-		if m.CaughtUp {
-			ready[m.ID] = s.now
-			if t, ok := s.readySince[m.ID]; ok {
-				ready[m.ID] = t
-			}
-		}
-	}
+	since, ready := learnerClocks(s.members, s.learnerSince, s.readySince, s.now)
 	s.learnerSince, s.readySince = since, ready
 	return Observed{Epoch: s.epoch, Pending: s.pending, AnsweredBy: s.answeredBy,
 		Members: slices.Clone(s.members), Nodes: slices.Clone(s.nodes),
@@ -868,4 +853,27 @@ func golden(t *testing.T, path, got string) {
 	if diff := cmp.Diff(string(want), got); diff != "" {
 		t.Fatalf("the planner's actions differ from %s (-want +got); if the change is meant, go test -run %s -update and review the diff:\n%s", path, t.Name(), diff)
 	}
+}
+
+// learnerClocks keeps the reconciler's learner clocks across passes, as
+// observe.go's learnerClocks does: when each learner was first seen, and
+// since when it has been caught up without a break.
+func learnerClocks(members []Member, learnerSince, readySince map[uint64]time.Time, now time.Time) (since, ready map[uint64]time.Time) {
+	since, ready = map[uint64]time.Time{}, map[uint64]time.Time{}
+	for _, m := range members {
+		if !m.Learner {
+			continue
+		}
+		since[m.ID] = now
+		if t, ok := learnerSince[m.ID]; ok {
+			since[m.ID] = t
+		}
+		if m.CaughtUp {
+			ready[m.ID] = now
+			if t, ok := readySince[m.ID]; ok {
+				ready[m.ID] = t
+			}
+		}
+	}
+	return since, ready
 }
