@@ -3,13 +3,10 @@ package curator
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
@@ -67,11 +64,11 @@ func (s *Service) updateClusterConfig(ctx context.Context, req *curatorv1.Update
 		if want := req.GetExpectedRevision(); want != 0 && want != rev {
 			return nil, fmt.Errorf("%w: the cluster configuration is at revision %d, not expected_revision %d: read it again and decide again", errConflict, rev, want)
 		}
-		next, err := withMask(cur, req.GetConfig(), req.GetUpdateMask().GetPaths())
+		next, err := records.ClusterConfigWithMask(cur, req.GetConfig(), req.GetUpdateMask().GetPaths())
 		if err != nil {
 			return nil, err
 		}
-		if err := checkClusterConfig(next); err != nil {
+		if err := records.CheckClusterConfig(next); err != nil {
 			return nil, err
 		}
 		if req.GetValidateOnly() || proto.Equal(next, cur) {
@@ -103,50 +100,6 @@ func (s *Service) updateClusterConfig(ctx context.Context, req *curatorv1.Update
 	return retryConflicts(ctx, "update cluster config", attempt)
 }
 
-// clusterConfigFields are the paths an update mask may name, in the
-// order of ClusterConfig.
-var clusterConfigFields = func() []string {
-	fields := (&curatorv1.ClusterConfig{}).ProtoReflect().Descriptor().Fields()
-	names := make([]string, fields.Len())
-	for i := range fields.Len() {
-		names[i] = string(fields.Get(i).Name())
-	}
-	return names
-}()
-
-// withMask is cur with the fields paths name taken from in. The request's
-// contract allows only ClusterConfig's fields as paths; a masked duration
-// must be set (a mask clears nothing).
-func withMask(cur, in *curatorv1.ClusterConfig, paths []string) (*curatorv1.ClusterConfig, error) {
-	next := proto.Clone(cur).(*curatorv1.ClusterConfig)
-	src, dst := in.ProtoReflect(), next.ProtoReflect()
-	fields := dst.Descriptor().Fields()
-	for _, p := range paths {
-		f := fields.ByName(protoreflect.Name(p))
-		if f == nil {
-			return nil, fmt.Errorf("%w: update_mask: unknown path %q: paths are the fields of ClusterConfig (%s)", errBadRequest, p, strings.Join(clusterConfigFields, ", "))
-		}
-		if f.Message() != nil && !src.Has(f) {
-			return nil, fmt.Errorf("%w: config.%s is in update_mask but not set: give it a value (the default is %s)", errBadRequest, p, configValue(records.DefaultClusterConfig(), f))
-		}
-		dst.Set(f, src.Get(f))
-	}
-	return next, nil
-}
-
-// checkClusterConfig checks what no single field's rule can: the config an
-// update leaves. The request's contract checked each field it set, but a
-// partial update combines them with the stored ones.
-func checkClusterConfig(c *curatorv1.ClusterConfig) error {
-	if c.GetMinQuorum() < 1 {
-		return fmt.Errorf("%w: config.min_quorum must be 1 to 7, not %d", errBadRequest, c.GetMinQuorum())
-	}
-	if size := c.GetControlPlaneSize(); size > 0 && c.GetMinQuorum() > size {
-		return fmt.Errorf("%w: config.min_quorum %d exceeds config.control_plane_size %d: automation could never keep that many voters (lower min_quorum, or raise control_plane_size)", errBadRequest, c.GetMinQuorum(), size)
-	}
-	return nil
-}
-
 // configChanges says which fields differ from old to next, with both
 // values, as the audit event's reason records it.
 func configChanges(old, next *curatorv1.ClusterConfig) string {
@@ -154,24 +107,9 @@ func configChanges(old, next *curatorv1.ClusterConfig) string {
 	fields := old.ProtoReflect().Descriptor().Fields()
 	for i := range fields.Len() {
 		f := fields.Get(i)
-		if was, is := configValue(old, f), configValue(next, f); was != is {
+		if was, is := records.ClusterConfigValue(old, f), records.ClusterConfigValue(next, f); was != is {
 			out = append(out, fmt.Sprintf("%s=%s (was %s)", f.Name(), is, was))
 		}
 	}
 	return strings.Join(out, ", ")
-}
-
-// configValue renders field f of c for humans: durations as Go durations
-// (5m0s), strings quoted.
-func configValue(c *curatorv1.ClusterConfig, f protoreflect.FieldDescriptor) string {
-	v := c.ProtoReflect().Get(f)
-	switch {
-	case f.Message() != nil:
-		d, _ := v.Message().Interface().(*durationpb.Duration)
-		return d.AsDuration().String()
-	case f.Kind() == protoreflect.StringKind:
-		return strconv.Quote(v.String())
-	default:
-		return v.String()
-	}
 }

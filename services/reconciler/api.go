@@ -7,6 +7,7 @@ import (
 
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/records"
 	"curia.dev/platform/rpc"
 	"curia.dev/services/reconciler/internal/plan"
 )
@@ -32,14 +33,33 @@ func (x *apiServer) GetStatus(context.Context, *reconcilerv1.GetStatusRequest) (
 	return proto.Clone(x.r.status).(*reconcilerv1.GetStatusResponse), nil
 }
 
-// Plan observes and plans now, on any replica, without acting.
-func (x *apiServer) Plan(ctx context.Context, _ *reconcilerv1.PlanRequest) (*reconcilerv1.PlanResponse, error) {
+// Plan observes and plans now, on any replica, without acting: the next
+// action and the whole sequence, under the stored cluster configuration or
+// a proposed change of it.
+func (x *apiServer) Plan(ctx context.Context, req *reconcilerv1.PlanRequest) (*reconcilerv1.PlanResponse, error) {
 	snap, err := x.r.observe(ctx)
 	if err != nil {
 		return nil, err
 	}
-	a := plan.Plan(snap.observed, x.r.cfg.planConfig(snap.config))
-	return &reconcilerv1.PlanResponse{Action: toProto(&a), Members: int64(len(snap.observed.Members)), Nodes: int64(len(snap.observed.Nodes))}, nil
+	cc := snap.config
+	if paths := req.GetProposedMask().GetPaths(); len(paths) > 0 {
+		if cc, err = records.ClusterConfigWithMask(cc, req.GetProposed(), paths); err != nil {
+			return nil, err
+		}
+		if err := records.CheckClusterConfig(cc); err != nil {
+			return nil, err
+		}
+	}
+	pc := x.r.cfg.planConfig(cc)
+	a := plan.Plan(snap.observed, pc)
+	resp := &reconcilerv1.PlanResponse{Action: toProto(&a), Members: int64(len(snap.observed.Members)), Nodes: int64(len(snap.observed.Nodes)), Config: cc}
+	for _, s := range plan.Sequence(snap.observed, pc) {
+		resp.Steps = append(resp.Steps, &reconcilerv1.PlannedStep{
+			Action: toProto(&s.Action), Voters: uint32(s.Voters), HealthyVoters: uint32(s.Healthy), //nolint:gosec // G115: counts of etcd voters
+			FailureTolerance: int32(s.FailureTolerance), //nolint:gosec // G115: at most the number of voters
+		})
+	}
+	return resp, nil
 }
 
 func (x *apiServer) Pause(_ context.Context, req *reconcilerv1.PauseRequest) (*reconcilerv1.PauseResponse, error) {

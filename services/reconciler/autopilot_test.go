@@ -8,11 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
@@ -95,7 +98,40 @@ func TestAutopilot(t *testing.T) {
 	}
 	enrol()
 	enrol()
-	startReconciler(t, c, "reconciler-0")
+	rec := startReconciler(t, c, "reconciler-0")
+
+	// The plan a proposed size would cause, before it is written: two
+	// nodes join and are promoted, ending at a tolerance of one failure.
+	rc, err := rpc.Dial(rec.addr, rpc.ClientConfig{Credentials: c.PKI.Creds(t, cut.Admin), ServerKinds: []pki.Kind{pki.KindReconciler}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rc.Close() })
+	var dry *reconcilerv1.PlanResponse
+	proctest.Eventually(t, time.Minute, func() (err error) {
+		dry, err = reconcilerv1.NewReconcilerClient(rc).Plan(ctx, &reconcilerv1.PlanRequest{
+			Proposed: &curatorv1.ClusterConfig{ControlPlaneSize: 3}, ProposedMask: &fieldmaskpb.FieldMask{Paths: []string{"control_plane_size"}},
+		})
+		return err
+	})
+	kinds := map[reconcilerv1.ActionKind]int{}
+	for _, s := range dry.Steps {
+		kinds[s.Action.Kind]++
+	}
+	last := dry.Steps[len(dry.Steps)-1]
+	if kinds[reconcilerv1.ActionKind_ACTION_KIND_ADD_MEMBER] != 2 || kinds[reconcilerv1.ActionKind_ACTION_KIND_PROMOTE] != 2 ||
+		last.Action.Kind != reconcilerv1.ActionKind_ACTION_KIND_NONE || last.Voters != 3 || last.FailureTolerance != 1 {
+		t.Fatalf("the plan of control_plane_size 3 from one voter: %v", dry.Steps)
+	}
+	if got, err := c.Management().GetClusterConfig(ctx, &curatorv1.GetClusterConfigRequest{}); err != nil || got.Config.ControlPlaneSize != 0 {
+		t.Fatalf("after the dry run, the stored configuration: %v %v", got, err)
+	}
+	_, err = reconcilerv1.NewReconcilerClient(rc).Plan(ctx, &reconcilerv1.PlanRequest{
+		Proposed: &curatorv1.ClusterConfig{ControlPlaneSize: 2}, ProposedMask: &fieldmaskpb.FieldMask{Paths: []string{"control_plane_size"}},
+	})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a plan for control_plane_size 2: %v, want InvalidArgument", err)
+	}
 
 	// The agents' part: a node given ConsensusMember starts the member its
 	// role names.

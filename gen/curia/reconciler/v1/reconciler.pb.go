@@ -8,9 +8,11 @@ package reconcilerv1
 
 import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
+	v11 "curia.dev/gen/curia/curator/v1"
 	v1 "curia.dev/gen/curia/fence/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	fieldmaskpb "google.golang.org/protobuf/types/known/fieldmaskpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -625,9 +627,17 @@ func (x *Refusal) GetNodeId() string {
 	return ""
 }
 
-// PlanRequest asks for a dry run.
+// PlanRequest asks for a dry run: under the cluster configuration as
+// stored, or as a proposed change would leave it.
 type PlanRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A proposed change of the cluster configuration, as
+	// Management/UpdateClusterConfig would take it: the fields
+	// proposed_mask names replace the stored ones. Nothing is written.
+	Proposed *v11.ClusterConfig `protobuf:"bytes,1,opt,name=proposed,proto3" json:"proposed,omitempty"`
+	// The fields of proposed to plan with (empty: plan under the stored
+	// configuration).
+	ProposedMask  *fieldmaskpb.FieldMask `protobuf:"bytes,2,opt,name=proposed_mask,json=proposedMask,proto3" json:"proposed_mask,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -662,6 +672,20 @@ func (*PlanRequest) Descriptor() ([]byte, []int) {
 	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{4}
 }
 
+func (x *PlanRequest) GetProposed() *v11.ClusterConfig {
+	if x != nil {
+		return x.Proposed
+	}
+	return nil
+}
+
+func (x *PlanRequest) GetProposedMask() *fieldmaskpb.FieldMask {
+	if x != nil {
+		return x.ProposedMask
+	}
+	return nil
+}
+
 // PlanResponse is the dry run's result.
 type PlanResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -670,7 +694,15 @@ type PlanResponse struct {
 	// How many etcd members the plan was made from.
 	Members int64 `protobuf:"varint,2,opt,name=members,proto3" json:"members,omitempty"`
 	// How many node records the plan was made from.
-	Nodes         int64 `protobuf:"varint,3,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	Nodes int64 `protobuf:"varint,3,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	// The whole sequence the reconciler intends from now, first action
+	// first, as if every step went as planned (a learner added catches up,
+	// each change applies), up to nothing to do or a refusal. Members the
+	// sequence adds have placeholder ids. Passes plan anew from what they
+	// observe: a step that goes otherwise changes the rest.
+	Steps []*PlannedStep `protobuf:"bytes,4,rep,name=steps,proto3" json:"steps,omitempty"`
+	// The cluster configuration planned under.
+	Config        *v11.ClusterConfig `protobuf:"bytes,5,opt,name=config,proto3" json:"config,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -726,6 +758,95 @@ func (x *PlanResponse) GetNodes() int64 {
 	return 0
 }
 
+func (x *PlanResponse) GetSteps() []*PlannedStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *PlanResponse) GetConfig() *v11.ClusterConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+// PlannedStep is one action of a sequence, with the cluster as it is once
+// the action is done.
+type PlannedStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The action.
+	Action *Action `protobuf:"bytes,1,opt,name=action,proto3" json:"action,omitempty"`
+	// The voters after it.
+	Voters uint32 `protobuf:"varint,2,opt,name=voters,proto3" json:"voters,omitempty"`
+	// How many of them are healthy.
+	HealthyVoters uint32 `protobuf:"varint,3,opt,name=healthy_voters,json=healthyVoters,proto3" json:"healthy_voters,omitempty"`
+	// How many more voter failures the cluster survives after it
+	// (healthy_voters − quorum; negative: no quorum).
+	FailureTolerance int32 `protobuf:"varint,4,opt,name=failure_tolerance,json=failureTolerance,proto3" json:"failure_tolerance,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *PlannedStep) Reset() {
+	*x = PlannedStep{}
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlannedStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlannedStep) ProtoMessage() {}
+
+func (x *PlannedStep) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlannedStep.ProtoReflect.Descriptor instead.
+func (*PlannedStep) Descriptor() ([]byte, []int) {
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *PlannedStep) GetAction() *Action {
+	if x != nil {
+		return x.Action
+	}
+	return nil
+}
+
+func (x *PlannedStep) GetVoters() uint32 {
+	if x != nil {
+		return x.Voters
+	}
+	return 0
+}
+
+func (x *PlannedStep) GetHealthyVoters() uint32 {
+	if x != nil {
+		return x.HealthyVoters
+	}
+	return 0
+}
+
+func (x *PlannedStep) GetFailureTolerance() int32 {
+	if x != nil {
+		return x.FailureTolerance
+	}
+	return 0
+}
+
 // PauseRequest pauses acting.
 type PauseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -737,7 +858,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[6]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +870,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[6]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +883,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{6}
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PauseRequest) GetReason() string {
@@ -781,7 +902,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[7]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +914,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[7]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +927,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{7}
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{8}
 }
 
 // ResumeRequest resumes acting.
@@ -818,7 +939,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[8]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -830,7 +951,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[8]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -843,7 +964,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{8}
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{9}
 }
 
 // ResumeResponse is empty.
@@ -855,7 +976,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[9]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +988,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[9]
+	mi := &file_curia_reconciler_v1_reconciler_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,14 +1001,14 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{9}
+	return file_curia_reconciler_v1_reconciler_proto_rawDescGZIP(), []int{10}
 }
 
 var File_curia_reconciler_v1_reconciler_proto protoreflect.FileDescriptor
 
 const file_curia_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\n" +
-	"$curia/reconciler/v1/reconciler.proto\x12\x13curia.reconciler.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/fence/v1/fence.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe1\x01\n" +
+	"$curia/reconciler/v1/reconciler.proto\x12\x13curia.reconciler.v1\x1a\x1bbuf/validate/validate.proto\x1a%curia/curator/v1/cluster_config.proto\x1a\x1acuria/fence/v1/fence.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe1\x01\n" +
 	"\x06Action\x123\n" +
 	"\x04kind\x18\a \x01(\x0e2\x1f.curia.reconciler.v1.ActionKindR\x04kind\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\x04R\bmemberId\x12\x17\n" +
@@ -922,12 +1043,21 @@ const file_curia_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12B\n" +
 	"\frefused_kind\x18\x03 \x01(\x0e2\x1f.curia.reconciler.v1.ActionKindR\vrefusedKind\x12\x1b\n" +
 	"\tmember_id\x18\x04 \x01(\x04R\bmemberId\x12\x17\n" +
-	"\anode_id\x18\x05 \x01(\tR\x06nodeId\"\r\n" +
-	"\vPlanRequest\"s\n" +
+	"\anode_id\x18\x05 \x01(\tR\x06nodeId\"\x8b\x01\n" +
+	"\vPlanRequest\x12;\n" +
+	"\bproposed\x18\x01 \x01(\v2\x1f.curia.curator.v1.ClusterConfigR\bproposed\x12?\n" +
+	"\rproposed_mask\x18\x02 \x01(\v2\x1a.google.protobuf.FieldMaskR\fproposedMask\"\xe4\x01\n" +
 	"\fPlanResponse\x123\n" +
 	"\x06action\x18\x01 \x01(\v2\x1b.curia.reconciler.v1.ActionR\x06action\x12\x18\n" +
 	"\amembers\x18\x02 \x01(\x03R\amembers\x12\x14\n" +
-	"\x05nodes\x18\x03 \x01(\x03R\x05nodes\"0\n" +
+	"\x05nodes\x18\x03 \x01(\x03R\x05nodes\x126\n" +
+	"\x05steps\x18\x04 \x03(\v2 .curia.reconciler.v1.PlannedStepR\x05steps\x127\n" +
+	"\x06config\x18\x05 \x01(\v2\x1f.curia.curator.v1.ClusterConfigR\x06config\"\xae\x01\n" +
+	"\vPlannedStep\x123\n" +
+	"\x06action\x18\x01 \x01(\v2\x1b.curia.reconciler.v1.ActionR\x06action\x12\x16\n" +
+	"\x06voters\x18\x02 \x01(\rR\x06voters\x12%\n" +
+	"\x0ehealthy_voters\x18\x03 \x01(\rR\rhealthyVoters\x12+\n" +
+	"\x11failure_tolerance\x18\x04 \x01(\x05R\x10failureTolerance\"0\n" +
 	"\fPauseRequest\x12 \n" +
 	"\x06reason\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reason\"\x0f\n" +
 	"\rPauseResponse\"\x0f\n" +
@@ -978,7 +1108,7 @@ func file_curia_reconciler_v1_reconciler_proto_rawDescGZIP() []byte {
 }
 
 var file_curia_reconciler_v1_reconciler_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_curia_reconciler_v1_reconciler_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_curia_reconciler_v1_reconciler_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_curia_reconciler_v1_reconciler_proto_goTypes = []any{
 	(Role)(0),                     // 0: curia.reconciler.v1.Role
 	(ActionKind)(0),               // 1: curia.reconciler.v1.ActionKind
@@ -989,40 +1119,48 @@ var file_curia_reconciler_v1_reconciler_proto_goTypes = []any{
 	(*Refusal)(nil),               // 6: curia.reconciler.v1.Refusal
 	(*PlanRequest)(nil),           // 7: curia.reconciler.v1.PlanRequest
 	(*PlanResponse)(nil),          // 8: curia.reconciler.v1.PlanResponse
-	(*PauseRequest)(nil),          // 9: curia.reconciler.v1.PauseRequest
-	(*PauseResponse)(nil),         // 10: curia.reconciler.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 11: curia.reconciler.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 12: curia.reconciler.v1.ResumeResponse
-	(*v1.Fence)(nil),              // 13: curia.fence.v1.Fence
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*PlannedStep)(nil),           // 9: curia.reconciler.v1.PlannedStep
+	(*PauseRequest)(nil),          // 10: curia.reconciler.v1.PauseRequest
+	(*PauseResponse)(nil),         // 11: curia.reconciler.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 12: curia.reconciler.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 13: curia.reconciler.v1.ResumeResponse
+	(*v1.Fence)(nil),              // 14: curia.fence.v1.Fence
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*v11.ClusterConfig)(nil),     // 16: curia.curator.v1.ClusterConfig
+	(*fieldmaskpb.FieldMask)(nil), // 17: google.protobuf.FieldMask
 }
 var file_curia_reconciler_v1_reconciler_proto_depIdxs = []int32{
 	1,  // 0: curia.reconciler.v1.Action.kind:type_name -> curia.reconciler.v1.ActionKind
 	0,  // 1: curia.reconciler.v1.GetStatusResponse.role:type_name -> curia.reconciler.v1.Role
-	13, // 2: curia.reconciler.v1.GetStatusResponse.fence:type_name -> curia.fence.v1.Fence
-	14, // 3: curia.reconciler.v1.GetStatusResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	14, // 4: curia.reconciler.v1.GetStatusResponse.last_pass:type_name -> google.protobuf.Timestamp
+	14, // 2: curia.reconciler.v1.GetStatusResponse.fence:type_name -> curia.fence.v1.Fence
+	15, // 3: curia.reconciler.v1.GetStatusResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	15, // 4: curia.reconciler.v1.GetStatusResponse.last_pass:type_name -> google.protobuf.Timestamp
 	2,  // 5: curia.reconciler.v1.GetStatusResponse.last_result:type_name -> curia.reconciler.v1.PassResult
 	3,  // 6: curia.reconciler.v1.GetStatusResponse.last_action:type_name -> curia.reconciler.v1.Action
-	14, // 7: curia.reconciler.v1.GetStatusResponse.last_action_time:type_name -> google.protobuf.Timestamp
+	15, // 7: curia.reconciler.v1.GetStatusResponse.last_action_time:type_name -> google.protobuf.Timestamp
 	3,  // 8: curia.reconciler.v1.GetStatusResponse.planned:type_name -> curia.reconciler.v1.Action
 	6,  // 9: curia.reconciler.v1.GetStatusResponse.refusals:type_name -> curia.reconciler.v1.Refusal
-	14, // 10: curia.reconciler.v1.Refusal.time:type_name -> google.protobuf.Timestamp
+	15, // 10: curia.reconciler.v1.Refusal.time:type_name -> google.protobuf.Timestamp
 	1,  // 11: curia.reconciler.v1.Refusal.refused_kind:type_name -> curia.reconciler.v1.ActionKind
-	3,  // 12: curia.reconciler.v1.PlanResponse.action:type_name -> curia.reconciler.v1.Action
-	4,  // 13: curia.reconciler.v1.Reconciler.GetStatus:input_type -> curia.reconciler.v1.GetStatusRequest
-	7,  // 14: curia.reconciler.v1.Reconciler.Plan:input_type -> curia.reconciler.v1.PlanRequest
-	9,  // 15: curia.reconciler.v1.Reconciler.Pause:input_type -> curia.reconciler.v1.PauseRequest
-	11, // 16: curia.reconciler.v1.Reconciler.Resume:input_type -> curia.reconciler.v1.ResumeRequest
-	5,  // 17: curia.reconciler.v1.Reconciler.GetStatus:output_type -> curia.reconciler.v1.GetStatusResponse
-	8,  // 18: curia.reconciler.v1.Reconciler.Plan:output_type -> curia.reconciler.v1.PlanResponse
-	10, // 19: curia.reconciler.v1.Reconciler.Pause:output_type -> curia.reconciler.v1.PauseResponse
-	12, // 20: curia.reconciler.v1.Reconciler.Resume:output_type -> curia.reconciler.v1.ResumeResponse
-	17, // [17:21] is the sub-list for method output_type
-	13, // [13:17] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	16, // 12: curia.reconciler.v1.PlanRequest.proposed:type_name -> curia.curator.v1.ClusterConfig
+	17, // 13: curia.reconciler.v1.PlanRequest.proposed_mask:type_name -> google.protobuf.FieldMask
+	3,  // 14: curia.reconciler.v1.PlanResponse.action:type_name -> curia.reconciler.v1.Action
+	9,  // 15: curia.reconciler.v1.PlanResponse.steps:type_name -> curia.reconciler.v1.PlannedStep
+	16, // 16: curia.reconciler.v1.PlanResponse.config:type_name -> curia.curator.v1.ClusterConfig
+	3,  // 17: curia.reconciler.v1.PlannedStep.action:type_name -> curia.reconciler.v1.Action
+	4,  // 18: curia.reconciler.v1.Reconciler.GetStatus:input_type -> curia.reconciler.v1.GetStatusRequest
+	7,  // 19: curia.reconciler.v1.Reconciler.Plan:input_type -> curia.reconciler.v1.PlanRequest
+	10, // 20: curia.reconciler.v1.Reconciler.Pause:input_type -> curia.reconciler.v1.PauseRequest
+	12, // 21: curia.reconciler.v1.Reconciler.Resume:input_type -> curia.reconciler.v1.ResumeRequest
+	5,  // 22: curia.reconciler.v1.Reconciler.GetStatus:output_type -> curia.reconciler.v1.GetStatusResponse
+	8,  // 23: curia.reconciler.v1.Reconciler.Plan:output_type -> curia.reconciler.v1.PlanResponse
+	11, // 24: curia.reconciler.v1.Reconciler.Pause:output_type -> curia.reconciler.v1.PauseResponse
+	13, // 25: curia.reconciler.v1.Reconciler.Resume:output_type -> curia.reconciler.v1.ResumeResponse
+	22, // [22:26] is the sub-list for method output_type
+	18, // [18:22] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_curia_reconciler_v1_reconciler_proto_init() }
@@ -1036,7 +1174,7 @@ func file_curia_reconciler_v1_reconciler_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_reconciler_v1_reconciler_proto_rawDesc), len(file_curia_reconciler_v1_reconciler_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

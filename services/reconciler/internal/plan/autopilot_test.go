@@ -349,3 +349,51 @@ func TestAutopilot(t *testing.T) {
 	}
 	golden(t, "testdata/autopilot.golden", out.String())
 }
+
+// TestSequence: the whole plan, in a golden file (-update rewrites it):
+// from one voter to three; a dead voter replaced add-before-remove; a
+// change in flight (nothing to sequence). Every sequence ends in nothing
+// to do or a refusal, and (checked in code, not only in the file) the
+// failure tolerance never drops while a dead voter is replaced.
+func TestSequence(t *testing.T) {
+	now := time.Unix(10_000, 0)
+	ap := Config{VoterFloor: 1, Stabilization: 10 * time.Second, LearnerStartTimeout: time.Minute, TargetSize: 3, DeadAfter: 30 * time.Second}
+	node := func(id string, voter bool) Node {
+		return Node{ID: id, Revision: 7, ConsensusMember: voter, Up: true, Healthy: true, LastHeartbeat: now, PeerURL: "https://" + id + ":2380"}
+	}
+	cluster := func(voters []Node, others ...Node) Observed {
+		o := Observed{Epoch: 5, AnsweredBy: 1, Leader: 1, Now: now, LearnerSince: map[uint64]time.Time{}, ReadySince: map[uint64]time.Time{}}
+		for i, n := range voters {
+			o.Members = append(o.Members, Member{ID: uint64(i + 1), NodeID: n.ID, Started: true, CaughtUp: true})
+			o.Nodes = append(o.Nodes, n)
+		}
+		o.Nodes = append(o.Nodes, others...)
+		return o
+	}
+	deadB := node("b", true)
+	deadB.Healthy, deadB.LastHeartbeat = false, now.Add(-time.Minute)
+	cases := map[string]Observed{
+		"grow 1 → 3":           cluster([]Node{node("a", true)}, node("x", false), node("y", false)),
+		"replace a dead voter": cluster([]Node{node("a", true), deadB, node("c", true)}, node("x", false)),
+		"change in flight": func() Observed {
+			o := cluster([]Node{node("a", true)}, node("x", false))
+			o.Pending = "add node z"
+			return o
+		}(),
+	}
+	var out strings.Builder
+	for _, name := range slices.Sorted(maps.Keys(cases)) {
+		steps := Sequence(cases[name], ap)
+		fmt.Fprintf(&out, "%s\n", name)
+		for i, s := range steps {
+			fmt.Fprintf(&out, "\t%d. %s\n\t   voters=%d healthy=%d tolerance=%d\n", i+1, strings.ReplaceAll(describe(s.Action), "\n\t", "\n\t   "), s.Voters, s.Healthy, s.FailureTolerance)
+			if i > 0 && name == "replace a dead voter" && s.FailureTolerance < steps[i-1].FailureTolerance {
+				t.Errorf("%s: step %d lowers the failure tolerance: %v", name, i+1, s)
+			}
+		}
+		if last := steps[len(steps)-1].Action; last.Kind != None && last.Kind != Refuse {
+			t.Errorf("%s: the sequence ends at %v, not at nothing to do", name, last)
+		}
+	}
+	golden(t, "testdata/sequence.golden", out.String())
+}
