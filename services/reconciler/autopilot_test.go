@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,30 +26,27 @@ import (
 )
 
 // heartbeat keeps a node healthy until the returned stop is called (or the
-// test ends): one heartbeat stream, a beat every 200ms.
+// test ends), as its agent would: a beat every 200ms on one stream, a new
+// stream when one breaks (a curator's etcd client may stall on a frozen
+// member for a while).
 func heartbeat(t *testing.T, cur curatorv1.CuratorClient) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	stream, err := cur.Heartbeat(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	go func() {
-		go func() {
-			for {
-				if _, err := stream.Recv(); err != nil {
-					return
-				}
-			}
-		}()
 		for ctx.Err() == nil {
-			if stream.Send(&curatorv1.HeartbeatRequest{}) != nil {
-				return
+			stream, err := cur.Heartbeat(ctx)
+			for err == nil && ctx.Err() == nil {
+				if err = stream.Send(&curatorv1.HeartbeatRequest{}); err == nil {
+					select {
+					case <-ctx.Done():
+					case <-time.After(200 * time.Millisecond):
+					}
+				}
 			}
 			select {
 			case <-ctx.Done():
-			case <-time.After(200 * time.Millisecond):
+			case <-time.After(100 * time.Millisecond):
 			}
 		}
 	}()
@@ -65,11 +64,12 @@ func voters(c *cut.Cluster) map[string]bool {
 	return out
 }
 
-// TestAutopilot: with control_plane_size 3, a one-voter cluster grows to
-// three voters by itself (the test plays the nodes' agents: heartbeats,
-// and starting the member a role names); when a voter's node dies, a
-// healthy node joins first and the dead voter goes after, and membership
-// never drops below two healthy voters on the way.
+// TestAutopilot: a dry run of control_plane_size 3 shows the sequence;
+// then a one-voter cluster grows to three voters by itself (the test plays
+// the nodes' agents: heartbeats, and starting the member a role names);
+// when a voter's node freezes, a healthy node joins first and the frozen
+// voter goes after, never below two healthy voters; thawed, the removed
+// member is turned away and the cluster stays as it was.
 func TestAutopilot(t *testing.T) {
 	c := cut.New(t, 1, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s")
 	ctx := ctxT(t)
@@ -194,8 +194,9 @@ func TestAutopilot(t *testing.T) {
 			break
 		}
 	}
+	// Frozen, as a stalled VM: no heartbeats, its etcd member silent.
 	nodes[victim].stop()
-	nodes[victim].cons.Kill()
+	nodes[victim].cons.Pause()
 	died := time.Now()
 	delete(want, victim)
 	want[spare.agent.ID] = true
@@ -204,18 +205,48 @@ func TestAutopilot(t *testing.T) {
 		checkQuorum()
 		got := voters(c)
 		if got[victim] && got[spare.agent.ID] && len(got) == 3 {
-			t.Fatalf("voters %v: the dead voter was kept and a live one removed", got)
+			t.Fatalf("voters %v: the dead voter was kept and a live one removed; the reconciler acted:\n%s", got, acted(rec))
 		}
 		if !maps.Equal(got, want) {
 			return fmt.Errorf("voters %v, want %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
 		}
 		return nil
 	})
-	t.Logf("dead voter replaced %v after its node died (threshold 10s)", time.Since(died).Round(100*time.Millisecond))
+	t.Logf("dead voter replaced %v after its node died (threshold 10s); the reconciler acted:\n%s", time.Since(died).Round(100*time.Millisecond), acted(rec))
 	proctest.Eventually(t, time.Minute, func() error {
 		if r := node(t, c, victim).GetRoles(); r.GetConsensusMember() != nil {
 			return fmt.Errorf("the dead node still has ConsensusMember: %v", r)
 		}
 		return nil
 	})
+
+	// The frozen machine comes back: its member was removed, so etcd's
+	// peers turn it away and it stops; the cluster is as it was, with
+	// three healthy voters.
+	nodes[victim].cons.Resume()
+	proctest.Eventually(t, time.Minute, func() error {
+		if st := nodes[victim].cons.Status(); st.State != consensusv1.LifecycleState_LIFECYCLE_STATE_STOPPED {
+			return fmt.Errorf("the removed member after its thaw: %v (%s), want stopped", st.State, st.StateReason)
+		}
+		return nil
+	})
+	if got := voters(c); !maps.Equal(got, want) {
+		t.Fatalf("voters %v after the removed member came back, want %v", got, want)
+	}
+	st, err := c.Management().GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
+	if err != nil || st.HealthyVoters != 3 || st.FailureTolerance != 1 {
+		t.Fatalf("after the removed member came back: %v %v, want 3 healthy voters", st, err)
+	}
+}
+
+// acted is the reconciler's "acted" log lines: the changes it made.
+func acted(r *replica) string {
+	b, _ := os.ReadFile(r.Log)
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, `msg=acted`) || strings.Contains(l, `msg="action failed"`) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
