@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
@@ -239,6 +241,88 @@ func TestE2E(t *testing.T) {
 		proctest.Eventually(t, 2*time.Minute, func() error {
 			if c.voters()[worker] {
 				return errors.New("the worker is still a member")
+			}
+			return c.agreement()
+		})
+	})
+
+	t.Run("autopilot replaces a frozen voter", func(t *testing.T) {
+		setConfig := func(cfg *curatorv1.ClusterConfig, paths ...string) {
+			t.Helper()
+			if _, err := c.mgmt().UpdateClusterConfig(ctx, &curatorv1.UpdateClusterConfigRequest{Config: cfg, UpdateMask: &fieldmaskpb.FieldMask{Paths: paths}, Reason: "e2e"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		frozen, spare := c.ids["node-2"], c.ids["node-4"]
+		setConfig(&curatorv1.ClusterConfig{ControlPlaneSize: 3, DeadNodeThreshold: durationpb.New(10 * time.Second)}, "control_plane_size", "dead_node_threshold")
+		// Every process of node-2, as a stalled VM.
+		pids := []int{c.pid("node-2-consensus"), c.pid("node-2-roleserve")}
+		for _, pid := range pids {
+			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+		}
+		thawed := false
+		thaw := func() {
+			if !thawed {
+				for _, pid := range pids {
+					_ = syscall.Kill(pid, syscall.SIGCONT)
+				}
+				thawed = true
+			}
+		}
+		defer thaw()
+		begun := time.Now()
+		proctest.Eventually(t, 3*time.Minute, func() error {
+			st, err := c.mgmt().GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
+			if err == nil && st.Voters >= 3 && st.HealthyVoters < 2 {
+				t.Fatalf("%d healthy voters of %d while node-2 was replaced", st.HealthyVoters, st.Voters)
+			}
+			if v := c.voters(); v[frozen] || !v[spare] {
+				return fmt.Errorf("voters %v: node-2 not replaced by node-4 yet", v)
+			}
+			return c.agreement()
+		})
+		t.Logf("frozen voter node-2 replaced by node-4 %v after the freeze (dead_node_threshold 10s)", time.Since(begun).Round(100*time.Millisecond))
+
+		// Thawed, node-2 is turned away and becomes a worker; the cluster
+		// is untouched.
+		thaw()
+		want := map[string]bool{c.ids["node-1"]: true, c.ids["node-3"]: true, spare: true}
+		proctest.Eventually(t, 2*time.Minute, func() error {
+			if v := c.voters(); !maps.Equal(v, want) {
+				return fmt.Errorf("voters %v after node-2's thaw, want %v", v, want)
+			}
+			nodes, err := nodesByID(ctx, c)
+			if err != nil {
+				return err
+			}
+			if n := nodes[frozen]; n == nil || n.Roles.GetConsensusMember() != nil || slices.Contains(n.GetStatus().GetRunningServices(), "consensus") {
+				return fmt.Errorf("node-2 after its thaw: %v, want a worker not running consensus", n)
+			}
+			return c.agreement()
+		})
+
+		// Back to manual, and the topology the later scenarios expect:
+		// node-2 a voter again, node-4 the worker.
+		setConfig(&curatorv1.ClusterConfig{ControlPlaneSize: 0}, "control_plane_size")
+		retryUnavailable(t, func() error {
+			_, err := c.mgmt().UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: frozen, ConsensusMember: new(true), Reason: "e2e"})
+			return err
+		})
+		proctest.Eventually(t, 2*time.Minute, func() error {
+			if !c.voters()[frozen] {
+				return errors.New("node-2 is not a voter again yet")
+			}
+			return c.agreement()
+		})
+		retryUnavailable(t, func() error {
+			_, err := c.mgmt().UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: spare, ConsensusMember: new(false), Reason: "e2e"})
+			return err
+		})
+		proctest.Eventually(t, 2*time.Minute, func() error {
+			if c.voters()[spare] {
+				return errors.New("node-4 is still a member")
 			}
 			return c.agreement()
 		})
@@ -530,6 +614,12 @@ func auditInvariant(t *testing.T, c *cluster) {
 			deleted[ev.NodeId] = true
 		case ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED:
 			// The outcome of a change whose intent was checked.
+		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.Actor == "reconciler" && strings.Contains(ev.Reason, "is dead (no heartbeat for"):
+			// Autopilot: a voter whose node was silent past the threshold
+			// (the frozen node-2), never a live one.
+			if ev.NodeId != c.ids["node-2"] {
+				t.Errorf("autopilot removed member %x of node %s, which was not frozen: %v", ev.MemberId, ev.NodeId, ev)
+			}
 		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.Actor == "reconciler":
 			removals++
 			if !deleted[ev.NodeId] {
@@ -541,5 +631,26 @@ func auditInvariant(t *testing.T, c *cluster) {
 	}
 	if removals == 0 {
 		t.Fatal("the reconciler removed no member: the delete scenario did not run?")
+	}
+}
+
+// nodesByID is every node, by id.
+func nodesByID(ctx context.Context, c *cluster) (map[string]*curatorv1.Node, error) {
+	stream, err := c.mgmt().GetNodes(ctx, &curatorv1.GetNodesRequest{})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*curatorv1.Node{}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range resp.GetNodes() {
+			out[n.GetId()] = n
+		}
 	}
 }
