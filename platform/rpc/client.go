@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
 
 	"curia.dev/platform/pki"
@@ -146,10 +145,7 @@ func clientCodeToLevel(code codes.Code) logging.Level {
 // second DeleteNode says NotFound).
 var declaredWithoutSideEffects = sync.OnceValue(func() []string {
 	var out []string
-	protoregistry.GlobalFiles.RangeFiles(func(f protoreflect.FileDescriptor) bool {
-		if !strings.HasPrefix(string(f.Package()), "curia.") {
-			return true
-		}
+	eachCuriaFile(func(f protoreflect.FileDescriptor) {
 		for i := range f.Services().Len() {
 			svc := f.Services().Get(i)
 			for j := range svc.Methods().Len() {
@@ -160,7 +156,6 @@ var declaredWithoutSideEffects = sync.OnceValue(func() []string {
 				}
 			}
 		}
-		return true
 	})
 	slices.Sort(out)
 	return out

@@ -70,13 +70,20 @@ func curiaMessages() []protoreflect.MessageDescriptor {
 			add(ms.Get(i).Messages())
 		}
 	}
-	protoregistry.GlobalFiles.RangeFiles(func(f protoreflect.FileDescriptor) bool {
-		if strings.HasPrefix(string(f.Package()), "curia.") {
-			add(f.Messages())
+	eachCuriaFile(func(f protoreflect.FileDescriptor) { add(f.Messages()) })
+	return out
+}
+
+// eachCuriaFile calls f with every registered file of curia's proto
+// packages (curia.*): the files whose messages the validator checks and
+// whose methods clients retry (declaredWithoutSideEffects).
+func eachCuriaFile(f func(protoreflect.FileDescriptor)) {
+	protoregistry.GlobalFiles.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
+		if strings.HasPrefix(string(fd.Package()), "curia.") {
+			f(fd)
 		}
 		return true
 	})
-	return out
 }
 
 // ValidateRequest checks msg against its rules and returns nil, an

@@ -125,16 +125,9 @@ func (id *identity) load(kind pki.Kind, certPEM []byte, log *slog.Logger) error 
 	case !revoked && !expired:
 		return id.set(kind, certPEM)
 	case kind == pki.KindMember && revoked:
-		if pub, ok := cert.PublicKey.(ed25519.PublicKey); !ok || !pub.Equal(id.key.Public()) {
-			return fmt.Errorf("%w: the member certificate %x is not of this process's key", errBadRequest, cert.SerialNumber)
+		if err := id.use(kind, certPEM, true); err != nil {
+			return err
 		}
-		creds, err := rpc.NewCredentials(id.cluster, id.api.CAPEM, certPEM, id.keyPEM)
-		if err != nil {
-			return fmt.Errorf("%w: the member certificate: %v", errBadRequest, err)
-		}
-		id.mu.Lock()
-		id.member = creds
-		id.mu.Unlock()
 		log.Warn("the member certificate on disk is revoked: etcd will not restart with it", "serial", cert.SerialNumber.Text(16))
 	default:
 		log.Warn("a certificate on disk is revoked or expired and not used; the node's agent installs a fresh one", "kind", string(kind), "serial", cert.SerialNumber.Text(16), "revoked", revoked, "expired", expired)
@@ -149,7 +142,11 @@ func (id *identity) principal(k pki.Kind) pki.Principal {
 // set checks a certificate of this process's key for kind (consensus or
 // member), stores it and uses it from now on: SetCredentials, and load for
 // a certificate on disk that is neither revoked nor expired.
-func (id *identity) set(kind pki.Kind, certPEM []byte) error {
+func (id *identity) set(kind pki.Kind, certPEM []byte) error { return id.use(kind, certPEM, false) }
+
+// use is set; with revokedOK a revoked member certificate passes (load
+// keeps one so that etcd is not restarted with it).
+func (id *identity) use(kind pki.Kind, certPEM []byte, revokedOK bool) error {
 	cert, err := pki.ParseCertPEM(certPEM)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errBadRequest, err)
@@ -157,7 +154,7 @@ func (id *identity) set(kind pki.Kind, certPEM []byte) error {
 	if pub, ok := cert.PublicKey.(ed25519.PublicKey); !ok || !pub.Equal(id.key.Public()) {
 		return fmt.Errorf("%w: the %s certificate %x is not of this process's key", errBadRequest, kind, cert.SerialNumber)
 	}
-	if id.crl.IsRevoked(cert) {
+	if id.crl.IsRevoked(cert) && !revokedOK {
 		return fmt.Errorf("%w: the %s certificate %x is revoked", errBadRequest, kind, cert.SerialNumber)
 	}
 	path := id.apiCertPath()

@@ -50,10 +50,10 @@ func (x *apiServer) Plan(ctx context.Context, req *reconcilerv1.PlanRequest) (*r
 			return nil, err
 		}
 	}
-	pc := x.r.cfg.planConfig(cc)
-	a := plan.Plan(snap.observed, pc)
-	resp := &reconcilerv1.PlanResponse{Action: toProto(&a), Members: int64(len(snap.observed.Members)), Nodes: int64(len(snap.observed.Nodes)), Config: cc}
-	for _, s := range plan.Sequence(snap.observed, pc) {
+	// The sequence's first step is the action the next pass would take.
+	steps := plan.Sequence(snap.observed, x.r.cfg.planConfig(cc))
+	resp := &reconcilerv1.PlanResponse{Action: toProto(&steps[0].Action), Members: int64(len(snap.observed.Members)), Nodes: int64(len(snap.observed.Nodes)), Config: cc}
+	for _, s := range steps {
 		resp.Steps = append(resp.Steps, &reconcilerv1.PlannedStep{
 			Action: toProto(&s.Action), Voters: uint32(s.Voters), HealthyVoters: uint32(s.Healthy), //nolint:gosec // G115: counts of etcd voters
 			FailureTolerance: int32(s.FailureTolerance), //nolint:gosec // G115: at most the number of voters

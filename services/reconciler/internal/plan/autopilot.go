@@ -62,8 +62,7 @@ func autopilot(o Observed, c Config, members []Member, nodes map[string]Node, me
 		}
 		zones[nodes[m.NodeID].Zone]++
 	}
-	tolerance := func(n, h int) int { return h - (n/2 + 1) }
-	t := tolerance(n, healthy)
+	t := failureTolerance(n, healthy)
 	act := func(k Kind, m uint64, node string, why string, args ...any) (Action, bool) {
 		return Action{Kind: k, MemberID: m, NodeID: node, Reason: fmt.Sprintf(why, args...)}, true
 	}
@@ -73,14 +72,14 @@ func autopilot(o Observed, c Config, members []Member, nodes map[string]Node, me
 	if len(dead) > 0 && n%2 == 0 && n-1 >= floor {
 		d := dead[0]
 		return act(RemoveMember, d.ID, d.NodeID, "voter %x (node %s) is dead (no heartbeat for %v); with %d voters, an even number, its removal raises the failure tolerance from %d to %d",
-			d.ID, d.NodeID, silence(nodes[d.NodeID], o.Now), n, t, tolerance(n-1, healthy))
+			d.ID, d.NodeID, silence(nodes[d.NodeID], o.Now), n, t, failureTolerance(n-1, healthy))
 	}
 
 	// Fewer live voters than the target: add one (grow, or a replacement
 	// that joins before the dead voter goes).
 	if n-len(dead) < target {
 		if cand, ok := candidate(o.Nodes, memberOf, zones); ok {
-			a, _ := act(AddMember, 0, cand.ID, "%s: node %s joins as a learner (zone %q)", growWhy(n, len(dead), target, dead, nodes, o.Now), cand.ID, cand.Zone)
+			a, _ := act(AddMember, 0, cand.ID, "%s: node %s joins as a learner (zone %q)", growWhy(n, target, dead, nodes, o.Now), cand.ID, cand.Zone)
 			a.NodeRevision, a.PeerURL = cand.Revision, cand.PeerURL
 			return a, true
 		}
@@ -112,6 +111,10 @@ func autopilot(o Observed, c Config, members []Member, nodes map[string]Node, me
 	return Action{}, false
 }
 
+// failureTolerance is how many more voter failures n voters of which
+// healthy are healthy survive: healthy − quorum (negative: no quorum).
+func failureTolerance(n, healthy int) int { return healthy - (n/2 + 1) }
+
 // isDead reports whether n has been unhealthy, without a heartbeat, for
 // at least after. A node that never sent one is not dead: nothing says
 // since when it is silent.
@@ -121,9 +124,9 @@ func isDead(n Node, now time.Time, after time.Duration) bool {
 
 func silence(n Node, now time.Time) time.Duration { return now.Sub(n.LastHeartbeat).Round(time.Second) }
 
-func growWhy(n, dead, target int, deadVoters []Member, nodes map[string]Node, now time.Time) string {
-	if dead > 0 {
-		d := deadVoters[0]
+func growWhy(n, target int, dead []Member, nodes map[string]Node, now time.Time) string {
+	if len(dead) > 0 {
+		d := dead[0]
 		return fmt.Sprintf("voter %x (node %s) is dead (no heartbeat for %v): its replacement joins before it is removed", d.ID, d.NodeID, silence(nodes[d.NodeID], now))
 	}
 	return fmt.Sprintf("%d voters, the target is %d", n, target)

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"maps"
 	"slices"
 	"time"
 )
@@ -53,17 +54,11 @@ func (o *Observed) clone() Observed {
 	c := *o
 	c.Members = slices.Clone(o.Members)
 	c.Nodes = slices.Clone(o.Nodes)
-	c.LearnerSince = cloneTimes(o.LearnerSince)
-	c.ReadySince = cloneTimes(o.ReadySince)
+	c.LearnerSince = map[uint64]time.Time{}
+	maps.Copy(c.LearnerSince, o.LearnerSince)
+	c.ReadySince = map[uint64]time.Time{}
+	maps.Copy(c.ReadySince, o.ReadySince)
 	return c
-}
-
-func cloneTimes(m map[uint64]time.Time) map[uint64]time.Time {
-	out := make(map[uint64]time.Time, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 func waitingForLearner(o Observed) bool {
@@ -143,6 +138,6 @@ func (o *Observed) step(a Action) Step {
 			s.Healthy++
 		}
 	}
-	s.FailureTolerance = s.Healthy - (s.Voters/2 + 1)
+	s.FailureTolerance = failureTolerance(s.Voters, s.Healthy)
 	return s
 }
