@@ -233,7 +233,14 @@ func (x *server) confirmNotMember(ctx context.Context) error {
 	var clusterID uint64
 	err := fmt.Errorf("%w: the member certificate is revoked, etcd refuses it", errCannotConfirm)
 	if !m.id.memberRevoked() {
-		members, clusterID, err = x.askEtcd(ctx, kept, id)
+		// Bounded, so that the curators are still asked before the
+		// caller's deadline: a voter that refuses this member's
+		// certificate (revoked, and this process has not seen the CRL
+		// yet) or hangs is retried by etcd's client until the context
+		// ends.
+		ectx, cancel := context.WithTimeout(ctx, askEtcdTimeout)
+		members, clusterID, err = x.askEtcd(ectx, kept, id)
+		cancel()
 	}
 	if err != nil && len(x.s.cfg.Curators) > 0 {
 		var cerr error
@@ -261,6 +268,10 @@ func (x *server) confirmNotMember(ctx context.Context) error {
 	}
 	return nil
 }
+
+// askEtcdTimeout bounds Leave's question to etcd, leaving the rest of the
+// caller's time (the agent allows 30 s) to the curators.
+const askEtcdTimeout = 5 * time.Second
 
 // askEtcd reads the member list with this member's certificate: through
 // the local client if etcd runs, else through the voters remembered on disk.

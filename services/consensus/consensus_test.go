@@ -4,17 +4,18 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
-	"github.com/google/go-cmp/cmp"
-	"google.golang.org/protobuf/testing/protocmp"
 	"math/big"
+	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	fencev1 "curia.dev/gen/curia/fence/v1"
@@ -635,6 +636,58 @@ func TestLeaveAfterRemovedWhileJoining(t *testing.T) {
 	if got := len(nodes[0].Members().Members); got != 2 {
 		t.Fatalf("rejoin: %d members", got)
 	}
+}
+
+// TestLeaveAsksTheCuratorsInTime: when etcd cannot say whether this node's
+// member is gone — its only voter is frozen, and the question hangs as it
+// does when a voter refuses a member certificate that this process has not
+// seen revoked yet — Leave still asks the curators before the caller's
+// deadline, and answers why it keeps the data. While the question to etcd
+// was unbounded it took the caller's whole deadline, the curators were asked
+// with no time left, and the agent's Leave timed out at every attempt (CI
+// found a node stuck "leaving" after its member was removed).
+func TestLeaveAsksTheCuratorsInTime(t *testing.T) {
+	c := ct.NewCluster(t)
+	nodes, leader := c.Voters(1)
+	n2 := c.NewNode("--curator", blackHole(t))
+	c.Join(nodes[0], n2, leader.Fence)
+
+	nodes[0].Pause()
+	t.Cleanup(nodes[0].Resume)
+	// The agent's deadline for one Leave.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := n2.Self().Leave(ctx, &consensusv1.LeaveRequest{})
+	wantCode(t, err, codes.Unavailable, "nor could the curators say")
+	if st := n2.Status(); st.State == consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE || st.MemberId == 0 {
+		t.Fatalf("Leave wiped a member it could not confirm gone: %v", st)
+	}
+}
+
+// blackHole is the address of a listener that accepts connections and
+// never answers: a curator that hangs.
+func blackHole(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	return l.Addr().String()
 }
 
 // TestJoinWithCRL: a learner whose join parameters carry a CRL that

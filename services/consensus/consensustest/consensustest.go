@@ -255,7 +255,8 @@ type Node struct {
 // NewNode allocates a node (id, ports, certificates, data dir) and starts
 // its process, idle. The process has a key and its consensus and member
 // certificates from the start, as the deployment gives the bootstrap node.
-func (c *Cluster) NewNode() *Node { return c.newNode(true) }
+// flags go to the process (e.g. --curator).
+func (c *Cluster) NewNode(flags ...string) *Node { return c.newNode(true, flags...) }
 
 // NewBareNode is NewNode for a node like every one but the bootstrap node:
 // its consensus process makes its own key and has no certificate until the
