@@ -91,12 +91,24 @@ func DialAny(addrs []string, cfg ClientConfig) (*grpc.ClientConn, error) {
 	return dial(r.Scheme()+":///"+strings.Join(addrs, ","), clientTLSConfig(cfg), cfg, grpc.WithResolvers(r))
 }
 
+// KeepAliveTime and KeepAliveTimeout are how often a client pings a
+// connection (curia's and etcd's clients alike) and how long it waits for
+// the answer: a server that stopped answering (a frozen VM, SIGSTOP) is
+// found within about 5 s and the calls go to another replica, where a
+// 10 s + 5 s keepalive left them hanging for 15 s (the e2e test of a frozen
+// voter found curators stalled on its etcd). curia's servers, and etcd
+// (GRPCKeepAliveMinTime), accept a ping every second.
+const (
+	KeepAliveTime    = 3 * time.Second
+	KeepAliveTimeout = 2 * time.Second
+)
+
 func dial(target string, tlsConfig *tls.Config, cfg ClientConfig, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsConfig)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
-			Time:                10 * time.Second,
-			Timeout:             5 * time.Second,
+			Time:                KeepAliveTime,
+			Timeout:             KeepAliveTimeout,
 			PermitWithoutStream: true,
 		}),
 	}

@@ -198,9 +198,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		grpc.Creds(credentials.NewTLS(tlsConfig)),
 		grpc.ChainUnaryInterceptor(append(unary, cfg.UnaryInterceptors...)...),
 		grpc.ChainStreamInterceptor(append(stream, cfg.StreamInterceptors...)...),
-		// Clients ping every 10s (Dial); anything much faster is abuse.
+		// Clients ping every KeepAliveTime (3 s); anything much faster is
+		// abuse.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
-			MinTime:             5 * time.Second,
+			MinTime:             time.Second,
 			PermitWithoutStream: true,
 		}),
 		// Find clients that vanished (a node powered off mid-watch) within

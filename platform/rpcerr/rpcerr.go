@@ -181,9 +181,18 @@ func ToStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 			// the message says more.
 			p := st.Proto()
 			p.Message = err.Error()
-			if st.Code() == codes.Unknown {
+			switch st.Code() {
+			case codes.Unknown:
 				// It failed below its service (a member starting or
 				// stopping answered with the wrong protocol): retry.
+				p.Code = int32(codes.Unavailable)
+			case codes.Unauthenticated, codes.PermissionDenied:
+				// The service below refused this server, not the
+				// caller (a consensus process whose member certificate
+				// etcd revoked: its node was deleted): the caller's
+				// credentials are fine, another replica may serve it.
+				// (The caller's own refusals and a forwarded call's
+				// answer are statuses as such, above.)
 				p.Code = int32(codes.Unavailable)
 			}
 			return status.FromProto(p).Err()

@@ -156,6 +156,19 @@ func TestStatusFromBelowKeepsItsDetails(t *testing.T) {
 	if c := status.Code(wire(t, fmt.Errorf("x: %w", status.Error(codes.Unknown, "bad protocol")))); c != codes.Unavailable {
 		t.Errorf("Unknown from below became %v, want Unavailable", c)
 	}
+	// The service below refused this server's certificate (etcd, a
+	// deleted node's revoked member certificate): the caller is not at
+	// fault and another replica may answer.
+	for _, code := range []codes.Code{codes.Unauthenticated, codes.PermissionDenied} {
+		got := wire(t, fmt.Errorf("read membership epoch: %w", status.Error(code, "certificate 1f is revoked")))
+		if status.Code(got) != codes.Unavailable || !strings.Contains(status.Convert(got).Message(), "revoked") {
+			t.Errorf("%v from below became %v, want Unavailable with the reason", code, got)
+		}
+	}
+	// The caller's own refusal (a status as such) stays what it is.
+	if c := status.Code(wire(t, status.Error(codes.PermissionDenied, "not for you"))); c != codes.PermissionDenied {
+		t.Errorf("a refusal of the caller became %v", c)
+	}
 }
 
 func TestRetryable(t *testing.T) {

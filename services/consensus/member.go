@@ -428,6 +428,9 @@ func (m *member) etcdConfig(mode startMode, initialCluster string) (*embed.Confi
 	ec.UnsafeNoFsync = m.cfg.UnsafeNoFsync
 	ec.StrictReconfigCheck = !m.cfg.UnsafeNoStrictReconfig
 	ec.EnableGRPCGateway = false
+	// Clients ping every rpc.KeepAliveTime (etcd's default refuses pings
+	// less than 5 s apart).
+	ec.GRPCKeepAliveMinTime = time.Second
 	ec.AutoCompactionMode = "periodic"
 	ec.AutoCompactionRetention = "1h"
 	ec.Logger = "zap"
@@ -562,8 +565,8 @@ func (m *member) dial(endpoints []string) (*clientv3.Client, error) {
 		Endpoints:            endpoints,
 		TLS:                  rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}),
 		DialTimeout:          5 * time.Second,
-		DialKeepAliveTime:    10 * time.Second,
-		DialKeepAliveTimeout: 5 * time.Second,
+		DialKeepAliveTime:    rpc.KeepAliveTime,
+		DialKeepAliveTimeout: rpc.KeepAliveTimeout,
 		// Never idle: see below.
 		DialOptions: []grpc.DialOption{grpc.WithIdleTimeout(0)},
 		Logger:      m.zap,

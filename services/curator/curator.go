@@ -241,8 +241,8 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		Endpoints:            cfg.Etcd,
 		TLS:                  rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}),
 		DialTimeout:          5 * time.Second,
-		DialKeepAliveTime:    10 * time.Second,
-		DialKeepAliveTimeout: 5 * time.Second,
+		DialKeepAliveTime:    rpc.KeepAliveTime,
+		DialKeepAliveTimeout: rpc.KeepAliveTimeout,
 		// Sync keeps the client on the voters: a learner (a node joining)
 		// refuses linearizable requests.
 		AutoSyncInterval: 5 * time.Second,
