@@ -5,7 +5,9 @@ package local_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"os/exec"
@@ -15,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
@@ -23,8 +28,8 @@ import (
 
 // TestCompose brings the compose cluster up from nothing with the same
 // script `make up` runs, checks its shape through the published curator
-// port, scales the curators and reconcilers, and restarts it from its
-// volumes. It needs Docker and the curia:dev image (make test-e2e builds
+// port, has autopilot replace a paused voter, scales the curators and
+// reconcilers, and restarts it from its volumes. It needs Docker and the curia:dev image (make test-e2e builds
 // it); without Docker it is skipped.
 func TestCompose(t *testing.T) {
 	if err := exec.Command("docker", "info").Run(); err != nil {
@@ -65,15 +70,19 @@ func TestCompose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	check := func() map[string]bool {
+	mgmt := func() curatorv1.ManagementClient {
 		t.Helper()
 		cc, err := rpc.Dial(vars["CURIA_CURATOR"], rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindCurator}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer cc.Close()
-		m := curatorv1.NewManagementClient(cc)
-		voters := map[string]bool{}
+		t.Cleanup(func() { cc.Close() })
+		return curatorv1.NewManagementClient(cc)
+	}
+	check := func() map[string]bool {
+		t.Helper()
+		m := mgmt()
+		var voters map[string]bool
 		proctest.Eventually(t, 2*time.Minute, func() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -81,6 +90,7 @@ func TestCompose(t *testing.T) {
 			if err != nil {
 				return err
 			}
+			voters = map[string]bool{}
 			for _, mem := range st.Members {
 				if !mem.HasRole || mem.Learner {
 					return fmt.Errorf("member %v does not agree with its node", mem)
@@ -103,6 +113,84 @@ func TestCompose(t *testing.T) {
 	}
 	first := check()
 	t.Run("every container reads only its own keys", func(t *testing.T) { checkComposeSecrets(t, "curia-e2e") })
+
+	// make up set control_plane_size 3: a paused voter node is replaced by
+	// the worker, and once unpaused it is a worker itself.
+	t.Run("autopilot replaces a paused voter", func(t *testing.T) {
+		m := mgmt()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		byHost := func() map[string]*curatorv1.Node {
+			out := map[string]*curatorv1.Node{}
+			stream, err := m.GetNodes(ctx, &curatorv1.GetNodesRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for {
+				resp, err := stream.Recv()
+				if errors.Is(err, io.EOF) {
+					return out
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, n := range resp.Nodes {
+					out[n.GetStatus().GetAddress()] = n
+				}
+			}
+		}
+		nodes := byHost()
+		paused, worker := nodes["node2"].GetId(), nodes["node4"].GetId()
+		if !first[paused] || first[worker] {
+			t.Fatalf("voters %v: want node2 (%s) a voter and node4 (%s) the worker", first, paused, worker)
+		}
+		if _, err := m.UpdateClusterConfig(ctx, &curatorv1.UpdateClusterConfigRequest{Config: &curatorv1.ClusterConfig{DeadNodeThreshold: durationpb.New(10 * time.Second)}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"dead_node_threshold"}}, Reason: "e2e"}); err != nil {
+			t.Fatal(err)
+		}
+		containers := []string{"node2", "node2-consensus", "node2-roleserve"}
+		compose(append([]string{"pause"}, containers...)...)
+		unpaused := false
+		unpause := func() {
+			if !unpaused {
+				compose(append([]string{"unpause"}, containers...)...)
+				unpaused = true
+			}
+		}
+		defer unpause()
+		begun := time.Now()
+		want := maps.Clone(first)
+		delete(want, paused)
+		want[worker] = true
+		proctest.Eventually(t, 3*time.Minute, func() error {
+			st, err := m.GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
+			if err != nil {
+				return err
+			}
+			got := map[string]bool{}
+			for _, mem := range st.Members {
+				if !mem.Learner && mem.HasRole {
+					got[mem.NodeId] = true
+				}
+			}
+			if !maps.Equal(got, want) || len(st.Members) != 3 {
+				return fmt.Errorf("voters %v, want node4 instead of node2 %v", got, want)
+			}
+			return nil
+		})
+		t.Logf("paused voter node2 replaced by node4 %v after docker pause (dead_node_threshold 10s)", time.Since(begun).Round(100*time.Millisecond))
+		unpause()
+		proctest.Eventually(t, 2*time.Minute, func() error {
+			n := byHost()["node2"]
+			if n.GetRoles().GetConsensusMember() != nil || n.GetState() != curatorv1.NodeState_NODE_STATE_UP || slices.Contains(n.GetStatus().GetRunningServices(), "consensus") {
+				return fmt.Errorf("node2 after docker unpause: %v, want an UP worker not running consensus", n)
+			}
+			return nil
+		})
+		first = check()
+		if !maps.Equal(first, want) {
+			t.Fatalf("voters %v after node2 came back, want %v", first, want)
+		}
+	})
 
 	// More curators and reconcilers join as followers and standbys.
 	up("--scale", "curator=3", "--scale", "reconciler=2")

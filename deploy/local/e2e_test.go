@@ -42,8 +42,16 @@ type cluster struct {
 	proc  *proctest.Proc
 	env   map[string]string
 	ids   map[string]string // node name -> node id
+	names map[string]string // node id -> node name
 	creds *rpc.Credentials
+	// frozen and deleted are the nodes the scenarios froze (and thawed)
+	// and deleted, for the audit invariant.
+	frozen, deleted string
 }
+
+// nodeCount is the cluster's size: 3 control-plane nodes and 2 workers, so
+// that autopilot can grow to 5.
+const nodeCount = 5
 
 // buildAll builds every binary curia-local needs into one directory.
 func buildAll(t *testing.T) string {
@@ -65,7 +73,7 @@ func start(t *testing.T) *cluster {
 	t.Helper()
 	bin := buildAll(t)
 	c := &cluster{t: t, state: filepath.Join(t.TempDir(), "state")}
-	c.proc = proctest.New(t, "curia-local", filepath.Join(bin, "curia-local"), "--state", c.state, "--bin", bin, "--subnet", "127.0.99", "--log-level", "debug")
+	c.proc = proctest.New(t, "curia-local", filepath.Join(bin, "curia-local"), "--state", c.state, "--bin", bin, "--subnet", "127.0.99", "--workers", strconv.Itoa(nodeCount-3), "--log-level", "debug")
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
@@ -113,15 +121,19 @@ func (c *cluster) readyLines() int {
 func (c *cluster) readEnv() {
 	t := c.t
 	c.env = readEnvFile(t, filepath.Join(c.state, "env"))
-	c.ids = map[string]string{}
-	for i := 1; i <= 4; i++ {
-		b, err := os.ReadFile(filepath.Join(c.state, "public", fmt.Sprintf("node-%d.id", i)))
+	c.ids, c.names = map[string]string{}, map[string]string{}
+	files, err := filepath.Glob(filepath.Join(c.state, "public", "node-*.id"))
+	if err != nil || len(files) != nodeCount {
+		t.Fatalf("node id files %v (%v), want %d", files, err, nodeCount)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.ids[fmt.Sprintf("node-%d", i)] = strings.TrimSpace(string(b))
+		name, id := strings.TrimSuffix(filepath.Base(f), ".id"), strings.TrimSpace(string(b))
+		c.ids[name], c.names[id] = id, name
 	}
-	var err error
 	c.creds, err = rpc.LoadCredentials("curia", rpc.TLSFiles{CA: c.env["CURIA_CACERT"], Cert: c.env["CURIA_ADMIN_CERT"], Key: c.env["CURIA_ADMIN_KEY"]})
 	if err != nil {
 		t.Fatal(err)
@@ -199,6 +211,78 @@ func (c *cluster) voters() map[string]bool {
 	return out
 }
 
+// leader is the node of the etcd leader.
+func (c *cluster) leader() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := c.mgmt().GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for _, m := range st.Members {
+		if m.Leader {
+			return m.NodeId
+		}
+	}
+	c.t.Fatal("no etcd leader")
+	return ""
+}
+
+// voterNotLeader is a voter's node that does not lead etcd, the lowest
+// name first.
+func (c *cluster) voterNotLeader() string {
+	leader := c.leader()
+	var out []string
+	for id := range c.voters() {
+		if id != leader {
+			out = append(out, c.names[id])
+		}
+	}
+	if len(out) == 0 {
+		c.t.Fatal("no voter but the leader")
+	}
+	slices.Sort(out)
+	return c.ids[out[0]]
+}
+
+// worker is a node that is UP, healthy and no member, the lowest name
+// first.
+func (c *cluster) worker(t *testing.T) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	nodes, err := nodesByID(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := c.voters()
+	var out []string
+	for id, n := range nodes {
+		if !v[id] && n.State == curatorv1.NodeState_NODE_STATE_UP && n.GetRoles().GetConsensusMember() == nil {
+			out = append(out, c.names[id])
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("no worker")
+	}
+	slices.Sort(out)
+	return c.ids[out[0]]
+}
+
+// zonesOf counts the nodes' zone labels.
+func (c *cluster) zonesOf(ids map[string]bool) map[string]int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	nodes, err := nodesByID(ctx, c)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	out := map[string]int{}
+	for id := range ids {
+		out[nodes[id].GetLabels()["zone"]]++
+	}
+	return out
+}
+
 func (c *cluster) eventuallyAgree() {
 	c.t.Helper()
 	proctest.Eventually(c.t, 2*time.Minute, c.agreement)
@@ -210,53 +294,70 @@ func TestE2E(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 
-	t.Run("cold start to three voters", func(t *testing.T) {
-		c.eventuallyAgree()
-		v := c.voters()
-		for _, n := range []string{"node-1", "node-2", "node-3"} {
-			if !v[c.ids[n]] {
-				t.Fatalf("%s is not a voter: %v", n, v)
-			}
+	setConfig := func(t *testing.T, cfg *curatorv1.ClusterConfig, paths ...string) time.Time {
+		t.Helper()
+		if _, err := c.mgmt().UpdateClusterConfig(ctx, &curatorv1.UpdateClusterConfigRequest{Config: cfg, UpdateMask: &fieldmaskpb.FieldMask{Paths: paths}, Reason: "e2e"}); err != nil {
+			t.Fatal(err)
 		}
-		if v[c.ids["node-4"]] {
-			t.Fatal("the worker is a voter")
+		return time.Now()
+	}
+	// untilVoters waits for want voters that agree with the roles, then
+	// logs how long it took since begun and how many membership changes.
+	untilVoters := func(t *testing.T, want int, begun time.Time, what string) {
+		t.Helper()
+		proctest.Eventually(t, 3*time.Minute, func() error {
+			if v := c.voters(); len(v) != want {
+				return fmt.Errorf("%d voters, want %d", len(v), want)
+			}
+			return c.agreement()
+		})
+		t.Logf("%s: %d voters %v later, after %d membership changes", what, want, time.Since(begun).Round(100*time.Millisecond), membershipChanges(t, c, begun))
+	}
+
+	t.Run("cold start to three voters", func(t *testing.T) {
+		// curia-local set control_plane_size 3 once every node was UP:
+		// autopilot chose node-2 and node-3 (zone-b, zone-c; node-1 and
+		// the workers are zone-a).
+		c.eventuallyAgree()
+		want := map[string]bool{c.ids["node-1"]: true, c.ids["node-2"]: true, c.ids["node-3"]: true}
+		if v := c.voters(); !maps.Equal(v, want) {
+			t.Fatalf("voters %v, want node-1..3 %v", v, want)
+		}
+		cfg, err := c.mgmt().GetClusterConfig(ctx, &curatorv1.GetClusterConfigRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Config.ControlPlaneSize != 3 {
+			t.Fatalf("control_plane_size %d after make run, want 3", cfg.Config.ControlPlaneSize)
+		}
+		want = map[string]bool{c.ids["node-2"]: true, c.ids["node-3"]: true}
+		if added := autopilotAdded(t, c); !maps.Equal(added, want) {
+			t.Fatalf("the reconciler added the members of %v at the cold start, want node-2 and node-3 %v", added, want)
 		}
 	})
 
-	t.Run("fourth control-plane node", func(t *testing.T) {
-		worker := c.ids["node-4"]
-		if _, err := c.mgmt().UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: worker, ConsensusMember: new(true), Reason: "e2e"}); err != nil {
-			t.Fatal(err)
+	t.Run("size 5, then back to 3 keeping the etcd leader", func(t *testing.T) {
+		untilVoters(t, 5, setConfig(t, &curatorv1.ClusterConfig{ControlPlaneSize: 5}, "control_plane_size"), "size 3 → 5")
+		leader := c.leader()
+		untilVoters(t, 3, setConfig(t, &curatorv1.ClusterConfig{ControlPlaneSize: 3}, "control_plane_size"), "size 5 → 3")
+		v := c.voters()
+		if !v[leader] {
+			t.Fatalf("the etcd leader %s was removed: voters %v", leader, v)
 		}
-		proctest.Eventually(t, 2*time.Minute, func() error {
-			if !c.voters()[worker] {
-				return errors.New("the worker is not a voter yet")
-			}
-			return c.agreement()
-		})
-		retryUnavailable(t, func() error {
-			_, err := c.mgmt().UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: worker, ConsensusMember: new(false), Reason: "e2e"})
-			return err
-		})
-		proctest.Eventually(t, 2*time.Minute, func() error {
-			if c.voters()[worker] {
-				return errors.New("the worker is still a member")
-			}
-			return c.agreement()
-		})
+		// The two removed were zone-a's (three voters there): one voter
+		// per zone is left.
+		if z := c.zonesOf(v); len(z) != 3 {
+			t.Fatalf("voters %v in zones %v, want one per zone", v, z)
+		}
 	})
 
 	t.Run("autopilot replaces a frozen voter", func(t *testing.T) {
-		setConfig := func(cfg *curatorv1.ClusterConfig, paths ...string) {
-			t.Helper()
-			if _, err := c.mgmt().UpdateClusterConfig(ctx, &curatorv1.UpdateClusterConfigRequest{Config: cfg, UpdateMask: &fieldmaskpb.FieldMask{Paths: paths}, Reason: "e2e"}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		frozen, spare := c.ids["node-2"], c.ids["node-4"]
-		setConfig(&curatorv1.ClusterConfig{ControlPlaneSize: 3, DeadNodeThreshold: durationpb.New(10 * time.Second)}, "control_plane_size", "dead_node_threshold")
-		// Every process of node-2, as a stalled VM.
-		pids := []int{c.pid("node-2-consensus"), c.pid("node-2-roleserve")}
+		setConfig(t, &curatorv1.ClusterConfig{DeadNodeThreshold: durationpb.New(10 * time.Second)}, "dead_node_threshold")
+		before := c.voters()
+		frozen := c.voterNotLeader()
+		name := c.names[frozen]
+		// Every process of the node, as a stalled VM.
+		pids := []int{c.pid(name + "-consensus"), c.pid(name + "-roleserve")}
 		for _, pid := range pids {
 			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
@@ -273,59 +374,47 @@ func TestE2E(t *testing.T) {
 		}
 		defer thaw()
 		begun := time.Now()
+		minHealthy := 3
 		proctest.Eventually(t, 3*time.Minute, func() error {
 			st, err := c.mgmt().GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
-			if err == nil && st.Voters >= 3 && st.HealthyVoters < 2 {
-				t.Fatalf("%d healthy voters of %d while node-2 was replaced", st.HealthyVoters, st.Voters)
+			if err == nil && st.Voters >= 3 {
+				minHealthy = min(minHealthy, int(st.HealthyVoters))
+				if st.HealthyVoters < 2 {
+					t.Fatalf("%d healthy voters of %d while %s was replaced", st.HealthyVoters, st.Voters, name)
+				}
 			}
-			if v := c.voters(); v[frozen] || !v[spare] {
-				return fmt.Errorf("voters %v: node-2 not replaced by node-4 yet", v)
+			if v := c.voters(); v[frozen] || len(v) != 3 {
+				return fmt.Errorf("voters %v: %s not replaced yet", v, name)
 			}
 			return c.agreement()
 		})
-		t.Logf("frozen voter node-2 replaced by node-4 %v after the freeze (dead_node_threshold 10s)", time.Since(begun).Round(100*time.Millisecond))
+		after := c.voters()
+		var spare string
+		for id := range after {
+			if !before[id] {
+				spare = c.names[id]
+			}
+		}
+		t.Logf("frozen voter %s replaced by %s %v after the freeze (dead_node_threshold 10s, heartbeat timeout 6s), after %d membership changes; at least %d healthy voters throughout",
+			name, spare, time.Since(begun).Round(100*time.Millisecond), membershipChanges(t, c, begun), minHealthy)
 
-		// Thawed, node-2 is turned away and becomes a worker; the cluster
-		// is untouched.
+		// Thawed, the node is turned away and becomes a worker; the
+		// cluster is untouched.
 		thaw()
-		want := map[string]bool{c.ids["node-1"]: true, c.ids["node-3"]: true, spare: true}
 		proctest.Eventually(t, 2*time.Minute, func() error {
-			if v := c.voters(); !maps.Equal(v, want) {
-				return fmt.Errorf("voters %v after node-2's thaw, want %v", v, want)
+			if v := c.voters(); !maps.Equal(v, after) {
+				return fmt.Errorf("voters %v after %s's thaw, want %v", v, name, after)
 			}
 			nodes, err := nodesByID(ctx, c)
 			if err != nil {
 				return err
 			}
 			if n := nodes[frozen]; n == nil || n.Roles.GetConsensusMember() != nil || slices.Contains(n.GetStatus().GetRunningServices(), "consensus") {
-				return fmt.Errorf("node-2 after its thaw: %v, want a worker not running consensus", n)
+				return fmt.Errorf("%s after its thaw: %v, want a worker not running consensus", name, n)
 			}
 			return c.agreement()
 		})
-
-		// Back to manual, and the topology the later scenarios expect:
-		// node-2 a voter again, node-4 the worker.
-		setConfig(&curatorv1.ClusterConfig{ControlPlaneSize: 0}, "control_plane_size")
-		retryUnavailable(t, func() error {
-			_, err := c.mgmt().UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: frozen, ConsensusMember: new(true), Reason: "e2e"})
-			return err
-		})
-		proctest.Eventually(t, 2*time.Minute, func() error {
-			if !c.voters()[frozen] {
-				return errors.New("node-2 is not a voter again yet")
-			}
-			return c.agreement()
-		})
-		retryUnavailable(t, func() error {
-			_, err := c.mgmt().UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: spare, ConsensusMember: new(false), Reason: "e2e"})
-			return err
-		})
-		proctest.Eventually(t, 2*time.Minute, func() error {
-			if c.voters()[spare] {
-				return errors.New("node-4 is still a member")
-			}
-			return c.agreement()
-		})
+		c.frozen = frozen
 	})
 
 	t.Run("kill -9 the curator leader", func(t *testing.T) {
@@ -408,7 +497,10 @@ func TestE2E(t *testing.T) {
 	})
 
 	t.Run("delete a node that is still an etcd member", func(t *testing.T) {
-		victim := c.ids["node-3"]
+		// The reconciler removes its member; autopilot grows back to 3.
+		victim := c.voterNotLeader()
+		c.deleted = victim
+		begun := time.Now()
 		if _, err := c.mgmt().DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: victim, SafetyBypassHasRoles: true, SafetyBypassNotDecommissioned: true}); err != nil {
 			t.Fatal(err)
 		}
@@ -416,11 +508,12 @@ func TestE2E(t *testing.T) {
 			if c.voters()[victim] {
 				return errors.New("the deleted node is still a member")
 			}
-			return c.agreement()
+			return nil
 		})
+		untilVoters(t, 3, begun, "voter deleted → 3 voters again")
 	})
 
-	// The README's commands end by deleting the worker.
+	// The README's commands end by deleting a worker.
 	t.Run("README commands", func(t *testing.T) { runReadme(t, c) })
 
 	t.Run("no member removed while its node existed", func(t *testing.T) { auditInvariant(t, c) })
@@ -550,7 +643,9 @@ func runReadme(t *testing.T, c *cluster) {
 	for k, v := range c.env {
 		env = append(env, k+"="+v)
 	}
-	env = append(env, "NODE="+c.ids["node-4"])
+	worker := c.worker(t)
+	t.Logf("NODE is %s (%s), a worker", c.names[worker], worker)
+	env = append(env, "NODE="+worker)
 	ran := 0
 	for _, line := range strings.Split(string(b), "\n") {
 		line = strings.TrimSpace(line)
@@ -599,7 +694,7 @@ func auditInvariant(t *testing.T, c *cluster) {
 		t.Fatal(err)
 	}
 	deleted := map[string]bool{}
-	removals := 0
+	removals, shrinks := 0, 0
 	for {
 		resp, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -616,10 +711,13 @@ func auditInvariant(t *testing.T, c *cluster) {
 			// The outcome of a change whose intent was checked.
 		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.Actor == "reconciler" && strings.Contains(ev.Reason, "is dead (no heartbeat for"):
 			// Autopilot: a voter whose node was silent past the threshold
-			// (the frozen node-2), never a live one.
-			if ev.NodeId != c.ids["node-2"] {
-				t.Errorf("autopilot removed member %x of node %s, which was not frozen: %v", ev.MemberId, ev.NodeId, ev)
+			// (the frozen one), never a live one.
+			if ev.NodeId != c.frozen {
+				t.Errorf("autopilot removed member %x of node %s as dead, which was not frozen: %v", ev.MemberId, ev.NodeId, ev)
 			}
+		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.Actor == "reconciler" && strings.Contains(ev.Reason, ", the target is "):
+			// Autopilot: the size went from 5 to 3.
+			shrinks++
 		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.Actor == "reconciler":
 			removals++
 			if !deleted[ev.NodeId] {
@@ -631,6 +729,9 @@ func auditInvariant(t *testing.T, c *cluster) {
 	}
 	if removals == 0 {
 		t.Fatal("the reconciler removed no member: the delete scenario did not run?")
+	}
+	if shrinks != 2 {
+		t.Fatalf("autopilot removed %d members to shrink, want 2 (5 → 3)", shrinks)
 	}
 }
 
@@ -653,4 +754,53 @@ func nodesByID(ctx context.Context, c *cluster) (map[string]*curatorv1.Node, err
 			out[n.GetId()] = n
 		}
 	}
+}
+
+// auditEvents is the whole audit log, oldest first.
+func auditEvents(t *testing.T, c *cluster) []*auditv1.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := c.mgmt().WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{Backlog: 10000, NoFollow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*auditv1.Event
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, resp.Event)
+	}
+}
+
+// membershipChanges counts the etcd membership changes (adds, promotions,
+// removals) recorded since.
+func membershipChanges(t *testing.T, c *cluster, since time.Time) int {
+	n := 0
+	for _, ev := range auditEvents(t, c) {
+		if ev.Time.AsTime().Before(since) || ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
+			continue
+		}
+		switch ev.Action {
+		case auditv1.AuditAction_AUDIT_ACTION_MEMBER_ADD, auditv1.AuditAction_AUDIT_ACTION_MEMBER_PROMOTE, auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE:
+			n++
+		}
+	}
+	return n
+}
+
+// autopilotAdded are the nodes whose members the reconciler added.
+func autopilotAdded(t *testing.T, c *cluster) map[string]bool {
+	out := map[string]bool{}
+	for _, ev := range auditEvents(t, c) {
+		if ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_ADD && ev.Actor == "reconciler" {
+			out[ev.NodeId] = true
+		}
+	}
+	return out
 }

@@ -12,8 +12,10 @@
 //
 // The first run creates the PKI in the state directory; node-1 bootstraps,
 // the others register with the ticket; an init step (public APIs only)
-// approves the nodes and gives ConsensusMember to node-2 and node-3 one at a
-// time; the reconciler promotes each learner. Later runs start from disk.
+// approves the nodes and sets control_plane_size to 3 (the control-plane
+// node count): autopilot gives ConsensusMember to node-2 and node-3, one
+// zone each, one learner at a time, and promotes them. Later runs start
+// from disk.
 package local
 
 import (
@@ -71,6 +73,12 @@ type Node struct {
 	Host   string
 	ID     string
 	Worker bool
+	// Zone is the node's "zone" label, across which autopilot spreads the
+	// voters: the control-plane nodes one zone each (zone-a, zone-b,
+	// zone-c, then round again), the workers zone-a, with the bootstrap
+	// node. So autopilot's first choices are the other control-plane
+	// nodes, and a worker replaces a voter of any zone.
+	Zone string
 }
 
 // ConsensusAPI and friends are the node's service addresses.
@@ -103,7 +111,10 @@ func New(cfg Config) *Cluster {
 	}
 	c := &Cluster{cfg: cfg}
 	for i := range cfg.ControlPlane + cfg.Workers {
-		n := Node{Name: fmt.Sprintf("node-%d", i+1), Host: fmt.Sprintf("%s.%d", cfg.Subnet, 11+i), Worker: i >= cfg.ControlPlane}
+		n := Node{Name: fmt.Sprintf("node-%d", i+1), Host: fmt.Sprintf("%s.%d", cfg.Subnet, 11+i), Worker: i >= cfg.ControlPlane, Zone: "zone-a"}
+		if !n.Worker {
+			n.Zone = fmt.Sprintf("zone-%c", 'a'+i%3)
+		}
 		if cfg.Compose {
 			n.Name = fmt.Sprintf("node%d", i+1)
 			n.Host = n.Name

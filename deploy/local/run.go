@@ -13,11 +13,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
-	"curia.dev/platform/rpcerr"
 )
 
 // Run starts the cluster, brings it to its target shape, writes the env
@@ -147,6 +148,10 @@ func (c *Cluster) processes() []procSpec {
 		args := append(append(common(name), "--name", name), tls(curatorIdentity)...)
 		add(name, hostOf(addr), "curator", curatorIdentity, append(args,
 			"--ca-key", c.secret(curatorIdentity, pki.CAKeyFile),
+			// A silent node is unhealthy after 6 s, not 20: autopilot's
+			// dead_node_threshold counts from its last heartbeat, but only
+			// once it is unhealthy.
+			"--heartbeat-interval", "2s", "--heartbeat-timeout", "6s",
 			"--listen", addr, "--listen-http", httpAddr(addr),
 			"--etcd", strings.Join(etcd, ","), "--consensus", strings.Join(rotate(consensus, i), ","))...)
 	}
@@ -158,6 +163,7 @@ func (c *Cluster) processes() []procSpec {
 			"--node-key", c.secret(agent, nodeKey),
 			"--curator", strings.Join(c.Curators, ","),
 			"--address", n.Host,
+			"--labels", "zone="+n.Zone,
 			"--listen", n.RoleServe(),
 			"--consensus", n.ConsensusAPI())
 		if i == 0 {
@@ -205,18 +211,22 @@ func (c *Cluster) AdminConn() (*grpc.ClientConn, error) {
 }
 
 // Init brings the cluster to its shape through the public APIs, and is
-// idempotent: it writes the register ticket for the agents, approves new
-// nodes, and gives ConsensusMember to the control-plane nodes one at a time
-// (etcd takes one learner at a time; the reconciler promotes it). It
-// returns once every control-plane node is a voter with the role.
+// idempotent: it writes the register ticket for the agents and approves new
+// nodes. Once every node is in service and has reported its consensus, it
+// writes the cluster configuration — if it was never written — with
+// control_plane_size set to the control-plane node count: autopilot picks
+// the nodes (one zone each), adds them one learner at a time and promotes
+// them. It returns once that many voters agree with the roles (or, when
+// the configuration was written before, an operator's, once roles and
+// membership agree).
 func (c *Cluster) Init(ctx context.Context, admin *grpc.ClientConn) error {
 	m := curatorv1.NewManagementClient(admin)
-	ticketWritten := false
+	st := initState{}
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		done, err := c.initStep(ctx, m, &ticketWritten)
+		done, err := c.initStep(ctx, m, &st)
 		if done {
 			return nil
 		}
@@ -230,14 +240,36 @@ func (c *Cluster) Init(ctx context.Context, admin *grpc.ClientConn) error {
 	}
 }
 
-func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, ticketWritten *bool) (bool, error) {
+// initState is what Init's steps have done so far.
+type initState struct {
+	ticketWritten bool
+	// configured: the cluster configuration is in place; size is the
+	// number of voters to wait for (0: whatever the operator's
+	// configuration makes, once roles and membership agree).
+	configured bool
+	size       int
+	sizeSet    time.Time
+}
+
+// localConfig is the cluster configuration of a local cluster (make run,
+// make up): autopilot keeps size voters and replaces one dead for 30 s;
+// learners are promoted after 3 s caught up.
+func localConfig(size int) (*curatorv1.ClusterConfig, []string) {
+	return &curatorv1.ClusterConfig{
+		ControlPlaneSize:  uint32(size),
+		DeadNodeThreshold: durationpb.New(30 * time.Second),
+		Stabilization:     durationpb.New(3 * time.Second),
+	}, []string{"control_plane_size", "dead_node_threshold", "stabilization"}
+}
+
+func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, st *initState) (bool, error) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	nodes, err := getNodes(cctx, m)
 	if err != nil {
 		return false, err
 	}
-	if !*ticketWritten {
+	if !st.ticketWritten {
 		// (The curator refuses registrations until the bootstrap node has
 		// its record, so the agents may have the ticket at once.)
 		t, err := m.GetRegisterTicket(cctx, &curatorv1.GetRegisterTicketRequest{})
@@ -247,19 +279,7 @@ func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, ti
 		if err := pki.WriteFileAtomic(c.ticketFile(), t.Ticket, 0o600); err != nil {
 			return false, err
 		}
-		*ticketWritten = true
-	}
-	cs, err := m.GetConsensusStatus(cctx, &curatorv1.GetConsensusStatusRequest{})
-	if err != nil {
-		return false, err
-	}
-	voters, learners := map[string]bool{}, 0
-	for _, mem := range cs.Members {
-		if mem.Learner {
-			learners++
-		} else if mem.HasRole {
-			voters[mem.NodeId] = true
-		}
+		st.ticketWritten = true
 	}
 	ready := true
 	for _, n := range c.Nodes {
@@ -274,36 +294,51 @@ func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, ti
 			if _, err := m.ApproveNode(cctx, &curatorv1.ApproveNodeRequest{NodeId: n.ID}); err != nil {
 				return false, fmt.Errorf("approve %s: %w", n.Name, err)
 			}
-			fmt.Fprintf(c.cfg.Out, "curia: approved %s (%s)\n", n.Name, n.ID)
+			fmt.Fprintf(c.cfg.Out, "curia: approved %s (%s, %s)\n", n.Name, n.ID, n.Zone)
 			continue
 		case curatorv1.NodeState_NODE_STATE_STANDBY:
 			ready = false // committing
 			continue
 		}
-		if n.Worker {
-			continue
-		}
-		if voters[n.ID] {
-			continue
-		}
-		ready = false
-		if node.Roles.GetConsensusMember() != nil || learners > 0 {
-			continue // joining: the reconciler promotes it
-		}
 		if node.Status.GetConsensusPeerUrl() == "" {
-			continue // its agent has not reported its consensus yet
+			ready = false // its agent has not reported its consensus yet
 		}
-		_, err := m.UpdateNodeRoles(cctx, &curatorv1.UpdateNodeRolesRequest{NodeId: n.ID, ConsensusMember: new(true), Reason: "curia-local: control-plane node"})
-		if rpcerr.Retryable(err) {
-			return false, err // etcd's reconfiguration window, another change in flight: the poll retries
-		}
-		if err != nil {
-			return false, fmt.Errorf("give %s ConsensusMember: %w", n.Name, err)
-		}
-		fmt.Fprintf(c.cfg.Out, "curia: %s joins etcd\n", n.Name)
-		learners++
 	}
-	return ready, errNotReady
+	if !ready {
+		return false, errNotReady
+	}
+	// Every node can be chosen: autopilot chooses among all of them, so
+	// that its choice (one per zone) does not depend on which agent was
+	// quickest.
+	if !st.configured {
+		got, err := m.GetClusterConfig(cctx, &curatorv1.GetClusterConfigRequest{})
+		if err != nil {
+			return false, err
+		}
+		if got.GetRevision() == 0 {
+			cfg, paths := localConfig(c.cfg.ControlPlane)
+			if _, err := m.UpdateClusterConfig(cctx, &curatorv1.UpdateClusterConfigRequest{
+				Config: cfg, UpdateMask: &fieldmaskpb.FieldMask{Paths: paths},
+				Reason: fmt.Sprintf("curia-local: a control plane of %d voters, kept by autopilot", c.cfg.ControlPlane),
+			}); err != nil {
+				return false, fmt.Errorf("set the cluster configuration: %w", err)
+			}
+			st.size, st.sizeSet = c.cfg.ControlPlane, time.Now()
+			fmt.Fprintf(c.cfg.Out, "curia: control_plane_size %d: autopilot grows the control plane\n", st.size)
+		}
+		st.configured = true
+	}
+	cs, err := m.GetConsensusStatus(cctx, &curatorv1.GetConsensusStatusRequest{})
+	if err != nil {
+		return false, err
+	}
+	if !agree(cs) || (st.size > 0 && int(cs.GetVoters()) != st.size) {
+		return false, errNotReady
+	}
+	if st.size > 0 {
+		fmt.Fprintf(c.cfg.Out, "curia: %d voters %v after control_plane_size was set\n", st.size, time.Since(st.sizeSet).Round(100*time.Millisecond))
+	}
+	return true, nil
 }
 
 // waitAgreement returns once every etcd member is a voter whose node has

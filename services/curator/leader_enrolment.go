@@ -131,6 +131,7 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 			KubernetesController: &curatorv1.KubernetesController{},
 		},
 		Status: req.GetStatus(),
+		Labels: req.GetLabels(),
 	}
 	for i, c := range certs {
 		recordIssued(n, c, s.cfg.Cluster)

@@ -264,6 +264,7 @@ func (e *enroller) bootstrap(ctx context.Context) error {
 		// Recorded, so that deleting this node revokes them too; the
 		// member certificate goes into the role.
 		Certificates: nonEmpty(nodeCert, st.GetCertificate(), st.GetMemberCertificate()),
+		Labels:       s.cfg.Labels,
 	})
 	if err != nil {
 		err = fmt.Errorf("bootstrap the cluster on the curator: %w", err)

@@ -91,7 +91,8 @@ type Config struct {
 	// (/healthz) over plain HTTP when set (meant for loopback). Unlike the
 	// API, it serves before the node has its certificate.
 	ListenMetrics string
-	// Labels are requested at registration.
+	// Labels are requested at registration (the bootstrap node's are
+	// recorded when it bootstraps the cluster).
 	Labels map[string]string
 	// HeartbeatInterval is the heartbeat interval until the curator names
 	// its own.
@@ -135,7 +136,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Address, "address", c.Address, "the address reported to the curator (default: hostname)")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "RoleServer API address (host:port), served with the node certificate")
 	fs.StringVar(&c.ListenMetrics, "listen-metrics", c.ListenMetrics, "plain-HTTP address of Prometheus metrics (/metrics) and health (/healthz), e.g. 127.0.0.1:9100 (off when empty); serves from the start")
-	fs.Func("labels", "labels requested at registration, k=v[,k=v...] (repeatable)", func(s string) error {
+	fs.Func("labels", "labels requested at registration or bootstrap, k=v[,k=v...] (repeatable), e.g. zone=zone-a: autopilot spreads voters across zones", func(s string) error {
 		if c.Labels == nil {
 			c.Labels = map[string]string{}
 		}

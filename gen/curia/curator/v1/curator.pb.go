@@ -37,7 +37,11 @@ type BootstrapClusterRequest struct {
 	// PEM certificates the deployment issued to the node (its node
 	// certificate, ...): each must be of the cluster CA and for this node.
 	// Their serials are recorded, so that DeleteNode revokes them.
-	Certificates  [][]byte `protobuf:"bytes,3,rep,name=certificates,proto3" json:"certificates,omitempty"`
+	Certificates [][]byte `protobuf:"bytes,3,rep,name=certificates,proto3" json:"certificates,omitempty"`
+	// The node's labels (e.g. its "zone", which autopilot spreads voters
+	// across), with the rules of RegisterNodeRequest.labels. Kept as they
+	// are when the node exists already.
+	Labels        map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -89,6 +93,13 @@ func (x *BootstrapClusterRequest) GetStatus() *NodeStatus {
 func (x *BootstrapClusterRequest) GetCertificates() [][]byte {
 	if x != nil {
 		return x.Certificates
+	}
+	return nil
+}
+
+func (x *BootstrapClusterRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
 	}
 	return nil
 }
@@ -1153,19 +1164,23 @@ var File_curia_curator_v1_curator_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_curator_proto_rawDesc = "" +
 	"\n" +
-	"\x1ecuria/curator/v1/curator.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\"curia/consensus/v1/consensus.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc0\x02\n" +
+	"\x1ecuria/curator/v1/curator.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\"curia/consensus/v1/consensus.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe4\x03\n" +
 	"\x17BootstrapClusterRequest\x12&\n" +
 	"\n" +
 	"public_key\x18\x01 \x01(\fB\a\xbaH\x04z\x02h R\tpublicKey\x12\xd8\x01\n" +
 	"\x06status\x18\x02 \x01(\v2\x1c.curia.curator.v1.NodeStatusB\xa1\x01\xbaH\x9d\x01\xba\x01\x96\x01\n" +
 	"\x1cbootstrap.consensus_peer_url\x12Wconsensus_peer_url is required: the bootstrap node runs the cluster's first etcd member\x1a\x1dthis.consensus_peer_url != ''\xc8\x01\x01R\x06status\x12\"\n" +
-	"\fcertificates\x18\x03 \x03(\fR\fcertificates\"y\n" +
+	"\fcertificates\x18\x03 \x03(\fR\fcertificates\x12g\n" +
+	"\x06labels\x18\x04 \x03(\v25.curia.curator.v1.BootstrapClusterRequest.LabelsEntryB\x18\xbaH\x15\x9a\x01\x12\x10@\"\x06r\x04\xe8\xd5\"\x01*\x06r\x04\xf0\xd5\"\x01R\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"y\n" +
 	"\x18BootstrapClusterResponse\x12*\n" +
 	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\x121\n" +
-	"\x14already_bootstrapped\x18\x02 \x01(\bR\x13alreadyBootstrapped\"\xe6\x02\n" +
+	"\x14already_bootstrapped\x18\x02 \x01(\bR\x13alreadyBootstrapped\"\x86\x02\n" +
 	"\x13RegisterNodeRequest\x12'\n" +
-	"\x0fregister_ticket\x18\x01 \x01(\fR\x0eregisterTicket\x12\xc2\x01\n" +
-	"\x06labels\x18\x02 \x03(\v21.curia.curator.v1.RegisterNodeRequest.LabelsEntryBw\xbaHt\x9a\x01q\x10@\"4r220^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$*7r523^([A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?)?$R\x06labels\x12&\n" +
+	"\x0fregister_ticket\x18\x01 \x01(\fR\x0eregisterTicket\x12c\n" +
+	"\x06labels\x18\x02 \x03(\v21.curia.curator.v1.RegisterNodeRequest.LabelsEntryB\x18\xbaH\x15\x9a\x01\x12\x10@\"\x06r\x04\xe8\xd5\"\x01*\x06r\x04\xf0\xd5\"\x01R\x06labels\x12&\n" +
 	"\n" +
 	"public_key\x18\x03 \x01(\fB\a\xbaH\x04z\x02h R\tpublicKey\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
@@ -1247,7 +1262,7 @@ func file_curia_curator_v1_curator_proto_rawDescGZIP() []byte {
 	return file_curia_curator_v1_curator_proto_rawDescData
 }
 
-var file_curia_curator_v1_curator_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_curia_curator_v1_curator_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_curia_curator_v1_curator_proto_goTypes = []any{
 	(*BootstrapClusterRequest)(nil),   // 0: curia.curator.v1.BootstrapClusterRequest
 	(*BootstrapClusterResponse)(nil),  // 1: curia.curator.v1.BootstrapClusterResponse
@@ -1269,47 +1284,49 @@ var file_curia_curator_v1_curator_proto_goTypes = []any{
 	(*IssueCertificatesResponse)(nil), // 17: curia.curator.v1.IssueCertificatesResponse
 	(*GetMembershipRequest)(nil),      // 18: curia.curator.v1.GetMembershipRequest
 	(*GetMembershipResponse)(nil),     // 19: curia.curator.v1.GetMembershipResponse
-	nil,                               // 20: curia.curator.v1.RegisterNodeRequest.LabelsEntry
-	(*NodeStatus)(nil),                // 21: curia.curator.v1.NodeStatus
-	(*Node)(nil),                      // 22: curia.curator.v1.Node
-	(*timestamppb.Timestamp)(nil),     // 23: google.protobuf.Timestamp
-	(*v1.ListMembersResponse)(nil),    // 24: curia.consensus.v1.ListMembersResponse
+	nil,                               // 20: curia.curator.v1.BootstrapClusterRequest.LabelsEntry
+	nil,                               // 21: curia.curator.v1.RegisterNodeRequest.LabelsEntry
+	(*NodeStatus)(nil),                // 22: curia.curator.v1.NodeStatus
+	(*Node)(nil),                      // 23: curia.curator.v1.Node
+	(*timestamppb.Timestamp)(nil),     // 24: google.protobuf.Timestamp
+	(*v1.ListMembersResponse)(nil),    // 25: curia.consensus.v1.ListMembersResponse
 }
 var file_curia_curator_v1_curator_proto_depIdxs = []int32{
-	21, // 0: curia.curator.v1.BootstrapClusterRequest.status:type_name -> curia.curator.v1.NodeStatus
-	22, // 1: curia.curator.v1.BootstrapClusterResponse.node:type_name -> curia.curator.v1.Node
-	20, // 2: curia.curator.v1.RegisterNodeRequest.labels:type_name -> curia.curator.v1.RegisterNodeRequest.LabelsEntry
-	22, // 3: curia.curator.v1.RegisterNodeResponse.node:type_name -> curia.curator.v1.Node
-	22, // 4: curia.curator.v1.CommitNodeResponse.node:type_name -> curia.curator.v1.Node
-	22, // 5: curia.curator.v1.WatchResponse.nodes:type_name -> curia.curator.v1.Node
-	21, // 6: curia.curator.v1.UpdateNodeStatusRequest.status:type_name -> curia.curator.v1.NodeStatus
-	23, // 7: curia.curator.v1.GetCurrentLeaderResponse.since:type_name -> google.protobuf.Timestamp
-	24, // 8: curia.curator.v1.GetMembershipResponse.members:type_name -> curia.consensus.v1.ListMembersResponse
-	0,  // 9: curia.curator.v1.Curator.BootstrapCluster:input_type -> curia.curator.v1.BootstrapClusterRequest
-	2,  // 10: curia.curator.v1.Curator.RegisterNode:input_type -> curia.curator.v1.RegisterNodeRequest
-	4,  // 11: curia.curator.v1.Curator.CommitNode:input_type -> curia.curator.v1.CommitNodeRequest
-	6,  // 12: curia.curator.v1.Curator.Watch:input_type -> curia.curator.v1.WatchRequest
-	8,  // 13: curia.curator.v1.Curator.UpdateNodeStatus:input_type -> curia.curator.v1.UpdateNodeStatusRequest
-	10, // 14: curia.curator.v1.Curator.Heartbeat:input_type -> curia.curator.v1.HeartbeatRequest
-	12, // 15: curia.curator.v1.Curator.GetCurrentLeader:input_type -> curia.curator.v1.GetCurrentLeaderRequest
-	16, // 16: curia.curator.v1.Curator.IssueCertificates:input_type -> curia.curator.v1.IssueCertificatesRequest
-	18, // 17: curia.curator.v1.Curator.GetMembership:input_type -> curia.curator.v1.GetMembershipRequest
-	14, // 18: curia.curator.v1.Curator.WatchCRL:input_type -> curia.curator.v1.WatchCRLRequest
-	1,  // 19: curia.curator.v1.Curator.BootstrapCluster:output_type -> curia.curator.v1.BootstrapClusterResponse
-	3,  // 20: curia.curator.v1.Curator.RegisterNode:output_type -> curia.curator.v1.RegisterNodeResponse
-	5,  // 21: curia.curator.v1.Curator.CommitNode:output_type -> curia.curator.v1.CommitNodeResponse
-	7,  // 22: curia.curator.v1.Curator.Watch:output_type -> curia.curator.v1.WatchResponse
-	9,  // 23: curia.curator.v1.Curator.UpdateNodeStatus:output_type -> curia.curator.v1.UpdateNodeStatusResponse
-	11, // 24: curia.curator.v1.Curator.Heartbeat:output_type -> curia.curator.v1.HeartbeatResponse
-	13, // 25: curia.curator.v1.Curator.GetCurrentLeader:output_type -> curia.curator.v1.GetCurrentLeaderResponse
-	17, // 26: curia.curator.v1.Curator.IssueCertificates:output_type -> curia.curator.v1.IssueCertificatesResponse
-	19, // 27: curia.curator.v1.Curator.GetMembership:output_type -> curia.curator.v1.GetMembershipResponse
-	15, // 28: curia.curator.v1.Curator.WatchCRL:output_type -> curia.curator.v1.WatchCRLResponse
-	19, // [19:29] is the sub-list for method output_type
-	9,  // [9:19] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	22, // 0: curia.curator.v1.BootstrapClusterRequest.status:type_name -> curia.curator.v1.NodeStatus
+	20, // 1: curia.curator.v1.BootstrapClusterRequest.labels:type_name -> curia.curator.v1.BootstrapClusterRequest.LabelsEntry
+	23, // 2: curia.curator.v1.BootstrapClusterResponse.node:type_name -> curia.curator.v1.Node
+	21, // 3: curia.curator.v1.RegisterNodeRequest.labels:type_name -> curia.curator.v1.RegisterNodeRequest.LabelsEntry
+	23, // 4: curia.curator.v1.RegisterNodeResponse.node:type_name -> curia.curator.v1.Node
+	23, // 5: curia.curator.v1.CommitNodeResponse.node:type_name -> curia.curator.v1.Node
+	23, // 6: curia.curator.v1.WatchResponse.nodes:type_name -> curia.curator.v1.Node
+	22, // 7: curia.curator.v1.UpdateNodeStatusRequest.status:type_name -> curia.curator.v1.NodeStatus
+	24, // 8: curia.curator.v1.GetCurrentLeaderResponse.since:type_name -> google.protobuf.Timestamp
+	25, // 9: curia.curator.v1.GetMembershipResponse.members:type_name -> curia.consensus.v1.ListMembersResponse
+	0,  // 10: curia.curator.v1.Curator.BootstrapCluster:input_type -> curia.curator.v1.BootstrapClusterRequest
+	2,  // 11: curia.curator.v1.Curator.RegisterNode:input_type -> curia.curator.v1.RegisterNodeRequest
+	4,  // 12: curia.curator.v1.Curator.CommitNode:input_type -> curia.curator.v1.CommitNodeRequest
+	6,  // 13: curia.curator.v1.Curator.Watch:input_type -> curia.curator.v1.WatchRequest
+	8,  // 14: curia.curator.v1.Curator.UpdateNodeStatus:input_type -> curia.curator.v1.UpdateNodeStatusRequest
+	10, // 15: curia.curator.v1.Curator.Heartbeat:input_type -> curia.curator.v1.HeartbeatRequest
+	12, // 16: curia.curator.v1.Curator.GetCurrentLeader:input_type -> curia.curator.v1.GetCurrentLeaderRequest
+	16, // 17: curia.curator.v1.Curator.IssueCertificates:input_type -> curia.curator.v1.IssueCertificatesRequest
+	18, // 18: curia.curator.v1.Curator.GetMembership:input_type -> curia.curator.v1.GetMembershipRequest
+	14, // 19: curia.curator.v1.Curator.WatchCRL:input_type -> curia.curator.v1.WatchCRLRequest
+	1,  // 20: curia.curator.v1.Curator.BootstrapCluster:output_type -> curia.curator.v1.BootstrapClusterResponse
+	3,  // 21: curia.curator.v1.Curator.RegisterNode:output_type -> curia.curator.v1.RegisterNodeResponse
+	5,  // 22: curia.curator.v1.Curator.CommitNode:output_type -> curia.curator.v1.CommitNodeResponse
+	7,  // 23: curia.curator.v1.Curator.Watch:output_type -> curia.curator.v1.WatchResponse
+	9,  // 24: curia.curator.v1.Curator.UpdateNodeStatus:output_type -> curia.curator.v1.UpdateNodeStatusResponse
+	11, // 25: curia.curator.v1.Curator.Heartbeat:output_type -> curia.curator.v1.HeartbeatResponse
+	13, // 26: curia.curator.v1.Curator.GetCurrentLeader:output_type -> curia.curator.v1.GetCurrentLeaderResponse
+	17, // 27: curia.curator.v1.Curator.IssueCertificates:output_type -> curia.curator.v1.IssueCertificatesResponse
+	19, // 28: curia.curator.v1.Curator.GetMembership:output_type -> curia.curator.v1.GetMembershipResponse
+	15, // 29: curia.curator.v1.Curator.WatchCRL:output_type -> curia.curator.v1.WatchCRLResponse
+	20, // [20:30] is the sub-list for method output_type
+	10, // [10:20] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_curator_proto_init() }
@@ -1328,7 +1345,7 @@ func file_curia_curator_v1_curator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_curator_proto_rawDesc), len(file_curia_curator_v1_curator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -60,6 +60,22 @@ var file_curia_validate_v1_rules_proto_extTypes = []protoimpl.ExtensionInfo{
 	{
 		ExtendedType:  (*validate.StringRules)(nil),
 		ExtensionType: (*bool)(nil),
+		Field:         71005,
+		Name:          "curia.validate.v1.label_key",
+		Tag:           "varint,71005,opt,name=label_key",
+		Filename:      "curia/validate/v1/rules.proto",
+	},
+	{
+		ExtendedType:  (*validate.StringRules)(nil),
+		ExtensionType: (*bool)(nil),
+		Field:         71006,
+		Name:          "curia.validate.v1.label_value",
+		Tag:           "varint,71006,opt,name=label_value",
+		Filename:      "curia/validate/v1/rules.proto",
+	},
+	{
+		ExtendedType:  (*validate.StringRules)(nil),
+		ExtensionType: (*bool)(nil),
 		Field:         71004,
 		Name:          "curia.validate.v1.printable",
 		Tag:           "varint,71004,opt,name=printable",
@@ -84,11 +100,20 @@ var (
 	//
 	// optional bool dns_label = 71003;
 	E_DnsLabel = &file_curia_validate_v1_rules_proto_extTypes[2]
+	// A node label's key: letters, digits, '.', '_', '/' and '-', at most
+	// 63 characters, starting and ending with a letter or digit.
+	//
+	// optional bool label_key = 71005;
+	E_LabelKey = &file_curia_validate_v1_rules_proto_extTypes[3]
+	// A node label's value: empty, or what a key may be.
+	//
+	// optional bool label_value = 71006;
+	E_LabelValue = &file_curia_validate_v1_rules_proto_extTypes[4]
 	// Printable text on one line: letters, marks, numbers, punctuation,
 	// symbols and the plain space; no control or format characters.
 	//
 	// optional bool printable = 71004;
-	E_Printable = &file_curia_validate_v1_rules_proto_extTypes[3]
+	E_Printable = &file_curia_validate_v1_rules_proto_extTypes[5]
 )
 
 var File_curia_validate_v1_rules_proto protoreflect.FileDescriptor
@@ -104,7 +129,14 @@ const file_curia_validate_v1_rules_proto_rawDesc = "" +
 	"\x15curia.https_host_port\x12omust be https://host:port: scheme https, a non-empty host, a port 1-65535, and no user, path, query or fragment\x1a\xb9\x01!rule || this.matches(r'^https://([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\\[[0-9A-Fa-f:.]+\\]):([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])/?$')R\rhttpsHostPort:\x81\x02\n" +
 	"\tdns_label\x12\x19.buf.validate.StringRules\x18۪\x04 \x01(\bB\xc6\x01\xc2H\xc2\x01\n" +
 	"\xbf\x01\n" +
-	"\x0fcuria.dns_label\x12mmust be lower-case letters, digits and '-', at most 63 characters, starting and ending with a letter or digit\x1a=!rule || this.matches('^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$')R\bdnsLabel:\xd8\x01\n" +
+	"\x0fcuria.dns_label\x12mmust be lower-case letters, digits and '-', at most 63 characters, starting and ending with a letter or digit\x1a=!rule || this.matches('^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$')R\bdnsLabel:\x91\x02\n" +
+	"\tlabel_key\x12\x19.buf.validate.StringRules\x18ݪ\x04 \x01(\bB\xd6\x01\xc2H\xd2\x01\n" +
+	"\xcf\x01\n" +
+	"\x0fcuria.label_key\x12qmust be letters, digits, '.', '_', '/' and '-', at most 63 characters, starting and ending with a letter or digit\x1aI!rule || this.matches('^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$')R\blabelKey:\xa4\x02\n" +
+	"\vlabel_value\x12\x19.buf.validate.StringRules\x18ު\x04 \x01(\bB\xe5\x01\xc2H\xe1\x01\n" +
+	"\xde\x01\n" +
+	"\x11curia.label_value\x12{must be empty, or letters, digits, '.', '_', '/' and '-', at most 63 characters, starting and ending with a letter or digit\x1aL!rule || this.matches('^([A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?)?$')R\n" +
+	"labelValue:\xd8\x01\n" +
 	"\tprintable\x12\x19.buf.validate.StringRules\x18ܪ\x04 \x01(\bB\x9c\x01\xc2H\x98\x01\n" +
 	"\x95\x01\n" +
 	"\x0fcuria.printable\x12Gmust be printable text: no control, format or line-separator characters\x1a9!rule || this.matches(r'^[\\p{L}\\p{M}\\p{N}\\p{P}\\p{S} ]*$')R\tprintableB\xb5\x01\n" +
@@ -118,11 +150,13 @@ var file_curia_validate_v1_rules_proto_depIdxs = []int32{
 	0, // 0: curia.validate.v1.node_id:extendee -> buf.validate.StringRules
 	0, // 1: curia.validate.v1.https_host_port:extendee -> buf.validate.StringRules
 	0, // 2: curia.validate.v1.dns_label:extendee -> buf.validate.StringRules
-	0, // 3: curia.validate.v1.printable:extendee -> buf.validate.StringRules
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	0, // [0:4] is the sub-list for extension extendee
+	0, // 3: curia.validate.v1.label_key:extendee -> buf.validate.StringRules
+	0, // 4: curia.validate.v1.label_value:extendee -> buf.validate.StringRules
+	0, // 5: curia.validate.v1.printable:extendee -> buf.validate.StringRules
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	0, // [0:6] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
 }
 
@@ -138,7 +172,7 @@ func file_curia_validate_v1_rules_proto_init() {
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_validate_v1_rules_proto_rawDesc), len(file_curia_validate_v1_rules_proto_rawDesc)),
 			NumEnums:      0,
 			NumMessages:   0,
-			NumExtensions: 4,
+			NumExtensions: 6,
 			NumServices:   0,
 		},
 		GoTypes:           file_curia_validate_v1_rules_proto_goTypes,
