@@ -134,6 +134,9 @@ func (r *Reconciler) act(ctx context.Context, s *snapshot, a plan.Action, f *fen
 		if err != nil {
 			return fmt.Errorf("add %s to etcd, or read its join parameters: %w", a.NodeID, err)
 		}
+		if a.Kind == plan.AddMember {
+			failpoint.Crash("after-add-member")
+		}
 		roleFence := f
 		if e := added.GetMembershipEpoch(); e != 0 && e != f.GetMembershipEpoch() {
 			roleFence = proto.Clone(f).(*fencev1.Fence)

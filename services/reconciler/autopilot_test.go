@@ -2,6 +2,7 @@ package reconciler_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
+	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
@@ -249,4 +251,80 @@ func acted(r *replica) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestCrashInAddMember: autopilot's AddMember is two writes, the etcd
+// member and then the role; the reconciler dies between them (a failpoint).
+// Restarted, it finds a member whose node lacks ConsensusMember and gives
+// the role (rule 2), with join parameters that name that member, so the
+// node joins and is promoted: the change is finished, not fought (no second
+// member, no removal).
+func TestCrashInAddMember(t *testing.T) {
+	c := cut.New(t, 1, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s")
+	ctx := ctxT(t)
+	bootstrap, err := rpc.Dial(c.Running().Addr, rpc.ClientConfig{Credentials: c.BootstrapNode, ServerKinds: []pki.Kind{pki.KindCurator}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bootstrap.Close() })
+	heartbeat(t, curatorv1.NewCuratorClient(bootstrap))
+	a, n := c.NewConsensusAgent()
+	a.Enrol(ctx)
+	if _, err := a.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: cut.VoterStatus(n)}); err != nil {
+		t.Fatal(err)
+	}
+	heartbeat(t, a.Curator(c.Running()))
+
+	rec := newReconciler(t, c, "reconciler-0")
+	rec.ArmCrash("after-add-member")
+	rec.Start()
+	if _, err := c.Management().UpdateClusterConfig(ctx, &curatorv1.UpdateClusterConfigRequest{
+		Config: &curatorv1.ClusterConfig{ControlPlaneSize: 3}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"control_plane_size"}}, Reason: "crash test",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	proctest.Eventually(t, time.Minute, func() error {
+		if rec.Running() {
+			return errors.New("the reconciler has not reached its failpoint yet")
+		}
+		return nil
+	})
+	// Membership ahead of roles: a learner, no role.
+	eventuallyState(t, c, map[string]consensusState{
+		c.Voters[0].ID: {node: true, cm: true, kc: true, member: true},
+		a.ID:           {node: true, member: true},
+	})
+	var learner uint64
+	for _, m := range c.Voters[0].Members().Members {
+		if m.NodeId == a.ID {
+			learner = m.Id
+		}
+	}
+
+	rec.Start()
+	var join *consensusv1.JoinParameters
+	proctest.Eventually(t, time.Minute, func() error {
+		if join = node(t, c, a.ID).GetRoles().GetConsensusMember().GetJoin(); join == nil {
+			return errors.New("no ConsensusMember yet")
+		}
+		return nil
+	})
+	if join.GetMemberId() != learner {
+		t.Fatalf("the role names member %x, the learner added before the crash is %x", join.GetMemberId(), learner)
+	}
+	if _, err := n.Self().Start(ctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: join}}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{c.Voters[0].ID: true, a.ID: true}
+	proctest.Eventually(t, time.Minute, func() error {
+		if got := voters(c); !maps.Equal(got, want) {
+			return fmt.Errorf("voters %v, want %v", got, want)
+		}
+		return nil
+	})
+	for _, ev := range audit(t, c) {
+		if ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE {
+			t.Errorf("a member was removed on the way: %v", ev)
+		}
+	}
 }
