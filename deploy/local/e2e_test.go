@@ -395,8 +395,9 @@ func TestE2E(t *testing.T) {
 				spare = c.names[id]
 			}
 		}
-		t.Logf("frozen voter %s replaced by %s %v after the freeze (dead_node_threshold 10s, heartbeat timeout 6s), after %d membership changes; at least %d healthy voters throughout",
-			name, spare, time.Since(begun).Round(100*time.Millisecond), membershipChanges(t, c, begun), minHealthy)
+		t.Logf("frozen voter %s replaced by %s %v after the freeze (dead_node_threshold 10s, heartbeat timeout 6s), after %d membership changes; at least %d healthy voters throughout:\n%s",
+			name, spare, time.Since(begun).Round(100*time.Millisecond), membershipChanges(t, c, begun), minHealthy, timeline(t, c, begun))
+		t.Logf("the reconcilers' warnings meanwhile:\n%s", c.logLines(begun, "reconciler-1", "reconciler-2"))
 
 		// Thawed, the node is turned away and becomes a worker; the
 		// cluster is untouched.
@@ -792,6 +793,41 @@ func membershipChanges(t *testing.T, c *cluster, since time.Time) int {
 		}
 	}
 	return n
+}
+
+// timeline is the membership and role changes since begun, one line each
+// with its time after begun, for the test's log.
+func timeline(t *testing.T, c *cluster, begun time.Time) string {
+	var out []string
+	for _, ev := range auditEvents(t, c) {
+		if ev.Time.AsTime().Before(begun) || ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
+			continue
+		}
+		switch ev.Action {
+		case auditv1.AuditAction_AUDIT_ACTION_MEMBER_ADD, auditv1.AuditAction_AUDIT_ACTION_MEMBER_PROMOTE, auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE,
+			auditv1.AuditAction_AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER, auditv1.AuditAction_AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER:
+			out = append(out, fmt.Sprintf("  +%5.1fs %s %s (%s): %s", ev.Time.AsTime().Sub(begun).Seconds(), strings.TrimPrefix(ev.Action.String(), "AUDIT_ACTION_"), c.names[ev.NodeId], ev.Actor, ev.Reason))
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// logLines are the warnings (and errors) in the named processes' logs
+// since begun.
+func (c *cluster) logLines(since time.Time, names ...string) string {
+	var out []string
+	for _, name := range names {
+		b, _ := os.ReadFile(filepath.Join(c.state, "logs", name+".log"))
+		for _, l := range strings.Split(string(b), "\n") {
+			ts, _, _ := strings.Cut(strings.TrimPrefix(l, "time="), " ")
+			at, err := time.Parse(time.RFC3339Nano, ts)
+			if err != nil || at.Before(since) || !(strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR")) {
+				continue
+			}
+			out = append(out, "  "+name+": "+l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // autopilotAdded are the nodes whose members the reconciler added.

@@ -29,6 +29,7 @@ func (r *Reconciler) pass(ctx context.Context) bool {
 	}
 	snap, err := r.observe(ctx)
 	if err != nil {
+		r.log.Warn("pass failed: cannot observe", "err", err)
 		r.finish(reconcilerv1.PassResult_PASS_RESULT_ERROR, err.Error(), nil, nil)
 		return false
 	}

@@ -24,6 +24,9 @@ type snapshot struct {
 	peerURLs map[uint64]string
 }
 
+// listMembersTimeout bounds one consensus service's answer to ListMembers.
+const listMembersTimeout = 4 * time.Second
+
 // observe reads, in this order, the member list (with its epoch, the
 // change in flight and the etcd revision it was read at), then the nodes,
 // from a snapshot at least as new as the member list: members before
@@ -33,7 +36,12 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 	var members *consensusv1.ListMembersResponse
 	var err error
 	for range r.cfg.Consensus {
-		if members, err = r.members().ListMembers(ctx, &consensusv1.ListMembersRequest{}); err == nil {
+		// Bounded per service, so that the next one is asked within this
+		// pass: a frozen one (SIGSTOP, a stalled VM) would hold it whole.
+		actx, cancel := context.WithTimeout(ctx, listMembersTimeout)
+		members, err = r.members().ListMembers(actx, &consensusv1.ListMembersRequest{})
+		cancel()
+		if err == nil {
 			break
 		}
 		r.nextConsensus()
