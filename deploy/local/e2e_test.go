@@ -32,7 +32,6 @@ import (
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
-	"curia.dev/platform/rpcerr"
 )
 
 // cluster is a running curia-local.
@@ -566,20 +565,6 @@ func acceptedWithFence(t *testing.T, c *cluster, f *fencev1.Fence, since time.Ti
 	}
 }
 
-func retryUnavailable(t *testing.T, f func() error) {
-	t.Helper()
-	proctest.Eventually(t, time.Minute, func() error {
-		err := f()
-		if rpcerr.Retryable(err) {
-			return err
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return nil
-	})
-}
-
 func curatorLeader(t *testing.T, c *cluster) string {
 	stream, err := curatorv1.NewCuratorClient(c.conn(c.env["CURIA_CURATORS"], pki.KindCurator)).GetCurrentLeader(context.Background(), &curatorv1.GetCurrentLeaderRequest{})
 	if err != nil {
@@ -821,7 +806,8 @@ func (c *cluster) logLines(since time.Time, names ...string) string {
 		for _, l := range strings.Split(string(b), "\n") {
 			ts, _, _ := strings.Cut(strings.TrimPrefix(l, "time="), " ")
 			at, err := time.Parse(time.RFC3339Nano, ts)
-			if err != nil || at.Before(since) || !(strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR")) {
+			warning := strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR")
+			if err != nil || at.Before(since) || !warning {
 				continue
 			}
 			out = append(out, "  "+name+": "+l)

@@ -256,7 +256,7 @@ type initState struct {
 // learners are promoted after 3 s caught up.
 func localConfig(size int) (*curatorv1.ClusterConfig, []string) {
 	return &curatorv1.ClusterConfig{
-		ControlPlaneSize:  uint32(size),
+		ControlPlaneSize:  uint32(size), //nolint:gosec // G115: 1..9, checked by curia-local's flags
 		DeadNodeThreshold: durationpb.New(30 * time.Second),
 		Stabilization:     durationpb.New(3 * time.Second),
 	}, []string{"control_plane_size", "dead_node_threshold", "stabilization"}
