@@ -19,21 +19,27 @@ import (
 )
 
 // pass observes, plans and, when this replica holds the lease and is not
-// paused, takes the one planned action. It reports whether it acted.
-func (r *Reconciler) pass(ctx context.Context) bool {
+// paused, takes the one planned action. It reports whether it acted, and
+// when the plan for what it observed changes by time alone (plan.Recheck).
+// That instant is zero when no deadline is ahead, on a standby (which does
+// not plan), and after an action (the next pass runs at once and plans
+// anew).
+func (r *Reconciler) pass(ctx context.Context) (acted bool, recheck time.Time) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL)
 	defer cancel()
 	if r.lease.current() == nil {
 		r.finish(reconcilerv1.PassResult_PASS_RESULT_STANDBY, "", nil, nil)
-		return false
+		return false, time.Time{}
 	}
 	snap, err := r.observe(ctx)
 	if err != nil {
 		r.log.Warn("pass failed: cannot observe", "err", err)
 		r.finish(reconcilerv1.PassResult_PASS_RESULT_ERROR, err.Error(), nil, nil)
-		return false
+		return false, time.Time{}
 	}
-	a := plan.Plan(snap.observed, r.cfg.planConfig(snap.config))
+	pc := r.cfg.planConfig(snap.config)
+	a := plan.Plan(snap.observed, pc)
+	recheck = plan.Recheck(snap.observed, pc)
 	r.noteDrift(a)
 	switch a.Kind {
 	case plan.None:
@@ -42,28 +48,28 @@ func (r *Reconciler) pass(ctx context.Context) bool {
 			result = reconcilerv1.PassResult_PASS_RESULT_CONVERGED
 		}
 		r.finish(result, a.Reason, &a, nil)
-		return false
+		return false, recheck
 	case plan.Refuse:
 		r.refused(a)
 		// The member that answered may be the one in question (a deleted
 		// node's): ask another consensus service next time.
 		r.nextConsensus()
-		return false
+		return false, recheck
 	}
 	if paused, why := r.paused(); paused {
 		r.finish(reconcilerv1.PassResult_PASS_RESULT_PAUSED, "paused ("+why+"): would "+a.String(), &a, nil)
-		return false
+		return false, recheck
 	}
 	if cc := snap.config; cc.GetPaused() {
 		r.finish(reconcilerv1.PassResult_PASS_RESULT_PAUSED, "paused cluster-wide ("+cc.GetPauseReason()+"): would "+a.String(), &a, nil)
-		return false
+		return false, recheck
 	}
 	failpoint.Hold("before-act")
 	// The lease may have ended while we observed: stop within this pass.
 	lease := r.lease.current()
 	if lease == nil {
 		r.finish(reconcilerv1.PassResult_PASS_RESULT_STANDBY, "lost the lease before acting", &a, nil)
-		return false
+		return false, time.Time{} // a standby waits for the lease, not for the plan
 	}
 	failpoint.Hold("before-call")
 	if err := r.act(ctx, snap, a, r.lease.fence(lease, a.Epoch)); err != nil {
@@ -71,12 +77,12 @@ func (r *Reconciler) pass(ctx context.Context) bool {
 		r.metrics.actions.WithLabelValues(a.Kind.String(), "failed").Inc()
 		r.finish(reconcilerv1.PassResult_PASS_RESULT_ERROR, err.Error(), &a, nil)
 		r.afterFailure(err)
-		return false
+		return false, recheck
 	}
 	r.log.Info("acted", "action", a.Kind.String(), "member", fmt.Sprintf("%x", a.MemberID), "node", a.NodeID, "epoch", a.Epoch, "reason", a.Reason)
 	r.metrics.actions.WithLabelValues(a.Kind.String(), "ok").Inc()
 	r.finish(reconcilerv1.PassResult_PASS_RESULT_ACTED, a.String(), &a, &a)
-	return true
+	return true, time.Time{}
 }
 
 // afterFailure reacts to why an action was refused, by its reason rather

@@ -4,7 +4,8 @@
 // truth; every change is fenced on the lease, the term that granted it, and
 // the membership epoch the plan was made from.
 //
-//	trigger (node watch event, membership epoch change, tick, previous action)
+//	trigger (node watch event, membership epoch change, tick, previous action,
+//	         the plan's next deadline: plan.Recheck)
 //	   │
 //	   ▼
 //	observe ── consensus ListMembers (epoch, members) ─┐
@@ -315,18 +316,39 @@ func (r *Reconciler) kick() {
 
 // loop runs passes on triggers and ticks. After an action it runs the next
 // pass at once, so k drifts converge in about k round trips, not k ticks.
-func (r *Reconciler) loop(ctx context.Context) error {
+// A plan that time alone changes (a learner's stabilisation window ends, a
+// node has been silent for the dead node threshold; plan.Recheck) has no
+// event to trigger its pass, so the loop also wakes at that instant when it
+// comes before the next tick: the change happens then, not up to a tick
+// later. Each pass sets the wake-up anew from what it observed.
+func (r *Reconciler) loop(ctx context.Context) error { return r.runPasses(ctx, r.pass) }
+
+// runPasses is loop with its pass given: tests give one that reports what
+// they script.
+func (r *Reconciler) runPasses(ctx context.Context, pass func(context.Context) (acted bool, recheck time.Time)) error {
 	tick := time.NewTicker(r.cfg.Tick)
 	defer tick.Stop()
+	recheck := time.NewTimer(r.cfg.Tick)
+	recheck.Stop()
+	defer recheck.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		case <-r.trigger:
+		case <-recheck.C:
 		}
-		if r.pass(ctx) {
+		acted, at := pass(ctx)
+		if acted {
 			r.kick()
+		}
+		// An instant a tick or more away needs no timer: a tick's pass
+		// comes first and sets it. Since Go 1.23 a stopped or reset timer
+		// delivers no stale value, so no drain is needed.
+		recheck.Stop()
+		if d := time.Until(at); !at.IsZero() && d < r.cfg.Tick {
+			recheck.Reset(d)
 		}
 	}
 }

@@ -27,6 +27,17 @@
 //	                                                        tolerance (an even number of voters), else None
 //	   nothing to do                                      → None   "converged: …"
 //
+// Time alone changes three of these conditions, with no event to say so.
+// Recheck returns the next instant, after Observed.Now, at which one of
+// them turns true, so that the reconciler's loop wakes then rather than at
+// its next tick (a learner is promoted when its window ends, not up to a
+// tick later):
+//
+//	a learner not started, first seen at since     → since + LearnerStartTimeout   rule 4 removes it
+//	a learner caught up since ready                → ready + Stabilization         rule 4 promotes it
+//	a member's node unhealthy, last heartbeat hb   → hb + DeadAfter                the node is dead: rule 4 removes a
+//	                                                                               learner behind on it, rule 6 replaces a voter
+//
 // A node whose record does not decode (Node.Unreadable) exists: its member
 // is never removed by rule 1 and it counts as a node for the guards. Its
 // roles are unknown, so rules 2 and 3 leave it alone, and the planner never
@@ -358,6 +369,49 @@ func Plan(o Observed, c Config) Action {
 		}
 	}
 	return act(None, 0, "", 0, "%s: %d members (%d voters), every member's node has ConsensusMember and every node with ConsensusMember or KubernetesController is a member", reasonConverged, len(members), voters)
+}
+
+// Recheck returns the earliest instant after o.Now at which Plan could
+// choose another action for the same observation, only o.Now moved on: the
+// nearest of the deadlines in the package doc's table still ahead. It is
+// zero when none is ahead: then no wait changes the plan, only an event (a
+// watch, the next observation) does. Until the instant the plan's Kind and
+// target stay those at o.Now, so a pass before it would plan what this one
+// did; at it they may change, or not: a deadline that an earlier rule
+// overrides (a learner's, while a change is in flight) costs one pass that
+// plans the same, which is cheaper than a rule-by-rule copy of Plan here
+// that would have to change with every rule. The reconciler's loop sleeps
+// until it rather than until its next tick.
+//
+// A node's deadline counts even with DeadAfter 0: autopilot then counts the
+// node dead from its last heartbeat on, which is ahead of o.Now when the
+// curator's clock is ahead of the reconciler's.
+func Recheck(o Observed, c Config) time.Time {
+	var next time.Time
+	at := func(t time.Time) {
+		if t.After(o.Now) && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	// As Plan looks nodes up: by id, the last record of an id winning.
+	nodes := make(map[string]Node, len(o.Nodes))
+	for _, n := range o.Nodes {
+		nodes[n.ID] = n
+	}
+	for _, m := range o.Members {
+		if m.Learner {
+			if since, seen := o.LearnerSince[m.ID]; seen && !m.Started {
+				at(since.Add(c.LearnerStartTimeout))
+			}
+			if ready, isReady := o.ReadySince[m.ID]; isReady && m.CaughtUp {
+				at(ready.Add(c.Stabilization))
+			}
+		}
+		if n, ok := nodes[m.NodeID]; ok && !n.Healthy && !n.LastHeartbeat.IsZero() {
+			at(n.LastHeartbeat.Add(c.DeadAfter))
+		}
+	}
+	return next
 }
 
 func findMember(ms []Member, id uint64) (Member, bool) {
