@@ -194,13 +194,26 @@ func (c *cluster) agreement() error {
 	return nil
 }
 
-func (c *cluster) voters() map[string]bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := c.mgmt().GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
-	if err != nil {
-		c.t.Fatal(err)
+// consensusStatus is GetConsensusStatus, asked again for up to 30 s while
+// it fails: a frozen voter may hold one answer for a while.
+func (c *cluster) consensusStatus() *curatorv1.GetConsensusStatusResponse {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		st, err := c.mgmt().GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
+		cancel()
+		if err == nil {
+			return st
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+func (c *cluster) voters() map[string]bool {
+	st := c.consensusStatus()
 	out := map[string]bool{}
 	for _, m := range st.Members {
 		if !m.Learner {
@@ -212,13 +225,7 @@ func (c *cluster) voters() map[string]bool {
 
 // leader is the node of the etcd leader.
 func (c *cluster) leader() string {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := c.mgmt().GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	for _, m := range st.Members {
+	for _, m := range c.consensusStatus().Members {
 		if m.Leader {
 			return m.NodeId
 		}
@@ -310,7 +317,7 @@ func TestE2E(t *testing.T) {
 			}
 			return c.agreement()
 		})
-		t.Logf("%s: %d voters %v later, after %d membership changes", what, want, time.Since(begun).Round(100*time.Millisecond), membershipChanges(t, c, begun))
+		t.Logf("%s: %d voters %v later, after %s", what, want, time.Since(begun).Round(100*time.Millisecond), membershipChanges(t, c, begun))
 	}
 
 	t.Run("cold start to three voters", func(t *testing.T) {
@@ -373,10 +380,16 @@ func TestE2E(t *testing.T) {
 		}
 		defer thaw()
 		begun := time.Now()
-		minHealthy := 3
+		minHealthy, polls, failed := 3, 0, 0
 		proctest.Eventually(t, 3*time.Minute, func() error {
-			st, err := c.mgmt().GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			st, err := c.mgmt().GetConsensusStatus(pctx, &curatorv1.GetConsensusStatusRequest{})
+			cancel()
+			if err != nil {
+				failed++
+			}
 			if err == nil && st.Voters >= 3 {
+				polls++
 				minHealthy = min(minHealthy, int(st.HealthyVoters))
 				if st.HealthyVoters < 2 {
 					t.Fatalf("%d healthy voters of %d while %s was replaced", st.HealthyVoters, st.Voters, name)
@@ -394,8 +407,8 @@ func TestE2E(t *testing.T) {
 				spare = c.names[id]
 			}
 		}
-		t.Logf("frozen voter %s replaced by %s %v after the freeze (dead_node_threshold 10s, heartbeat timeout 6s), after %d membership changes; at least %d healthy voters throughout:\n%s",
-			name, spare, time.Since(begun).Round(100*time.Millisecond), membershipChanges(t, c, begun), minHealthy, timeline(t, c, begun))
+		t.Logf("frozen voter %s replaced by %s %v after the freeze (dead_node_threshold 10s, heartbeat timeout 6s), after %s; at least %d healthy voters in %d status polls (%d failed):\n%s",
+			name, spare, time.Since(begun).Round(100*time.Millisecond), membershipChanges(t, c, begun), minHealthy, polls, failed, timeline(t, c, begun))
 		t.Logf("the reconcilers' warnings meanwhile:\n%s", c.logLines(begun, "reconciler-1", "reconciler-2"))
 
 		// Thawed, the node is turned away and becomes a worker; the
@@ -764,20 +777,27 @@ func auditEvents(t *testing.T, c *cluster) []*auditv1.Event {
 	}
 }
 
-// membershipChanges counts the etcd membership changes (adds, promotions,
-// removals) recorded since.
-func membershipChanges(t *testing.T, c *cluster, since time.Time) int {
-	n := 0
+// membershipChanges describes the etcd membership changes (adds,
+// promotions, removals) recorded since: how many were applied, and how
+// many etcd did not apply (a promotion refused while the learner catches
+// up, say) if any.
+func membershipChanges(t *testing.T, c *cluster, since time.Time) string {
+	applied, not := 0, 0
 	for _, ev := range auditEvents(t, c) {
-		if ev.Time.AsTime().Before(since) || ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
+		if ev.Time.AsTime().Before(since) {
 			continue
 		}
-		switch ev.Action {
-		case auditv1.AuditAction_AUDIT_ACTION_MEMBER_ADD, auditv1.AuditAction_AUDIT_ACTION_MEMBER_PROMOTE, auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE:
-			n++
+		switch ev.Outcome {
+		case auditv1.ChangeOutcome_CHANGE_OUTCOME_APPLIED:
+			applied++
+		case auditv1.ChangeOutcome_CHANGE_OUTCOME_NOT_APPLIED:
+			not++
 		}
 	}
-	return n
+	if not > 0 {
+		return fmt.Sprintf("%d membership changes (and %d that etcd did not apply)", applied, not)
+	}
+	return fmt.Sprintf("%d membership changes", applied)
 }
 
 // timeline is the membership and role changes since begun, one line each
@@ -785,8 +805,11 @@ func membershipChanges(t *testing.T, c *cluster, since time.Time) int {
 func timeline(t *testing.T, c *cluster, begun time.Time) string {
 	var out []string
 	for _, ev := range auditEvents(t, c) {
-		if ev.Time.AsTime().Before(begun) || ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
+		if ev.Time.AsTime().Before(begun) || ev.Outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_NOT_APPLIED {
 			continue
+		}
+		if ev.Outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED && ev.ChangeId != "" {
+			continue // an intent: its outcome follows
 		}
 		switch ev.Action {
 		case auditv1.AuditAction_AUDIT_ACTION_MEMBER_ADD, auditv1.AuditAction_AUDIT_ACTION_MEMBER_PROMOTE, auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE,

@@ -364,3 +364,36 @@ func firstRace(log []byte) []byte {
 	report, _, _ = bytes.Cut(report, []byte("=================="))
 	return append([]byte(raceWarning), report...)
 }
+
+// BlackHole is the address of a listener that accepts connections and never
+// answers, as a frozen machine does (its kernel still accepts): a server
+// that hangs. It closes when the test ends.
+func BlackHole(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	return l.Addr().String()
+}

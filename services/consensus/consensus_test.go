@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"math/big"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +20,7 @@ import (
 	fencev1 "curia.dev/gen/curia/fence/v1"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/rpcerr/rpcerrtest"
@@ -649,7 +649,7 @@ func TestLeaveAfterRemovedWhileJoining(t *testing.T) {
 func TestLeaveAsksTheCuratorsInTime(t *testing.T) {
 	c := ct.NewCluster(t)
 	nodes, leader := c.Voters(1)
-	n2 := c.NewNode("--curator", blackHole(t))
+	n2 := c.NewNode("--curator", proctest.BlackHole(t))
 	c.Join(nodes[0], n2, leader.Fence)
 
 	nodes[0].Pause()
@@ -662,32 +662,6 @@ func TestLeaveAsksTheCuratorsInTime(t *testing.T) {
 	if st := n2.Status(); st.State == consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE || st.MemberId == 0 {
 		t.Fatalf("Leave wiped a member it could not confirm gone: %v", st)
 	}
-}
-
-// blackHole is the address of a listener that accepts connections and
-// never answers: a curator that hangs.
-func blackHole(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		var held []net.Conn
-		defer func() {
-			for _, c := range held {
-				c.Close()
-			}
-		}()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			held = append(held, c)
-		}
-	}()
-	return l.Addr().String()
 }
 
 // TestJoinWithCRL: a learner whose join parameters carry a CRL that

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -91,12 +92,22 @@ func (p *consensusPool) do(ctx context.Context, what string, f func(consensusv1.
 	return fmt.Errorf("%w: %s: no consensus service answered (tried %v): %v", errUnavailable, what, addrs, last)
 }
 
+// listMembersTimeout bounds one consensus service's answer to ListMembers,
+// so that a frozen one (SIGSTOP, a stalled VM) leaves time to ask the next.
+const listMembersTimeout = 4 * time.Second
+
 // listMembers reads a fresh member list (with its epoch and pending
-// change) from the first consensus service that answers.
+// change) from the first consensus service that answers. A read, so one
+// that does not answer in time is passed over like an Unavailable one.
 func (p *consensusPool) listMembers(ctx context.Context) (*consensusv1.ListMembersResponse, error) {
 	var members *consensusv1.ListMembersResponse
 	err := p.do(ctx, "list etcd members", func(c consensusv1.ConsensusClient) (err error) {
-		members, err = c.ListMembers(ctx, &consensusv1.ListMembersRequest{})
+		actx, cancel := context.WithTimeout(ctx, listMembersTimeout)
+		defer cancel()
+		members, err = c.ListMembers(actx, &consensusv1.ListMembersRequest{})
+		if status.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil {
+			err = status.Error(codes.Unavailable, err.Error())
+		}
 		return err
 	})
 	return members, err

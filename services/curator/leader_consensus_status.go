@@ -27,12 +27,7 @@ func (x *managementServer) GetConsensusStatus(ctx context.Context, _ *curatorv1.
 // configured addresses and at the consensus_api their nodes report; a
 // member none of them speaks for has raft_index 0 and lag 0.
 func (s *Service) consensusStatus(ctx context.Context) (*curatorv1.GetConsensusStatusResponse, error) {
-	var members *consensusv1.ListMembersResponse
-	err := s.consensus.do(ctx, "list etcd members", func(c consensusv1.ConsensusClient) error {
-		var err error
-		members, err = c.ListMembers(ctx, &consensusv1.ListMembersRequest{})
-		return err
-	})
+	members, err := s.consensus.listMembers(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -122,6 +122,36 @@ func TestGetNodesFilter(t *testing.T) {
 	}
 }
 
+// TestConsensusStatusPassesOverAHungConsensus: the first consensus service
+// a curator knows accepts connections and never answers (a frozen VM: the
+// kernel still accepts). Reads of the member list pass over it in time and
+// GetConsensusStatus answers before its caller's deadline. While each
+// service was asked with the caller's whole deadline, the first one took
+// all of it (the e2e test of a frozen voter found GetConsensusStatus
+// failing the whole time).
+func TestConsensusStatusPassesOverAHungConsensus(t *testing.T) {
+	c := cut.New(t, 1)
+	// The only curator: one whose first consensus address hangs.
+	c.ConsensusFirst = []string{proctest.BlackHole(t)}
+	hung := c.AddCurator()
+	c.Curators[0].Stop()
+	proctest.Eventually(t, time.Minute, func() error {
+		if c.Leader() != hung {
+			return errors.New("the new curator does not lead yet")
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := c.Management().GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
+	if err != nil {
+		t.Fatalf("GetConsensusStatus with a hung consensus service first: %v", err)
+	}
+	if st.Voters != 1 || st.HealthyVoters != 1 {
+		t.Fatalf("voters %d, healthy %d, want 1 and 1", st.Voters, st.HealthyVoters)
+	}
+}
+
 // TestGetConsensusStatus: members mapped to nodes, from the bootstrapped
 // cluster to members and roles that disagree.
 func TestGetConsensusStatus(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +35,9 @@ type Cluster struct {
 	Curators []*Curator
 	// Extra flags for every curator, e.g. a shorter heartbeat timeout.
 	CuratorFlags []string
+	// ConsensusFirst are consensus addresses a curator added from now on
+	// is given before the voters' (--consensus), e.g. one that hangs.
+	ConsensusFirst []string
 	// BootstrapNode is the bootstrap node's node certificate, issued by
 	// the test's deployment and recorded by BootstrapCluster.
 	BootstrapNode *rpc.Credentials
@@ -120,7 +124,8 @@ func (c *Cluster) AddCurator() *Curator {
 	files := c.PKI.Files(t, pki.Principal{Kind: pki.KindCurator})
 	name := fmt.Sprintf("curator-%d", len(c.Curators))
 	addr, httpAddr, metrics := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
-	var etcd, apis []string
+	var etcd []string
+	apis := slices.Clone(c.ConsensusFirst)
 	for _, v := range c.Voters {
 		etcd = append(etcd, v.ClientURL)
 		apis = append(apis, v.API)
