@@ -13,6 +13,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/audit"
 	"curia.dev/platform/failpoint"
+	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpcerr"
 )
@@ -89,15 +90,43 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 	if err != nil {
 		return nil, err
 	}
-	members, err := s.consensus.listMembers(ctx)
+	// The membership step is planned from this call's own read of the
+	// member list and fenced on its epoch: when another change lands in
+	// between (the reconciler's), etcd is not touched and the step is
+	// planned again from a fresh read, a few times, instead of handing
+	// the caller a stale fence it never held.
+	var join *consensusv1.JoinParameters
+	var epoch int64
+	for attempt := 1; ; attempt++ {
+		join, epoch, err = s.membershipStep(ctx, req, n, f, hadCM, wantCM)
+		if err == nil || attempt == membershipStepAttempts || !rpcerr.Is(err, rpcerr.FenceStale) || rpcerr.Meta(err, "part") != fence.PartEpoch {
+			break
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
+	return s.writeRoles(ctx, req, hadCM, join, epoch)
+}
+
+// membershipStepAttempts bounds how often UpdateNodeRoles plans its etcd
+// step again when membership changed between its read and its call.
+const membershipStepAttempts = 3
+
+// membershipStep makes etcd membership what req asks for node n, from a
+// fresh member list, fenced on f at that list's epoch: the join parameters
+// of the node's member (when it has or gets one) and the epoch after.
+func (s *Service) membershipStep(ctx context.Context, req *curatorv1.UpdateNodeRolesRequest, n *curatorv1.Node, f fence.Fence, hadCM, wantCM bool) (*consensusv1.JoinParameters, int64, error) {
+	members, err := s.consensus.listMembers(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
 	if p := members.GetPending(); p != nil {
-		return nil, fmt.Errorf("%w: membership change %s of node %s by %s is in flight; retry once it finished", rpcerr.ChangePending, p.GetOperation(), p.GetNodeId(), p.GetActor())
+		return nil, 0, fmt.Errorf("%w: membership change %s of node %s by %s is in flight; retry once it finished", rpcerr.ChangePending, p.GetOperation(), p.GetNodeId(), p.GetActor())
 	}
 	epoch := members.GetMembershipEpoch()
 	fenced := f.WithEpoch(epoch).Proto()
+	failpoint.Hold("before-membership-call")
 	isMember := false
 	for _, m := range members.GetMembers() {
 		if m.GetNodeId() == n.Id {
@@ -112,12 +141,12 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 		// node has (AddNode is idempotent per node).
 		peerURL := n.GetStatus().GetConsensusPeerUrl()
 		if peerURL == "" {
-			return nil, fmt.Errorf("%w: node %s has not reported a consensus peer URL (status.consensus_peer_url); its agent reports one when the node can run consensus", errRefused, n.Id)
+			return nil, 0, fmt.Errorf("%w: node %s has not reported a consensus peer URL (status.consensus_peer_url); its agent reports one when the node can run consensus", errRefused, n.Id)
 		}
 		// The role carries a member certificate of this key: checked
 		// before etcd membership changes.
 		if _, err := consensusKey(n); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		err = s.consensus.do(ctx, "add "+n.Id+" to etcd", func(c consensusv1.ConsensusClient) error {
 			resp, err := c.AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: n.Id, PeerUrl: peerURL, Fence: fenced})
@@ -125,7 +154,7 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 			return err
 		})
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		failpoint.Crash("after-add-node")
 	case !wantCM && isMember:
@@ -135,11 +164,11 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 			return err
 		})
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		failpoint.Crash("after-remove-member")
 	}
-	return s.writeRoles(ctx, req, hadCM, join, epoch)
+	return join, epoch, nil
 }
 
 // writeRoles writes the roles req asks for, re-reading the node and

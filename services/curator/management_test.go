@@ -236,6 +236,56 @@ func TestGetConsensusStatus(t *testing.T) {
 	}
 }
 
+// TestUpdateRolesPlansAgainAfterAnotherChange: UpdateNodeRoles reads the
+// member list, and another membership change (the reconciler's) lands
+// before its fenced AddNode. etcd is not touched by the stale attempt; the
+// curator reads again and adds the node, instead of handing the operator a
+// stale fence it never held (the e2e's README commands met this while
+// autopilot had just finished a change).
+func TestUpdateRolesPlansAgainAfterAnotherChange(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := ctxT(t)
+	voter := c.Voters[0]
+	a, n := c.NewConsensusAgent()
+	a.Enrol(ctx)
+	if _, err := a.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: cut.VoterStatus(n)}); err != nil {
+		t.Fatal(err)
+	}
+	fence := mgmtLeaderFence(t, c)
+	leader := c.Leader()
+	release := leader.Hold("before-membership-call")
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Management().UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(true), Reason: "test"})
+		done <- err
+	}()
+	leader.Reached("before-membership-call")
+	// Another change meanwhile: a learner added and removed again, which
+	// moves the epoch twice and leaves membership as it was.
+	_, ghost := newKey(t)
+	var added *consensusv1.AddNodeResponse
+	mgmtRetryUnavailable(t, func() (err error) {
+		added, err = voter.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ghost, PeerUrl: "https://" + proctest.FreeAddr(t), Fence: withEpoch(fence, voter.Members().MembershipEpoch)})
+		return err
+	})
+	mgmtRetryUnavailable(t, func() error {
+		_, err := voter.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: added.Join.MemberId}, Fence: withEpoch(fence, voter.Members().MembershipEpoch)})
+		return err
+	})
+	release()
+	if err := <-done; err != nil {
+		t.Fatalf("UpdateNodeRoles after another change landed between its read and its call: %v", err)
+	}
+	join := getNodes(t, c.Management(), "")[a.ID].GetRoles().GetConsensusMember().GetJoin()
+	found := false
+	for _, m := range voter.Members().Members {
+		found = found || (m.NodeId == a.ID && m.Id == join.GetMemberId())
+	}
+	if !found {
+		t.Fatalf("the role names member %x, which is not %s's member in etcd: %v", join.GetMemberId(), a.ID, voter.Members().Members)
+	}
+}
+
 // mgmtLeaderFence is the curator leader's fence: its election key at its
 // term, read from etcd.
 func mgmtLeaderFence(t *testing.T, c *cut.Cluster) *fencev1.Fence {
