@@ -29,6 +29,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	fencev1 "curia.dev/gen/curia/fence/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
+	"curia.dev/platform/audit"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
@@ -549,22 +550,8 @@ func acceptedWithFence(t *testing.T, c *cluster, f *fencev1.Fence, since time.Ti
 	if len(f.GetConditions()) == 0 {
 		t.Fatal("no fence to look for")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	stream, err := c.mgmt().WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{Backlog: 10000, NoFollow: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return n
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		ev := resp.Event
+	for _, ev := range auditEvents(t, c) {
 		if ev.Time.AsTime().Before(since) {
 			continue
 		}
@@ -576,6 +563,7 @@ func acceptedWithFence(t *testing.T, c *cluster, f *fencev1.Fence, since time.Ti
 			n++
 		}
 	}
+	return n
 }
 
 func curatorLeader(t *testing.T, c *cluster) string {
@@ -686,23 +674,9 @@ func runReadme(t *testing.T, c *cluster) {
 // every other removal was the curator taking ConsensusMember away for an
 // operator.
 func auditInvariant(t *testing.T, c *cluster) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	stream, err := c.mgmt().WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{Backlog: 10000, NoFollow: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	deleted := map[string]bool{}
 	removals, shrinks := 0, 0
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		ev := resp.Event
+	for _, ev := range auditEvents(t, c) {
 		switch {
 		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_NODE_DELETE:
 			deleted[ev.NodeId] = true
@@ -760,21 +734,11 @@ func auditEvents(t *testing.T, c *cluster) []*auditv1.Event {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	stream, err := c.mgmt().WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{Backlog: 10000, NoFollow: true})
+	out, err := audit.Backlog(ctx, c.mgmt(), 10000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []*auditv1.Event
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, resp.Event)
-	}
+	return out
 }
 
 // membershipChanges describes the etcd membership changes (adds,

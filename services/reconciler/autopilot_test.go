@@ -55,6 +55,20 @@ func heartbeat(t *testing.T, cur curatorv1.CuratorClient) (stop func()) {
 	return cancel
 }
 
+// beatingCluster is a one-voter cluster whose curators time a node out
+// after 1 s, with the bootstrap node's heartbeats kept up.
+func beatingCluster(t *testing.T) *cut.Cluster {
+	t.Helper()
+	c := cut.New(t, 1, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s")
+	bootstrap, err := rpc.Dial(c.Running().Addr, rpc.ClientConfig{Credentials: c.BootstrapNode, ServerKinds: []pki.Kind{pki.KindCurator}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bootstrap.Close() })
+	heartbeat(t, curatorv1.NewCuratorClient(bootstrap))
+	return c
+}
+
 // voters are the node ids of etcd's voters.
 func voters(c *cut.Cluster) map[string]bool {
 	out := map[string]bool{}
@@ -73,14 +87,8 @@ func voters(c *cut.Cluster) map[string]bool {
 // voter goes after, never below two healthy voters; thawed, the removed
 // member is turned away and the cluster stays as it was.
 func TestAutopilot(t *testing.T) {
-	c := cut.New(t, 1, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s")
+	c := beatingCluster(t)
 	ctx := ctxT(t)
-	bootstrap, err := rpc.Dial(c.Running().Addr, rpc.ClientConfig{Credentials: c.BootstrapNode, ServerKinds: []pki.Kind{pki.KindCurator}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { bootstrap.Close() })
-	heartbeat(t, curatorv1.NewCuratorClient(bootstrap))
 
 	type member struct {
 		agent *cut.Agent
@@ -260,14 +268,8 @@ func acted(r *replica) string {
 // node joins and is promoted: the change is finished, not fought (no second
 // member, no removal).
 func TestCrashInAddMember(t *testing.T) {
-	c := cut.New(t, 1, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s")
+	c := beatingCluster(t)
 	ctx := ctxT(t)
-	bootstrap, err := rpc.Dial(c.Running().Addr, rpc.ClientConfig{Credentials: c.BootstrapNode, ServerKinds: []pki.Kind{pki.KindCurator}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { bootstrap.Close() })
-	heartbeat(t, curatorv1.NewCuratorClient(bootstrap))
 	a, n := c.NewConsensusAgent()
 	a.Enrol(ctx)
 	if _, err := a.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: cut.VoterStatus(n)}); err != nil {

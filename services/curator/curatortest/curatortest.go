@@ -8,7 +8,6 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
-	"io"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,6 +19,7 @@ import (
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/audit"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
@@ -333,19 +333,9 @@ func AuditLog(t testing.TB, m curatorv1.ManagementClient) []*auditv1.Event {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	stream, err := m.WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{Backlog: 10000, NoFollow: true})
+	out, err := audit.Backlog(ctx, m, 10000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []*auditv1.Event
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, resp.Event)
-	}
+	return out
 }
