@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+
 	"curia.dev/deploy/faults/internal/registry"
 	"curia.dev/deploy/local"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
@@ -318,6 +320,18 @@ func startCluster(ctx context.Context, cfg Config) (*cluster, func(), error) {
 	}
 	if err := c.converged(ctx, 3*time.Minute); err != nil {
 		return fail(fmt.Errorf("the cluster did not come up: %w", err))
+	}
+	// curia-local's cluster keeps 3 voters with autopilot; the suite's
+	// operators give and take ConsensusMember by hand, and the checker
+	// counts every removal of a live member: manual, as an operator who
+	// hand-picks the control plane sets it.
+	mctx, mcancel := context.WithTimeout(ctx, 30*time.Second)
+	_, err = curatorv1.NewManagementClient(c.admin).UpdateClusterConfig(mctx, &curatorv1.UpdateClusterConfigRequest{
+		Config: &curatorv1.ClusterConfig{ControlPlaneSize: 0}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"control_plane_size"}}, Reason: "fault suite: the operators hand-pick the control plane",
+	})
+	mcancel()
+	if err != nil {
+		return fail(fmt.Errorf("set the control plane to manual: %w", err))
 	}
 	c.logf("cluster up: %d nodes, %d curators, %d reconcilers in namespaces of %s", len(lc.Nodes), len(lc.Curators), len(lc.Reconcilers), cfg.Subnet)
 	return c, stop, nil

@@ -383,7 +383,7 @@ func TestE2E(t *testing.T) {
 		begun := time.Now()
 		minHealthy, polls, failed := 3, 0, 0
 		proctest.Eventually(t, 3*time.Minute, func() error {
-			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 			st, err := c.mgmt().GetConsensusStatus(pctx, &curatorv1.GetConsensusStatusRequest{})
 			cancel()
 			if err != nil {
