@@ -22,13 +22,21 @@ const leaseName = "reconciler"
 // that has not expired by its own clock acts.
 type leaseKeeper struct {
 	r *Reconciler
+	// client is the curators' Leases service (tests give another).
+	client func() curatorv1.LeasesClient
 
 	mu     sync.Mutex
 	held   *curatorv1.Lease
 	holder string // who holds it, as last seen
 }
 
-func newLeaseKeeper(r *Reconciler) *leaseKeeper { return &leaseKeeper{r: r} }
+func newLeaseKeeper(r *Reconciler) *leaseKeeper { return &leaseKeeper{r: r, client: r.leases} }
+
+// keepAliveRetry is how soon a keep-alive that the curators did not answer
+// is tried again: a third of the TTL would leave room for only two tries
+// before the lease expires, and a curator stalled for a few seconds (its
+// etcd client on a frozen member) would cost the lease.
+const keepAliveRetry = 500 * time.Millisecond
 
 // current returns the lease if this replica holds it and it has not
 // expired by the local clock (with a margin for the call that follows).
@@ -75,6 +83,8 @@ func (k *leaseKeeper) drop(why string) {
 
 // run keeps campaigning for the lease until ctx ends. It calls ready once
 // the curator answered (the lease granted, or held by another replica).
+// A held lease is kept alive every third of the TTL, and a keep-alive the
+// curators did not answer is tried again after keepAliveRetry.
 func (k *leaseKeeper) run(ctx context.Context, ready func()) error {
 	ttl := k.r.cfg.LeaseTTL
 	every := ttl / 3
@@ -82,9 +92,10 @@ func (k *leaseKeeper) run(ctx context.Context, ready func()) error {
 		k.mu.Lock()
 		held := k.held
 		k.mu.Unlock()
+		next := every
 		cctx, cancel := context.WithTimeout(ctx, every)
 		if held == nil {
-			resp, err := k.r.leases().Acquire(cctx, &curatorv1.AcquireRequest{Name: leaseName, Holder: k.r.holder, TtlSeconds: int64(ttl / time.Second)})
+			resp, err := k.client().Acquire(cctx, &curatorv1.AcquireRequest{Name: leaseName, Holder: k.r.holder, TtlSeconds: int64(ttl / time.Second)})
 			if err == nil {
 				k.set(resp.GetLease(), k.r.holder)
 			} else if ctx.Err() == nil {
@@ -94,7 +105,7 @@ func (k *leaseKeeper) run(ctx context.Context, ready func()) error {
 				ready()
 			}
 		} else {
-			resp, err := k.r.leases().KeepAlive(cctx, &curatorv1.KeepAliveRequest{Lease: held})
+			resp, err := k.client().KeepAlive(cctx, &curatorv1.KeepAliveRequest{Lease: held})
 			switch {
 			case err == nil:
 				k.set(resp.GetLease(), k.r.holder)
@@ -103,6 +114,8 @@ func (k *leaseKeeper) run(ctx context.Context, ready func()) error {
 				// acting once the lease is past its expiry.
 				if time.Now().After(held.GetExpires().AsTime()) {
 					k.drop("lease expired while the curator was unreachable: " + err.Error())
+				} else {
+					next = keepAliveRetry
 				}
 			default:
 				k.drop(status.Convert(err).Message())
@@ -113,7 +126,7 @@ func (k *leaseKeeper) run(ctx context.Context, ready func()) error {
 		case <-ctx.Done():
 			k.release()
 			return nil
-		case <-time.After(every):
+		case <-time.After(next):
 		}
 	}
 }
@@ -139,7 +152,7 @@ func (k *leaseKeeper) release() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := k.r.leases().Release(ctx, &curatorv1.ReleaseRequest{Lease: held}); err != nil {
+	if _, err := k.client().Release(ctx, &curatorv1.ReleaseRequest{Lease: held}); err != nil {
 		k.r.log.Warn("release lease", "err", err)
 	}
 }

@@ -1,10 +1,15 @@
 package reconciler
 
 import (
+	"context"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
@@ -36,6 +41,66 @@ func TestLeaseStopsActingBeforeItExpires(t *testing.T) {
 		r.lease.set(granted(), "me") // kept alive
 		if r.lease.current() == nil {
 			t.Fatal("a lease kept alive is not current")
+		}
+	})
+}
+
+// stalledLeases answers keep-alives as the curators do while their etcd
+// client sits on a frozen member: a call started before until hangs to its
+// deadline; later ones extend the lease by ttl, unless it expired.
+type stalledLeases struct {
+	curatorv1.LeasesClient
+	until time.Time
+	ttl   time.Duration
+	kept  int
+}
+
+func (s *stalledLeases) KeepAlive(ctx context.Context, req *curatorv1.KeepAliveRequest, _ ...grpc.CallOption) (*curatorv1.KeepAliveResponse, error) {
+	if time.Now().Before(s.until) {
+		<-ctx.Done()
+		return nil, status.Error(codes.DeadlineExceeded, ctx.Err().Error())
+	}
+	if !time.Now().Before(req.GetLease().GetExpires().AsTime()) {
+		return nil, status.Error(codes.FailedPrecondition, "lease expired: acquire again")
+	}
+	s.kept++
+	l := proto.Clone(req.GetLease()).(*curatorv1.Lease)
+	l.Expires = timestamppb.New(time.Now().Add(s.ttl))
+	return &curatorv1.KeepAliveResponse{Lease: l}, nil
+}
+
+func (s *stalledLeases) Release(context.Context, *curatorv1.ReleaseRequest, ...grpc.CallOption) (*curatorv1.ReleaseResponse, error) {
+	return &curatorv1.ReleaseResponse{}, nil
+}
+
+// TestLeaseSurvivesAStalledCurator: the curators stall for three quarters
+// of the TTL (every keep-alive sent meanwhile hangs to its deadline of a
+// third of the TTL). The keeper tries again soon after each failure, so a
+// keep-alive sent after the stall lands before the lease expires. With the
+// next try a third of the TTL after a failure, the second try still falls
+// in the stall and the lease is lost (a frozen voter cost the e2e test's
+// active reconciler its lease this way).
+func TestLeaseSurvivesAStalledCurator(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 10 * time.Second
+		r := newBareReconciler(Config{Tick: time.Hour, LeaseTTL: ttl})
+		curators := &stalledLeases{until: time.Now().Add(ttl * 3 / 4), ttl: ttl}
+		r.lease.client = func() curatorv1.LeasesClient { return curators }
+		r.lease.set(&curatorv1.Lease{Name: leaseName, Holder: "me", Expires: timestamppb.New(time.Now().Add(ttl))}, "me")
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = r.lease.run(ctx, func() {})
+		}()
+		defer func() { cancel(); <-done }()
+		time.Sleep(ttl + ttl/2)
+		synctest.Wait()
+		r.lease.mu.Lock()
+		held := r.lease.held
+		r.lease.mu.Unlock()
+		if held == nil || curators.kept == 0 {
+			t.Fatalf("the lease was lost to a curator stall of %v (keep-alives answered after it: %d)", ttl*3/4, curators.kept)
 		}
 	})
 }
