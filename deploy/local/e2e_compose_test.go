@@ -186,6 +186,22 @@ func TestCompose(t *testing.T) {
 			}
 			return nil
 		})
+		// docker's health checks failed while the containers were paused:
+		// they are "unhealthy" until one passes again, and compose refuses
+		// to start what depends on them (the next up.sh) until then.
+		proctest.Eventually(t, 2*time.Minute, func() error {
+			for _, svc := range containers[1:] {
+				id := strings.TrimSpace(compose("ps", "-q", svc))
+				out, err := exec.Command("docker", "inspect", "-f", "{{.State.Health.Status}}", id).Output()
+				if err != nil {
+					return fmt.Errorf("inspect %s: %v", svc, err)
+				}
+				if h := strings.TrimSpace(string(out)); h != "healthy" {
+					return fmt.Errorf("%s is %s after docker unpause", svc, h)
+				}
+			}
+			return nil
+		})
 		first = check()
 		if !maps.Equal(first, want) {
 			t.Fatalf("voters %v after node2 came back, want %v", first, want)
