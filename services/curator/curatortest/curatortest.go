@@ -254,22 +254,30 @@ func (c *Cluster) NewAgent() *Agent {
 }
 
 // NewConsensusAgent starts an idle consensus process and returns the agent
-// of its node (same key), able to become a consensus member.
+// of its node (same key), able to become a consensus member. As in a
+// deployment, the consensus process follows the curators (--curator): it
+// asks them what etcd will not tell it once its member certificate is
+// revoked (whether its member is gone).
 func (c *Cluster) NewConsensusAgent() (*Agent, *ct.Node) {
-	n := c.NewNode()
+	n := c.NewNode("--curator", c.curatorAddrs())
 	return &Agent{c: c, ID: n.ID, Key: n.Key}, n
 }
 
 // NewBareConsensusAgent is NewConsensusAgent for a node like every one but
 // the bootstrap node: its consensus process has no certificate until the
-// agent installs one, and follows the curators.
+// agent installs one.
 func (c *Cluster) NewBareConsensusAgent() (*Agent, *ct.Node) {
+	n := c.NewBareNode("--curator", c.curatorAddrs())
+	return &Agent{c: c, ID: n.ID, Key: n.Key}, n
+}
+
+// curatorAddrs is every curator's address, as --curator takes them.
+func (c *Cluster) curatorAddrs() string {
 	var addrs []string
 	for _, cur := range c.Curators {
 		addrs = append(addrs, cur.Addr)
 	}
-	n := c.NewBareNode("--curator", strings.Join(addrs, ","))
-	return &Agent{c: c, ID: n.ID, Key: n.Key}, n
+	return strings.Join(addrs, ",")
 }
 
 // Enrolling is the Curator API with the agent's self-signed certificate.
