@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -16,6 +17,7 @@ import (
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpcerr"
+	"curia.dev/platform/run"
 )
 
 // managementServer implements curia.curator.v1.Management.
@@ -99,8 +101,17 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 	var epoch int64
 	for attempt := 1; ; attempt++ {
 		join, epoch, err = s.membershipStep(ctx, req, n, f, hadCM, wantCM)
-		if err == nil || attempt == membershipStepAttempts || !rpcerr.Is(err, rpcerr.FenceStale) || rpcerr.Meta(err, "part") != fence.PartEpoch {
+		stale := rpcerr.Is(err, rpcerr.FenceStale) && rpcerr.Meta(err, "part") == fence.PartEpoch
+		if stale && attempt == membershipStepAttempts {
+			// Still moving: the caller's request was never wrong, so it
+			// gets a conflict to retry, not a fence it never held.
+			return nil, fmt.Errorf("%w: etcd membership changed under each of %d attempts to plan this call's step (the reconciler is changing it); retry: %v", errConflict, attempt, err)
+		}
+		if !stale {
 			break
+		}
+		if !run.Sleep(ctx, time.Duration(attempt)*100*time.Millisecond) {
+			return nil, ctx.Err()
 		}
 	}
 	if err != nil {
@@ -110,8 +121,9 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 }
 
 // membershipStepAttempts bounds how often UpdateNodeRoles plans its etcd
-// step again when membership changed between its read and its call.
-const membershipStepAttempts = 3
+// step again when membership changed between its read and its call (with
+// 100 ms more between each); then the caller gets CONFLICT (Aborted).
+const membershipStepAttempts = 5
 
 // membershipStep makes etcd membership what req asks for node n, from a
 // fresh member list, fenced on f at that list's epoch: the join parameters
