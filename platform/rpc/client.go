@@ -92,14 +92,15 @@ func DialAny(addrs []string, cfg ClientConfig) (*grpc.ClientConn, error) {
 }
 
 // KeepAliveTime and KeepAliveTimeout are how often a client pings a
-// connection (curia's and etcd's clients alike) and how long it waits for
-// the answer: a server that stopped answering (a frozen VM, SIGSTOP) is
-// found within about 5 s and the calls go to another replica, where a
-// 10 s + 5 s keepalive left them hanging for 15 s (the e2e test of a frozen
-// voter found curators stalled on its etcd). curia's servers, and etcd
+// connection that went quiet (curia's and etcd's clients alike) and how
+// long it waits for the answer. 10 s is grpc-go's floor: it raises any
+// shorter interval to 10 s (with a warning), so a server that stopped
+// answering (a frozen VM, SIGSTOP) is found about 12 s after its last word.
+// Callers that must not wait that long bound their own calls and ask
+// another replica (the design notes list where). curia's servers, and etcd
 // (GRPCKeepAliveMinTime), accept a ping every second.
 const (
-	KeepAliveTime    = 3 * time.Second
+	KeepAliveTime    = 10 * time.Second
 	KeepAliveTimeout = 2 * time.Second
 )
 

@@ -198,8 +198,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		grpc.Creds(credentials.NewTLS(tlsConfig)),
 		grpc.ChainUnaryInterceptor(append(unary, cfg.UnaryInterceptors...)...),
 		grpc.ChainStreamInterceptor(append(stream, cfg.StreamInterceptors...)...),
-		// Clients ping every KeepAliveTime (3 s); anything much faster is
-		// abuse.
+		// Clients ping a quiet connection every KeepAliveTime (10 s);
+		// more than one a second is abuse.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             time.Second,
 			PermitWithoutStream: true,
