@@ -410,7 +410,7 @@ func TestE2E(t *testing.T) {
 		}
 		t.Logf("frozen voter %s replaced by %s %v after the freeze (dead_node_threshold 10s, heartbeat timeout 6s), after %s; at least %d healthy voters in %d status polls (%d failed):\n%s",
 			name, spare, time.Since(begun).Round(100*time.Millisecond), membershipChanges(t, c, begun), minHealthy, polls, failed, timeline(t, c, begun))
-		t.Logf("the reconcilers' warnings meanwhile:\n%s", c.logLines(begun, "reconciler-1", "reconciler-2"))
+		t.Logf("the reconcilers' and curators' warnings meanwhile:\n%s", c.logLines(begun, "reconciler-1", "reconciler-2", "curator-1", "curator-2"))
 
 		// Thawed, the node is turned away and becomes a worker; the
 		// cluster is untouched.
