@@ -105,7 +105,7 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 		if stale && attempt == membershipStepAttempts {
 			// Still moving: the caller's request was never wrong, so it
 			// gets a conflict to retry, not a fence it never held.
-			return nil, fmt.Errorf("%w: etcd membership changed under each of %d attempts to plan this call's step (the reconciler is changing it); retry: %v", errConflict, attempt, err)
+			return nil, fmt.Errorf("%w: etcd membership changed under each of %d attempts to plan this call's step (another change landed in between each time); retry: %v", errConflict, attempt, err)
 		}
 		if !stale {
 			break
