@@ -17,9 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/fieldmaskpb"
-
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
@@ -144,9 +141,13 @@ func TestCompose(t *testing.T) {
 		if !first[paused] || first[worker] {
 			t.Fatalf("voters %v: want node2 (%s) a voter and node4 (%s) the worker", first, paused, worker)
 		}
-		if _, err := m.UpdateClusterConfig(ctx, &curatorv1.UpdateClusterConfigRequest{Config: &curatorv1.ClusterConfig{DeadNodeThreshold: durationpb.New(10 * time.Second)}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"dead_node_threshold"}}, Reason: "e2e"}); err != nil {
+		// make up's dead_node_threshold (30 s); a standby joins once the
+		// paused node is unhealthy.
+		cfg, err := m.GetClusterConfig(ctx, &curatorv1.GetClusterConfigRequest{})
+		if err != nil {
 			t.Fatal(err)
 		}
+		threshold := cfg.Config.GetDeadNodeThreshold().AsDuration()
 		containers := []string{"node2", "node2-consensus", "node2-roleserve"}
 		compose(append([]string{"pause"}, containers...)...)
 		unpaused := false
@@ -177,7 +178,8 @@ func TestCompose(t *testing.T) {
 			}
 			return nil
 		})
-		t.Logf("paused voter node2 replaced by node4 %v after docker pause (dead_node_threshold 10s)", time.Since(begun).Round(100*time.Millisecond))
+		took := time.Since(begun)
+		t.Logf("paused voter node2 replaced by node4 %v after docker pause (dead_node_threshold %v + %v)", took.Round(100*time.Millisecond), threshold, (took - threshold).Round(100*time.Millisecond))
 		unpause()
 		proctest.Eventually(t, 2*time.Minute, func() error {
 			n := byHost()["node2"]

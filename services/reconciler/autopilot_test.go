@@ -83,9 +83,11 @@ func voters(c *cut.Cluster) map[string]bool {
 // TestAutopilot: a dry run of control_plane_size 3 shows the sequence;
 // then a one-voter cluster grows to three voters by itself (the test plays
 // the nodes' agents: heartbeats, and starting the member a role names);
-// when a voter's node freezes, a healthy node joins first and the frozen
-// voter goes after, never below two healthy voters; thawed, the removed
-// member is turned away and the cluster stays as it was.
+// when a voter's node is silent for less than the dead node threshold, a
+// standby joins and stands by, and goes when the voter is back; when a
+// voter's node freezes, a healthy node joins first and the frozen voter
+// goes after, never below two healthy voters; thawed, the removed member
+// is turned away and the cluster stays as it was.
 func TestAutopilot(t *testing.T) {
 	c := beatingCluster(t)
 	ctx := ctxT(t)
@@ -195,15 +197,66 @@ func TestAutopilot(t *testing.T) {
 	grown = true
 	t.Logf("1 → 3 voters %v after control_plane_size 3", time.Since(begun).Round(100*time.Millisecond))
 
-	// A voter's node dies: no heartbeats, its member gone.
-	spare := enrol()
-	var victim string
-	for id := range nodes {
-		if id != spare.agent.ID {
-			victim = id
-			break
+	// A voter's node falls silent for less than the threshold: a standby
+	// joins at once, while the voter is merely unhealthy, and is held as
+	// a learner; the voter's heartbeats come back and the standby goes.
+	// The voters stay as they were throughout.
+	setConfig := func(cfg *curatorv1.ClusterConfig, paths ...string) {
+		t.Helper()
+		if _, err := c.Management().UpdateClusterConfig(ctx, &curatorv1.UpdateClusterConfigRequest{Config: cfg, UpdateMask: &fieldmaskpb.FieldMask{Paths: paths}, Reason: "autopilot test"}); err != nil {
+			t.Fatal(err)
 		}
 	}
+	setConfig(&curatorv1.ClusterConfig{DeadNodeThreshold: durationpb.New(time.Minute), Stabilization: durationpb.New(time.Second)}, "dead_node_threshold", "stabilization")
+	var victim string
+	for id := range nodes {
+		victim = id
+		break
+	}
+	standby := enrol()
+	nodes[victim].stop()
+	silent := time.Now()
+	proctest.Eventually(t, time.Minute, func() error {
+		playAgents()
+		if got := voters(c); !maps.Equal(got, want) {
+			t.Fatalf("voters %v while %s is silent for less than the threshold, want %v; the reconciler acted:\n%s", got, victim, want, acted(rec))
+		}
+		st, err := reconcilerv1.NewReconcilerClient(rc).GetStatus(ctx, &reconcilerv1.GetStatusRequest{})
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(st.GetLastResultDetail(), "stands by to replace it") {
+			return fmt.Errorf("the reconciler's last pass: %s", st.GetLastResultDetail())
+		}
+		return nil
+	})
+	if since := time.Since(silent); since >= time.Minute {
+		t.Fatalf("the standby stood by only %v after the voter fell silent, past the threshold", since)
+	}
+	t.Logf("a standby (%s) joined and stands by %v after voter %s fell silent", standby.agent.ID, time.Since(silent).Round(100*time.Millisecond), victim)
+	nodes[victim].stop = heartbeat(t, nodes[victim].agent.Curator(c.Running()))
+	proctest.Eventually(t, time.Minute, func() error {
+		if got := voters(c); !maps.Equal(got, want) {
+			t.Fatalf("voters %v after %s's heartbeats came back, want %v", got, victim, want)
+		}
+		for _, m := range c.Voters[0].Members().Members {
+			if m.NodeId == standby.agent.ID {
+				return fmt.Errorf("the standby is still a member: %v", m)
+			}
+		}
+		if r := node(t, c, standby.agent.ID).GetRoles(); r.GetConsensusMember() != nil {
+			return fmt.Errorf("the standby still has ConsensusMember: %v", r)
+		}
+		return nil
+	})
+	// It is no candidate for what follows: its member data is a removed
+	// member's, which only its agent knows to wipe.
+	standby.stop()
+	delete(nodes, standby.agent.ID)
+	setConfig(&curatorv1.ClusterConfig{DeadNodeThreshold: durationpb.New(10 * time.Second)}, "dead_node_threshold")
+
+	// A voter's node dies: no heartbeats, its member gone.
+	spare := enrol()
 	// Frozen, as a stalled VM: no heartbeats, its etcd member silent.
 	nodes[victim].stop()
 	nodes[victim].cons.Pause()

@@ -40,20 +40,15 @@ import (
 // with the most voters, not the etcd leader when another will do, then
 // the highest node id.
 func autopilot(o Observed, c Config, members []Member, nodes map[string]Node, memberOf map[string]Member, floor int) (Action, bool) {
-	var voters, dead []Member
+	s := countSeats(members, nodes, o.Now, c.DeadAfter)
+	var voters []Member
 	for _, m := range members {
-		if m.Learner {
-			continue // rule 4 waits for every learner before autopilot runs
-		}
-		voters = append(voters, m)
-		if isDead(nodes[m.NodeID], o.Now, c.DeadAfter) {
-			dead = append(dead, m)
+		if !m.Learner { // rule 4 waits for every learner before autopilot runs
+			voters = append(voters, m)
 		}
 	}
-	slices.SortStableFunc(dead, func(a, b Member) int {
-		return nodes[a.NodeID].LastHeartbeat.Compare(nodes[b.NodeID].LastHeartbeat)
-	})
-	n, target := len(voters), c.TargetSize
+	dead := s.dead
+	n, target := s.voters, c.TargetSize
 	healthy := 0
 	zones := map[string]int{}
 	for _, m := range voters {
@@ -75,11 +70,12 @@ func autopilot(o Observed, c Config, members []Member, nodes map[string]Node, me
 			d.ID, d.NodeID, silence(nodes[d.NodeID], o.Now), n, t, failureTolerance(n-1, healthy))
 	}
 
-	// Fewer live voters than the target: add one (grow, or a replacement
-	// that joins before the dead voter goes).
-	if n-len(dead) < target {
+	// Fewer voters in good health than the target: add one (grow, a
+	// replacement that joins before the dead voter goes, or a standby for
+	// an unhealthy one).
+	if s.wantLearner(target) {
 		if cand, ok := candidate(o.Nodes, memberOf, zones); ok {
-			a, _ := act(AddMember, 0, cand.ID, "%s: node %s joins as a learner (zone %q)", growWhy(n, target, dead, nodes, o.Now), cand.ID, cand.Zone)
+			a, _ := act(AddMember, 0, cand.ID, "%s: node %s joins as a learner (zone %q)", s.why(target, nodes, o.Now, c.DeadAfter), cand.ID, cand.Zone)
 			a.NodeRevision, a.PeerURL = cand.Revision, cand.PeerURL
 			return a, true
 		}
@@ -124,12 +120,74 @@ func isDead(n Node, now time.Time, after time.Duration) bool {
 
 func silence(n Node, now time.Time) time.Duration { return now.Sub(n.LastHeartbeat).Round(time.Second) }
 
-func growWhy(n, target int, dead []Member, nodes map[string]Node, now time.Time) string {
-	if len(dead) > 0 {
-		d := dead[0]
-		return fmt.Sprintf("voter %x (node %s) is dead (no heartbeat for %v): its replacement joins before it is removed", d.ID, d.NodeID, silence(nodes[d.NodeID], now))
+// seats is what autopilot counts of the voters: how many there are, which
+// are dead, and which are suspect: unhealthy after a heartbeat, but silent
+// for less than DeadAfter. Each list has the voter silent longest first.
+type seats struct {
+	voters        int
+	dead, suspect []Member
+}
+
+func countSeats(members []Member, nodes map[string]Node, now time.Time, deadAfter time.Duration) seats {
+	var s seats
+	for _, m := range members {
+		if m.Learner {
+			continue
+		}
+		s.voters++
+		switch n := nodes[m.NodeID]; {
+		case isDead(n, now, deadAfter):
+			s.dead = append(s.dead, m)
+		case !n.Healthy && !n.LastHeartbeat.IsZero():
+			s.suspect = append(s.suspect, m)
+		}
 	}
-	return fmt.Sprintf("%d voters, the target is %d", n, target)
+	bySilence := func(a, b Member) int {
+		return nodes[a.NodeID].LastHeartbeat.Compare(nodes[b.NodeID].LastHeartbeat)
+	}
+	slices.SortStableFunc(s.dead, bySilence)
+	slices.SortStableFunc(s.suspect, bySilence)
+	return s
+}
+
+// wantLearner reports whether a learner has a seat to take: fewer voters
+// than the target are neither dead nor suspect. The seat is free now (a
+// dead voter's, or one below the target: wantVoter) or may be soon (a
+// suspect voter's: the learner stands by).
+func (s seats) wantLearner(target int) bool {
+	return s.voters-len(s.dead)-len(s.suspect) < target
+}
+
+// wantVoter reports whether a promotion takes a free seat: fewer voters
+// than the target are alive.
+func (s seats) wantVoter(target int) bool { return s.voters-len(s.dead) < target }
+
+// met says why no learner is wanted.
+func (s seats) met(target int) string {
+	return fmt.Sprintf("the target of %d voters is met without it (%d voters, %d of them dead or unhealthy)", target, s.voters, len(s.dead)+len(s.suspect))
+}
+
+// standby says what learner m, caught up but not promoted, waits for:
+// the suspect voter it stands by for (wantLearner and not wantVoter, so
+// there is one) to recover, or to be dead.
+func (s seats) standby(m Member, nodes map[string]Node, now time.Time, deadAfter time.Duration) string {
+	v := s.suspect[0]
+	return fmt.Sprintf("voter %x (node %s) to recover or to be dead (no heartbeat for %v of %v): learner %x (node %s) stands by to replace it",
+		v.ID, v.NodeID, silence(nodes[v.NodeID], now), deadAfter, m.ID, m.NodeID)
+}
+
+// why says why a learner joins.
+func (s seats) why(target int, nodes map[string]Node, now time.Time, deadAfter time.Duration) string {
+	switch {
+	case len(s.dead) > 0:
+		d := s.dead[0]
+		return fmt.Sprintf("voter %x (node %s) is dead (no heartbeat for %v): its replacement joins before it is removed", d.ID, d.NodeID, silence(nodes[d.NodeID], now))
+	case s.voters < target:
+		return fmt.Sprintf("%d voters, the target is %d", s.voters, target)
+	default:
+		v := s.suspect[0]
+		return fmt.Sprintf("voter %x (node %s) is unhealthy (no heartbeat for %v): a standby joins now, to replace it if it stays silent for %v, or to go if it recovers", v.ID, v.NodeID, silence(nodes[v.NodeID], now), deadAfter)
+	}
 }
 
 // candidate is the node to add: UP, healthy, not a member, with a

@@ -12,10 +12,11 @@ import (
 )
 
 // The autopilot property test runs the planner against a model of a
-// cluster whose nodes die: voters and candidate nodes in zones, a target
-// size, learners that start and catch up (or, on a node that died, never
-// start), and deaths at drawn times. Every pass is checked against the
-// model; after the last death the run must settle.
+// cluster whose nodes die or fall silent for a while: voters and candidate
+// nodes in zones, a target size, learners that start and catch up (or, on
+// a node that is silent, do not), deaths and silences at drawn times. Every
+// pass is checked against the model; after the last death or silence the
+// run must settle.
 
 // pilot is the model.
 type pilot struct {
@@ -23,13 +24,15 @@ type pilot struct {
 	nodes   []Node
 	members []Member
 	deathAt map[string]time.Time // nodes that die, and when
-	joinAt  map[uint64]time.Time // when a learner has started and caught up
-	epoch   int64
-	nextID  uint64
-	now     time.Time
+	// nodes that fall silent at silentAt and heartbeat again at backAt
+	silentAt, backAt map[string]time.Time
+	joinAt           map[uint64]time.Time // when a learner has started and caught up
+	epoch            int64
+	nextID           uint64
+	now              time.Time
 	// learner clocks, kept across passes as observe.go keeps them
 	learnerSince, readySince map[uint64]time.Time
-	lastDeath                time.Time
+	lastDeath                time.Time // the last death or return
 	quorumLost               bool
 }
 
@@ -44,6 +47,7 @@ func genPilot(t *rapid.T) *pilot {
 			LearnerStartTimeout: time.Minute,
 		},
 		deathAt: map[string]time.Time{}, joinAt: map[uint64]time.Time{},
+		silentAt: map[string]time.Time{}, backAt: map[string]time.Time{},
 		epoch: 1, nextID: 0x100, now: start, lastDeath: start,
 	}
 	zones := rapid.IntRange(1, 3).Draw(t, "zones")
@@ -55,11 +59,19 @@ func genPilot(t *rapid.T) *pilot {
 		if rapid.IntRange(0, 5).Draw(t, fmt.Sprintf("peer-%d", i)) > 0 {
 			n.PeerURL = "https://" + n.ID + ":2380"
 		}
-		if rapid.IntRange(0, 3).Draw(t, fmt.Sprintf("dies-%d", i)) == 0 {
+		switch rapid.IntRange(0, 5).Draw(t, fmt.Sprintf("fate-%d", i)) {
+		case 0: // dies
 			at := start.Add(time.Duration(rapid.IntRange(-120, 300).Draw(t, fmt.Sprintf("death-%d", i))) * time.Second)
 			p.deathAt[n.ID] = at
 			if at.After(p.lastDeath) {
 				p.lastDeath = at
+			}
+		case 1: // falls silent, for less or more than DeadAfter, and comes back
+			at := start.Add(time.Duration(rapid.IntRange(0, 300).Draw(t, fmt.Sprintf("silent-%d", i))) * time.Second)
+			back := at.Add(time.Duration(rapid.IntRange(1, 90).Draw(t, fmt.Sprintf("back-%d", i))) * time.Second)
+			p.silentAt[n.ID], p.backAt[n.ID] = at, back
+			if back.After(p.lastDeath) {
+				p.lastDeath = back
 			}
 		}
 		p.nodes = append(p.nodes, n)
@@ -102,18 +114,25 @@ func (p *pilot) dead(m Member) bool {
 	return isDead(*p.node(m.NodeID), p.now, p.cfg.DeadAfter)
 }
 
-// world moves on to p.now: nodes die (no more heartbeats), the living ones
-// heartbeat, learners on living nodes start and catch up when due.
+// world moves on to p.now: nodes die or fall silent (no more heartbeats),
+// the living ones heartbeat, learners on living nodes start and catch up
+// when due.
 func (p *pilot) world() {
 	for i := range p.nodes {
 		n := &p.nodes[i]
-		if at, ok := p.deathAt[n.ID]; ok && !p.now.Before(at) {
-			if n.Healthy {
-				n.Healthy, n.LastHeartbeat = false, at
-			}
+		at, dies := p.deathAt[n.ID]
+		silent, pauses := p.silentAt[n.ID]
+		switch {
+		case dies && !p.now.Before(at):
+		case pauses && !p.now.Before(silent) && p.now.Before(p.backAt[n.ID]):
+			at = silent
+		default:
+			n.Healthy, n.LastHeartbeat = true, p.now
 			continue
 		}
-		n.LastHeartbeat = p.now
+		if n.Healthy {
+			n.Healthy, n.LastHeartbeat = false, at
+		}
 	}
 	for i := range p.members {
 		m := &p.members[i]
@@ -189,15 +208,18 @@ func (p *pilot) apply(t *rapid.T, a Action) {
 
 // TestAutopilotProperties checks, on every pass:
 //   - one learner at a time: AddMember only when no learner is in flight;
+//   - a promotion only into a free seat: fewer live voters than the
+//     target (a standby for a silent voter waits until it is dead);
 //   - no voter removal below the floor;
 //   - no healthy voter removed while a voter is dead;
 //   - no step that adds, promotes or removes a dead voter lowers the
 //     failure tolerance; a healthy voter goes only to shrink to the target;
 //   - an added node is UP, healthy, no member, with a peer URL;
 //
-// and after the last death, unless deaths took the quorum: the run settles
-// (the plan changes nothing) within a bound of passes, with the target
-// reached and no dead voter when enough healthy candidates exist.
+// and after the last death or return, unless silences took the quorum:
+// the run settles (the plan changes nothing) within a bound of passes, with
+// no learner left, and the target reached and no dead voter when enough
+// healthy candidates exist.
 func TestAutopilotProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		p := genPilot(t)
@@ -217,16 +239,20 @@ func TestAutopilotProperties(t *testing.T) {
 					target = &p.members[i]
 				}
 			}
-			learners := 0
-			anyDead := false
+			learners, dead := 0, 0
 			for _, m := range p.members {
 				if m.Learner {
 					learners++
 				} else if p.dead(m) {
-					anyDead = true
+					dead++
 				}
 			}
+			anyDead := dead > 0
 			switch a.Kind {
+			case Promote:
+				if n-dead >= p.cfg.TargetSize {
+					t.Fatalf("%v: %d voters alive of %d make the target of %d already", a, n-dead, n, p.cfg.TargetSize)
+				}
 			case AddMember:
 				if learners > 0 {
 					t.Fatalf("%v with a learner in flight", a)
@@ -254,7 +280,7 @@ func TestAutopilotProperties(t *testing.T) {
 			}
 
 			if p.quorumLost {
-				return // deaths took the quorum: etcd refuses every change (disaster recovery)
+				return // deaths or silences took the quorum: etcd refuses every change
 			}
 			if a.Kind == None || a.Kind == Refuse {
 				settled++
@@ -272,9 +298,15 @@ func TestAutopilotProperties(t *testing.T) {
 	})
 }
 
-// checkSettled: with enough healthy candidates the target is reached and
-// no voter is dead.
+// checkSettled: no learner is left (a standby goes once its voter is
+// back); with enough healthy candidates the target is reached and no
+// voter is dead.
 func (p *pilot) checkSettled(t *rapid.T, last Action) {
+	for _, m := range p.members {
+		if m.Learner {
+			t.Fatalf("settled with learner %x (node %s) left: %v", m.ID, m.NodeID, last)
+		}
+	}
 	healthy := 0
 	for _, n := range p.nodes {
 		if n.Up && n.Healthy && n.PeerURL != "" {
@@ -310,6 +342,13 @@ func TestAutopilot(t *testing.T) {
 		o.Nodes = append(o.Nodes, others...)
 		return o
 	}
+	// standby adds n as learner 9, caught up for 20 s.
+	standby := func(o Observed, n Node) Observed {
+		o.Members = append(o.Members, Member{ID: 9, NodeID: n.ID, Learner: true, Started: true, CaughtUp: true})
+		o.Nodes = append(o.Nodes, n)
+		o.LearnerSince[9], o.ReadySince[9] = now.Add(-time.Minute), now.Add(-20*time.Second)
+		return o
+	}
 	with := func(c Config, f func(*Config)) Config { f(&c); return c }
 	cases := map[string]struct {
 		o Observed
@@ -322,8 +361,15 @@ func TestAutopilot(t *testing.T) {
 			func() Node { n := node("x", "", false); n.PeerURL = ""; return n }(),
 			func() Node { n := node("y", "", false); n.Up = false; return n }(),
 			func() Node { n := node("z", "", false); n.Healthy = false; return n }()), ap},
-		"converged at the target":                                {cluster([]Node{node("a", "", true), node("b", "", true), node("c", "", true)}, node("x", "", false)), ap},
-		"unhealthy voter, not dead yet":                          {cluster([]Node{node("a", "", true), dead(node("b", "", true), 10*time.Second), node("c", "", true)}, node("x", "", false)), ap},
+		"converged at the target": {cluster([]Node{node("a", "", true), node("b", "", true), node("c", "", true)}, node("x", "", false)), ap},
+		"standby: a voter unhealthy, not dead yet: a learner joins at once": {cluster([]Node{node("a", "", true), dead(node("b", "", true), 10*time.Second), node("c", "", true)}, node("x", "", false)), ap},
+		"standby: a voter unhealthy, no candidate: nothing to do":           {cluster([]Node{node("a", "", true), dead(node("b", "", true), 10*time.Second), node("c", "", true)}), ap},
+		"standby caught up, its voter not dead yet: held": {
+			standby(cluster([]Node{node("a", "", true), dead(node("b", "", true), 10*time.Second), node("c", "", true)}), node("x", "", true)), ap},
+		"standby caught up, its voter dead: promoted": {
+			standby(cluster([]Node{node("a", "", true), dead(node("b", "", true), time.Minute), node("c", "", true)}), node("x", "", true)), ap},
+		"standby caught up, its voter healthy again: removed": {
+			standby(cluster([]Node{node("a", "", true), node("b", "", true), node("c", "", true)}), node("x", "", true)), ap},
 		"replace: 3 voters, one dead: add first":                 {cluster([]Node{node("a", "", true), dead(node("b", "", true), time.Minute), node("c", "", true)}, node("x", "", false)), ap},
 		"replace: the replacement is a voter: the dead one goes": {cluster([]Node{node("a", "", true), dead(node("b", "", true), time.Minute), node("c", "", true), node("x", "", true)}), ap},
 		"replace: 3 voters, one dead, no candidate: wait":        {cluster([]Node{node("a", "", true), dead(node("b", "", true), time.Minute), node("c", "", true)}), ap},
@@ -351,8 +397,9 @@ func TestAutopilot(t *testing.T) {
 }
 
 // TestSequence: the whole plan, in a golden file (-update rewrites it):
-// from one voter to three; a dead voter replaced add-before-remove; a
-// change in flight (nothing to sequence). Every sequence ends in nothing
+// from one voter to three; a dead voter replaced add-before-remove; an
+// unhealthy one too, its standby joining before it is dead; a change in
+// flight (nothing to sequence). Every sequence ends in nothing
 // to do or a refusal, and (checked in code, not only in the file) the
 // failure tolerance never drops while a dead voter is replaced.
 func TestSequence(t *testing.T) {
@@ -372,9 +419,12 @@ func TestSequence(t *testing.T) {
 	}
 	deadB := node("b", true)
 	deadB.Healthy, deadB.LastHeartbeat = false, now.Add(-time.Minute)
+	silentB := node("b", true)
+	silentB.Healthy, silentB.LastHeartbeat = false, now.Add(-10*time.Second)
 	cases := map[string]Observed{
-		"grow 1 → 3":           cluster([]Node{node("a", true)}, node("x", false), node("y", false)),
-		"replace a dead voter": cluster([]Node{node("a", true), deadB, node("c", true)}, node("x", false)),
+		"grow 1 → 3":                 cluster([]Node{node("a", true)}, node("x", false), node("y", false)),
+		"replace a dead voter":       cluster([]Node{node("a", true), deadB, node("c", true)}, node("x", false)),
+		"replace an unhealthy voter": cluster([]Node{node("a", true), silentB, node("c", true)}, node("x", false)),
 		"change in flight": func() Observed {
 			o := cluster([]Node{node("a", true)}, node("x", false))
 			o.Pending = "add node z"
@@ -387,7 +437,7 @@ func TestSequence(t *testing.T) {
 		fmt.Fprintf(&out, "%s\n", name)
 		for i, s := range steps {
 			fmt.Fprintf(&out, "\t%d. %s\n\t   voters=%d healthy=%d tolerance=%d\n", i+1, strings.ReplaceAll(describe(s.Action), "\n\t", "\n\t   "), s.Voters, s.Healthy, s.FailureTolerance)
-			if i > 0 && name == "replace a dead voter" && s.FailureTolerance < steps[i-1].FailureTolerance {
+			if i > 0 && strings.HasPrefix(name, "replace") && s.FailureTolerance < steps[i-1].FailureTolerance {
 				t.Errorf("%s: step %d lowers the failure tolerance: %v", name, i+1, s)
 			}
 		}

@@ -17,11 +17,14 @@
 //	   or KubernetesController                            → RemoveRole (both go)
 //	4. a learner unstarted past LearnerStartTimeout, or
 //	   behind on a node dead for DeadAfter                → RemoveMember
-//	   a learner caught up for Stabilization              → Promote
+//	   a learner caught up for Stabilization              → Promote (autopilot: into a free seat;
+//	                                                        else None while its voter is unhealthy,
+//	                                                        RemoveMember when no seat wants it)
 //	   otherwise a learner to wait for                    → None   "waiting for learner …"
 //	5. some node records do not decode                    → None   "unreadable node records: …"
 //	6. autopilot (Config.TargetSize > 0; autopilot.go):
-//	   fewer live voters than the target, a candidate     → AddMember (grow, or replace a dead voter first)
+//	   fewer healthy voters than the target, a candidate  → AddMember (grow, replace a dead voter first,
+//	                                                        or a standby for an unhealthy one)
 //	   more voters than the target                        → RemoveMember (a dead one first), never below the floor
 //	   a dead voter and no candidate                      → RemoveMember only if that raises the failure
 //	                                                        tolerance (an even number of voters), else None
@@ -326,7 +329,16 @@ func Plan(o Observed, c Config) Action {
 	}
 
 	// 4. Learners: remove one that never started in time; promote one that
-	// stayed caught up for the stabilisation window.
+	// stayed caught up for the stabilisation window. Under autopilot a
+	// caught-up learner is promoted only into a free seat (autopilot.go):
+	// a standby for a voter that is unhealthy but not dead yet is held,
+	// and one that no seat wants (its voter recovered, or an operator
+	// added it) is removed.
+	var ap *seats
+	if c.TargetSize > 0 {
+		s := countSeats(members, nodes, o.Now, c.DeadAfter)
+		ap = &s
+	}
 	var waiting []string
 	for _, m := range members {
 		if !m.Learner {
@@ -345,6 +357,13 @@ func Plan(o Observed, c Config) Action {
 		}
 		ready, isReady := o.ReadySince[m.ID]
 		if m.CaughtUp && isReady && o.Now.Sub(ready) >= c.Stabilization {
+			if ap != nil && !ap.wantLearner(c.TargetSize) {
+				return act(RemoveMember, m.ID, m.NodeID, 0, "learner %x (node %s) is caught up but not needed: %s", m.ID, m.NodeID, ap.met(c.TargetSize))
+			}
+			if ap != nil && !ap.wantVoter(c.TargetSize) {
+				waiting = append(waiting, ap.standby(m, nodes, o.Now, c.DeadAfter))
+				continue
+			}
 			return act(Promote, m.ID, m.NodeID, 0, "learner %x (node %s) has been caught up for %v", m.ID, m.NodeID, o.Now.Sub(ready).Round(time.Millisecond))
 		}
 		waiting = append(waiting, fmt.Sprintf("learner %x (node %s) to catch up and stay caught up for %v", m.ID, m.NodeID, c.Stabilization))

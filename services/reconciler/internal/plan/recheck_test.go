@@ -215,8 +215,9 @@ func TestRecheck(t *testing.T) {
 			o: learner(cluster(three), 3, true, 5*time.Second, 3*time.Second), c: cfg, after: 7 * time.Second, then: Promote},
 		"a learner unstarted 20 s of 1 m: removed at +40 s": {
 			o: learner(cluster(three), 3, false, 20*time.Second, 0), c: cfg, after: 40 * time.Second, then: RemoveMember},
-		"a voter's node unhealthy, heartbeat 4 s ago, DeadAfter 10 s: replaced from +6 s": {
-			o: cluster([]Node{node("a", true), unhealthy(node("b", true), 4*time.Second), node("c", true)}, node("x", false)), c: cfg, after: 6 * time.Second, then: AddMember},
+		"a standby caught up, its voter's node unhealthy, heartbeat 4 s ago, DeadAfter 10 s: promoted at +6 s": {
+			o: learner(cluster([]Node{node("a", true), unhealthy(node("b", true), 4*time.Second), node("c", true), node("x", true)}), 4, true, 20*time.Second, 15*time.Second),
+			c: cfg, after: 6 * time.Second, then: Promote},
 		"a learner behind on a node unhealthy for 4 s: removed at +6 s": {
 			o: learner(cluster([]Node{node("a", true), node("b", true), unhealthy(node("c", true), 4*time.Second)}), 3, true, 5*time.Second, 0), c: cfg, after: 6 * time.Second, then: RemoveMember},
 		"the earliest deadline: a learner's node dead at +6 s, before a voter's at +8 s": {

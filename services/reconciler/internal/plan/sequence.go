@@ -27,7 +27,9 @@ const maxSteps = 32
 // do nothing (converged, or waiting for what no step brings: a change in
 // flight, unreadable records, a node to replace a dead voter with) or
 // refuses, which is the last step. A wait for a learner is a step too,
-// after which the learner is caught up. Members the sequence adds have
+// after which the learner is caught up; a standby learner's wait for its
+// unhealthy voter ends at the voter's dead node threshold, as if the voter
+// stays silent. Members the sequence adds have
 // placeholder ids (above every real one). The real passes plan anew from
 // what they observe, so a step that goes otherwise changes the rest: the
 // sequence says what the reconciler intends now, and why.
@@ -39,7 +41,17 @@ func Sequence(o Observed, c Config) []Step {
 		switch {
 		case a.Kind == None && o.Pending == "" && waitingForLearner(o):
 			steps = append(steps, o.step(a))
-			o.catchUp(c)
+			if o.catchUp(c) {
+				continue
+			}
+			// Every learner is caught up already: a standby waits for
+			// its voter's dead node threshold, as if the voter stays
+			// silent.
+			next := Recheck(o, c)
+			if next.IsZero() {
+				return steps
+			}
+			o.Now = next
 		case a.Kind == None || a.Kind == Refuse:
 			return append(steps, o.step(a))
 		default:
@@ -65,15 +77,22 @@ func waitingForLearner(o Observed) bool {
 	return slices.ContainsFunc(o.Members, func(m Member) bool { return m.Learner })
 }
 
-// catchUp lets every learner start and stay caught up past the window.
-func (o *Observed) catchUp(c Config) {
+// catchUp lets every learner start and stay caught up past the window,
+// and reports whether one had not yet.
+func (o *Observed) catchUp(c Config) bool {
+	moved := false
 	for i := range o.Members {
 		m := &o.Members[i]
-		if m.Learner {
+		if !m.Learner {
+			continue
+		}
+		if ready, ok := o.ReadySince[m.ID]; !m.Started || !m.CaughtUp || !ok || o.Now.Sub(ready) < c.Stabilization {
 			m.Started, m.CaughtUp = true, true
 			o.ReadySince[m.ID] = o.Now.Add(-c.Stabilization)
+			moved = true
 		}
 	}
+	return moved
 }
 
 // apply carries a out on the snapshot as its resources would.
