@@ -138,8 +138,26 @@ test-unit: ## the fast tier: go test -short, no processes, no etcd (under 30s wi
 	go test -short -count=1 -timeout 60s work
 
 .PHONY: bench
-bench: ## Go benchmarks (bootstrap-to-ready, join-to-voter, ...)
-	go test -run '^$$' -bench . -benchtime 3x ./services/consensus/ ./services/curator/
+# One table of every benchmark's metrics against the targets of
+# platform/cmd/curia-bench/targets.go (the -count runs of a benchmark as
+# median and min–max), written to bench/results.json too; go test's own
+# output is kept in bench/raw.txt. pipefail (.SHELLFLAGS) fails the target
+# when go test fails; curia-bench fails it too on a FAIL line.
+BENCHTIME      ?= 3x
+BENCHCOUNT     ?= 1
+BENCH_PACKAGES := ./services/consensus/ ./services/curator/ ./services/reconciler/
+bench: ## Go benchmarks as one table against the targets, also in bench/results.json (BENCHTIME=3x BENCHCOUNT=1)
+	@mkdir -p bench
+	go test -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(BENCHCOUNT) $(BENCH_PACKAGES) 2>&1 \
+		| tee bench/raw.txt | go run ./platform/cmd/curia-bench report -json bench/results.json
+
+.PHONY: bench-compare
+# Keep a run to compare with: cp bench/results.json bench/old.json.
+OLD ?= bench/old.json
+bench-compare: ## change per metric from an earlier make bench to bench/results.json (OLD=bench/old.json)
+	@test -f '$(OLD)' || { echo "bench-compare: no $(OLD): keep an earlier run (cp bench/results.json $(OLD)) or pass OLD=path.json" >&2; exit 1; }
+	@test -f bench/results.json || { echo "bench-compare: no bench/results.json: run make bench first" >&2; exit 1; }
+	go run ./platform/cmd/curia-bench compare '$(OLD)' bench/results.json
 
 .PHONY: test-e2e
 # Docker is asked here, not when the Makefile is read: with it the compose

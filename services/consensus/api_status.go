@@ -6,9 +6,12 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"google.golang.org/protobuf/proto"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/keys"
@@ -56,9 +59,16 @@ func (x *server) ListMembers(ctx context.Context, _ *consensusv1.ListMembersRequ
 	return resp, nil
 }
 
-// WatchMembership sends the epoch now and after every change of it.
+// membersPoll is how often WatchMembership looks at the members its etcd
+// server applied. That is a read of memory, not a request, so it is cheap;
+// it is what brings a change made outside curia (which bumps no epoch) to
+// the reconciler within this, not at its next tick.
+const membersPoll = 50 * time.Millisecond
+
+// WatchMembership sends the membership now, then after every change of the
+// epoch or of the members this member applied.
 func (x *server) WatchMembership(_ *consensusv1.WatchMembershipRequest, stream consensusv1.Consensus_WatchMembershipServer) error {
-	_, cli, err := x.s.member.running()
+	e, cli, err := x.s.member.running()
 	if err != nil {
 		return err
 	}
@@ -67,27 +77,56 @@ func (x *server) WatchMembership(_ *consensusv1.WatchMembershipRequest, stream c
 	if err != nil {
 		return fmt.Errorf("read membership epoch: %w", err)
 	}
-	var epoch int64
+	now := &consensusv1.WatchMembershipResponse{Members: memberViews(e)}
 	if len(resp.Kvs) > 0 {
-		epoch = resp.Kvs[0].ModRevision
+		now.MembershipEpoch = resp.Kvs[0].ModRevision
 	}
-	if err := stream.Send(&consensusv1.WatchMembershipResponse{MembershipEpoch: epoch}); err != nil {
+	if err := stream.Send(now); err != nil {
 		return err
 	}
-	for wr := range cli.Watch(clientv3.WithRequireLeader(ctx), keys.MembershipEpoch, clientv3.WithRev(resp.Header.Revision+1)) {
-		if err := wr.Err(); err != nil {
-			return fmt.Errorf("watch membership epoch: %w", err)
-		}
-		for _, ev := range wr.Events {
-			if err := stream.Send(&consensusv1.WatchMembershipResponse{MembershipEpoch: ev.Kv.ModRevision}); err != nil {
-				return err
+	watch := cli.Watch(clientv3.WithRequireLeader(ctx), keys.MembershipEpoch, clientv3.WithRev(resp.Header.Revision+1))
+	poll := time.NewTicker(membersPoll)
+	defer poll.Stop()
+	for {
+		next := proto.CloneOf(now)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-e.Server.StopNotify():
+			return fmt.Errorf("%w: the member stopped; watch again", errNotRunning)
+		case wr, ok := <-watch:
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("%w: the membership watch ended (etcd stopping?); watch again", errNotRunning)
 			}
+			if err := wr.Err(); err != nil {
+				return fmt.Errorf("watch membership epoch: %w", err)
+			}
+			for _, ev := range wr.Events {
+				next.MembershipEpoch = ev.Kv.ModRevision
+			}
+		case <-poll.C:
+			next.Members = memberViews(e)
 		}
+		if proto.Equal(next, now) {
+			continue
+		}
+		if err := stream.Send(next); err != nil {
+			return err
+		}
+		now = next
 	}
-	if ctx.Err() != nil {
-		return nil
+}
+
+// memberViews is the member list e applied, by id.
+func memberViews(e *embed.Etcd) []*consensusv1.MemberView {
+	var out []*consensusv1.MemberView
+	for _, m := range e.Server.Cluster().Members() {
+		out = append(out, &consensusv1.MemberView{Id: uint64(m.ID), Name: m.Name, Learner: m.IsLearner})
 	}
-	return fmt.Errorf("%w: the membership watch ended (etcd stopping?); watch again", errNotRunning)
+	return out
 }
 
 // membership is one consistent read of etcd membership: the member list,

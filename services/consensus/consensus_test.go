@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"math/big"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -548,8 +549,10 @@ func TestRequestContracts(t *testing.T) {
 	}
 }
 
-// TestWatchMembership: the stream sends the epoch, then every bump: a
-// change bumps it twice, when it starts and when it finishes.
+// TestWatchMembership: the stream sends the membership, then every change:
+// a change through curia bumps the epoch twice, when it starts and when it
+// finishes, and adds the member; members removed and added outside curia
+// bump no epoch, and are sent all the same.
 func TestWatchMembership(t *testing.T) {
 	c := ct.NewCluster(t)
 	ctx := ctxT(t)
@@ -564,23 +567,54 @@ func TestWatchMembership(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first.MembershipEpoch != n1.Members().MembershipEpoch {
-		t.Fatalf("first epoch %d, ListMembers says %d", first.MembershipEpoch, n1.Members().MembershipEpoch)
+	if first.MembershipEpoch != n1.Members().MembershipEpoch || len(first.Members) != 1 || first.Members[0].Learner {
+		t.Fatalf("first: %v; ListMembers says epoch %d", first, n1.Members().MembershipEpoch)
+	}
+	// until reads the stream until a response satisfies done, and returns
+	// the epochs it saw on the way (each response's).
+	until := func(done func(*consensusv1.WatchMembershipResponse) bool) (epochs []int64, last *consensusv1.WatchMembershipResponse) {
+		t.Helper()
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			epochs = append(epochs, r.MembershipEpoch)
+			if done(r) {
+				return epochs, r
+			}
+		}
 	}
 	added, err := n1.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: ct.NewNodeID(t), PeerUrl: "https://127.0.0.1:1", Fence: n1.Fenced(leader.Fence)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	started, err := stream.Recv()
+	epochs, last := until(func(r *consensusv1.WatchMembershipResponse) bool {
+		return r.MembershipEpoch == added.MembershipEpoch && len(r.Members) == 2
+	})
+	if !slices.IsSorted(epochs) || epochs[0] <= first.MembershipEpoch || epochs[0] >= added.MembershipEpoch {
+		t.Fatalf("after AddNode the stream says epochs %v, AddNode %d (before: %d): want one in between, then AddNode's", epochs, added.MembershipEpoch, first.MembershipEpoch)
+	}
+	if len(last.Members) != 2 || !slices.ContainsFunc(last.Members, func(m *consensusv1.MemberView) bool { return m.Id == added.Join.MemberId && m.Learner && m.Name == "" }) {
+		t.Fatalf("after AddNode the stream's members: %v, want learner %x (not started) too", last.Members, added.Join.MemberId)
+	}
+
+	// Outside curia, a removal and an add: no epoch, the members all the
+	// same.
+	if _, err := c.Etcd(n1.ClientURL).MemberRemove(ctx, added.Join.MemberId); err != nil {
+		t.Fatal(err)
+	}
+	epochs, _ = until(func(r *consensusv1.WatchMembershipResponse) bool { return len(r.Members) == 1 })
+	if epochs[len(epochs)-1] != added.MembershipEpoch {
+		t.Fatalf("after a member removed outside curia: epochs %v, want %d", epochs, added.MembershipEpoch)
+	}
+	resp, err := c.Etcd(n1.ClientURL).MemberAddAsLearner(ctx, []string{"https://127.0.0.2:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	finished, err := stream.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if started.MembershipEpoch <= first.MembershipEpoch || finished.MembershipEpoch != added.MembershipEpoch || finished.MembershipEpoch <= started.MembershipEpoch {
-		t.Fatalf("after AddNode the stream says %d then %d, AddNode %d (before: %d)", started.MembershipEpoch, finished.MembershipEpoch, added.MembershipEpoch, first.MembershipEpoch)
+	epochs, last = until(func(r *consensusv1.WatchMembershipResponse) bool { return len(r.Members) == 2 })
+	if epochs[len(epochs)-1] != added.MembershipEpoch || !slices.ContainsFunc(last.Members, func(m *consensusv1.MemberView) bool { return m.Id == resp.Member.ID }) {
+		t.Fatalf("after a member added outside curia: epochs %v, members %v; want epoch %d and member %x", epochs, last.Members, added.MembershipEpoch, resp.Member.ID)
 	}
 }
 

@@ -31,15 +31,16 @@ type replica struct {
 	*proctest.Proc
 }
 
-func startReconciler(t *testing.T, c *cut.Cluster, name string) *replica {
+func startReconciler(t testing.TB, c *cut.Cluster, name string, flags ...string) *replica {
 	t.Helper()
-	r := newReconciler(t, c, name)
+	r := newReconciler(t, c, name, flags...)
 	r.Start()
 	return r
 }
 
-// newReconciler prepares a replica; Start runs it.
-func newReconciler(t *testing.T, c *cut.Cluster, name string) *replica {
+// newReconciler prepares a replica; Start runs it. flags come after the
+// defaults, so they override them.
+func newReconciler(t testing.TB, c *cut.Cluster, name string, flags ...string) *replica {
 	t.Helper()
 	files := c.PKI.Files(t, pki.Principal{Kind: pki.KindReconciler})
 	var curators, consensus []string
@@ -50,7 +51,7 @@ func newReconciler(t *testing.T, c *cut.Cluster, name string) *replica {
 		consensus = append(consensus, v.API)
 	}
 	r := &replica{name: name, addr: proctest.FreeAddr(t), metrics: proctest.FreeAddr(t)}
-	r.Proc = proctest.New(t, name, proctest.Build(t, "curia.dev/services/reconciler/cmd/reconciler", "failpoints"),
+	r.Proc = proctest.New(t, name, proctest.Build(t, "curia.dev/services/reconciler/cmd/reconciler", "failpoints"), append([]string{
 		"--cluster", c.PKI.Cluster, "--name", name,
 		"--ca", files.CA, "--cert", files.Cert, "--key", files.Key,
 		"--listen", r.addr,
@@ -60,16 +61,16 @@ func newReconciler(t *testing.T, c *cut.Cluster, name string) *replica {
 		"--lease-ttl", "3s", "--tick", "500ms",
 		"--stabilization", "1s", "--learner-start-timeout", "30s",
 		"--log-level", "debug",
-	)
+	}, flags...)...)
 	return r
 }
 
-func (r *replica) status(t *testing.T, c *cut.Cluster) (*reconcilerv1.GetStatusResponse, error) {
+func (r *replica) status(t testing.TB, c *cut.Cluster) (*reconcilerv1.GetStatusResponse, error) {
 	return r.statusAs(t, c.PKI.Creds(t, cut.Admin))
 }
 
 // statusAs asks for the replica's status with creds, on a new connection.
-func (r *replica) statusAs(t *testing.T, creds *rpc.Credentials) (*reconcilerv1.GetStatusResponse, error) {
+func (r *replica) statusAs(t testing.TB, creds *rpc.Credentials) (*reconcilerv1.GetStatusResponse, error) {
 	cc, err := rpc.Dial(r.addr, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindReconciler}})
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +151,7 @@ func putRecord(t *testing.T, c *cut.Cluster, n *curatorv1.Node) {
 	}
 }
 
-func node(t *testing.T, c *cut.Cluster, id string) *curatorv1.Node {
+func node(t testing.TB, c *cut.Cluster, id string) *curatorv1.Node {
 	t.Helper()
 	resp, err := c.Etcd(c.Voters[0].ClientURL).Get(context.Background(), keys.Node(id))
 	if err != nil || len(resp.Kvs) != 1 {
@@ -236,6 +237,41 @@ func TestBackgroundSyncEtcd(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestDriftOutsideCuria: a member added outside curia (etcdctl member add)
+// bumps no membership epoch and changes no node, and yet the reconciler
+// removes it at once: consensus's WatchMembership sends etcd's member list
+// when it changes. The replica's tick is an hour, so no backstop pass
+// hides a missing trigger.
+func TestDriftOutsideCuria(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := ctxT(t)
+	r := startReconciler(t, c, "reconciler-0", "--tick", "1h")
+	proctest.Eventually(t, time.Minute, func() error {
+		st, err := r.status(t, c)
+		if err != nil {
+			return err
+		}
+		if st.LastResult != reconcilerv1.PassResult_PASS_RESULT_CONVERGED {
+			return fmt.Errorf("not converged: %s: %s", st.LastResult, st.LastResultDetail)
+		}
+		return nil
+	})
+	begun := time.Now()
+	orphan, err := c.Etcd(c.Voters[0].ClientURL).MemberAddAsLearner(ctx, []string{"https://127.0.0.9:2380"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proctest.Eventually(t, 30*time.Second, func() error {
+		for _, m := range c.Voters[0].Members().Members {
+			if m.Id == orphan.Member.ID {
+				return fmt.Errorf("the orphan learner %x is still a member", m.Id)
+			}
+		}
+		return nil
+	})
+	t.Logf("a learner added outside curia removed %v later", time.Since(begun).Round(time.Millisecond))
 }
 
 func pause(t *testing.T, c *cut.Cluster, r *replica, on bool) {

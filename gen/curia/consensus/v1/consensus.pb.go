@@ -415,7 +415,7 @@ func (*ListMembersRequest) Descriptor() ([]byte, []int) {
 	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{2}
 }
 
-// WatchMembershipRequest asks for epoch changes.
+// WatchMembershipRequest asks for membership changes.
 type WatchMembershipRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -452,13 +452,16 @@ func (*WatchMembershipRequest) Descriptor() ([]byte, []int) {
 	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{3}
 }
 
-// WatchMembershipResponse is the membership epoch at one moment.
+// WatchMembershipResponse is the membership at one moment.
 type WatchMembershipResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The membership epoch.
 	MembershipEpoch int64 `protobuf:"varint,1,opt,name=membership_epoch,json=membershipEpoch,proto3" json:"membership_epoch,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// etcd's members as the answering member applied them, by id: what it
+	// knows without asking anyone (ListMembers has the rest).
+	Members       []*MemberView `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchMembershipResponse) Reset() {
@@ -498,6 +501,77 @@ func (x *WatchMembershipResponse) GetMembershipEpoch() int64 {
 	return 0
 }
 
+func (x *WatchMembershipResponse) GetMembers() []*MemberView {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+// MemberView is an etcd member as one member applied it.
+type MemberView struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// etcd member id.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The member's etcd name, its node id; empty until it started.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Whether the member is a learner.
+	Learner       bool `protobuf:"varint,3,opt,name=learner,proto3" json:"learner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemberView) Reset() {
+	*x = MemberView{}
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberView) ProtoMessage() {}
+
+func (x *MemberView) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberView.ProtoReflect.Descriptor instead.
+func (*MemberView) Descriptor() ([]byte, []int) {
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MemberView) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *MemberView) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MemberView) GetLearner() bool {
+	if x != nil {
+		return x.Learner
+	}
+	return false
+}
+
 // Member is one etcd member.
 type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -523,7 +597,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[5]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -535,7 +609,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[5]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -548,7 +622,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{5}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Member) GetId() uint64 {
@@ -627,7 +701,7 @@ type ListMembersResponse struct {
 
 func (x *ListMembersResponse) Reset() {
 	*x = ListMembersResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[6]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -639,7 +713,7 @@ func (x *ListMembersResponse) String() string {
 func (*ListMembersResponse) ProtoMessage() {}
 
 func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[6]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -652,7 +726,7 @@ func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMembersResponse.ProtoReflect.Descriptor instead.
 func (*ListMembersResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{6}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListMembersResponse) GetMembers() []*Member {
@@ -738,7 +812,7 @@ type PendingChange struct {
 
 func (x *PendingChange) Reset() {
 	*x = PendingChange{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[7]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +824,7 @@ func (x *PendingChange) String() string {
 func (*PendingChange) ProtoMessage() {}
 
 func (x *PendingChange) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[7]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +837,7 @@ func (x *PendingChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingChange.ProtoReflect.Descriptor instead.
 func (*PendingChange) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{7}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PendingChange) GetId() string {
@@ -851,7 +925,7 @@ type AddNodeRequest struct {
 
 func (x *AddNodeRequest) Reset() {
 	*x = AddNodeRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[8]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -863,7 +937,7 @@ func (x *AddNodeRequest) String() string {
 func (*AddNodeRequest) ProtoMessage() {}
 
 func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[8]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -876,7 +950,7 @@ func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeRequest.ProtoReflect.Descriptor instead.
 func (*AddNodeRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{8}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AddNodeRequest) GetNodeId() string {
@@ -916,7 +990,7 @@ type Peer struct {
 
 func (x *Peer) Reset() {
 	*x = Peer{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -928,7 +1002,7 @@ func (x *Peer) String() string {
 func (*Peer) ProtoMessage() {}
 
 func (x *Peer) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[9]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -941,7 +1015,7 @@ func (x *Peer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Peer.ProtoReflect.Descriptor instead.
 func (*Peer) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{9}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Peer) GetName() string {
@@ -987,7 +1061,7 @@ type JoinParameters struct {
 
 func (x *JoinParameters) Reset() {
 	*x = JoinParameters{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1073,7 @@ func (x *JoinParameters) String() string {
 func (*JoinParameters) ProtoMessage() {}
 
 func (x *JoinParameters) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[10]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1086,7 @@ func (x *JoinParameters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinParameters.ProtoReflect.Descriptor instead.
 func (*JoinParameters) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{10}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *JoinParameters) GetCaCertificate() []byte {
@@ -1065,7 +1139,7 @@ type AddNodeResponse struct {
 
 func (x *AddNodeResponse) Reset() {
 	*x = AddNodeResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1151,7 @@ func (x *AddNodeResponse) String() string {
 func (*AddNodeResponse) ProtoMessage() {}
 
 func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[11]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1164,7 @@ func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeResponse.ProtoReflect.Descriptor instead.
 func (*AddNodeResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{11}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AddNodeResponse) GetJoin() *JoinParameters {
@@ -1127,7 +1201,7 @@ type PromoteMemberRequest struct {
 
 func (x *PromoteMemberRequest) Reset() {
 	*x = PromoteMemberRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1213,7 @@ func (x *PromoteMemberRequest) String() string {
 func (*PromoteMemberRequest) ProtoMessage() {}
 
 func (x *PromoteMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[12]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1226,7 @@ func (x *PromoteMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteMemberRequest.ProtoReflect.Descriptor instead.
 func (*PromoteMemberRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{12}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PromoteMemberRequest) GetMemberId() uint64 {
@@ -1182,7 +1256,7 @@ type PromoteMemberResponse struct {
 
 func (x *PromoteMemberResponse) Reset() {
 	*x = PromoteMemberResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1194,7 +1268,7 @@ func (x *PromoteMemberResponse) String() string {
 func (*PromoteMemberResponse) ProtoMessage() {}
 
 func (x *PromoteMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[13]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1207,7 +1281,7 @@ func (x *PromoteMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteMemberResponse.ProtoReflect.Descriptor instead.
 func (*PromoteMemberResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{13}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PromoteMemberResponse) GetAlreadyVoter() bool {
@@ -1252,7 +1326,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1264,7 +1338,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[14]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1277,7 +1351,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{14}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RemoveMemberRequest) GetTarget() isRemoveMemberRequest_Target {
@@ -1361,7 +1435,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1373,7 +1447,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[15]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1386,7 +1460,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{15}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RemoveMemberResponse) GetMemberId() uint64 {
@@ -1433,7 +1507,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +1519,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[16]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +1532,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{16}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StartRequest) GetMode() isStartRequest_Mode {
@@ -1513,7 +1587,7 @@ type Bootstrap struct {
 
 func (x *Bootstrap) Reset() {
 	*x = Bootstrap{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1525,7 +1599,7 @@ func (x *Bootstrap) String() string {
 func (*Bootstrap) ProtoMessage() {}
 
 func (x *Bootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[17]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1538,7 +1612,7 @@ func (x *Bootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bootstrap.ProtoReflect.Descriptor instead.
 func (*Bootstrap) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{17}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{18}
 }
 
 // StartResponse reports the result.
@@ -1554,7 +1628,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +1640,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[18]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +1653,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{18}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StartResponse) GetStatus() *StatusResponse {
@@ -1605,7 +1679,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +1691,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[19]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +1704,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{19}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{20}
 }
 
 // LeaveResponse reports the result.
@@ -1644,7 +1718,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1656,7 +1730,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[20]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1669,7 +1743,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{20}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LeaveResponse) GetAlreadyIdle() bool {
@@ -1693,7 +1767,7 @@ type SetCredentialsRequest struct {
 
 func (x *SetCredentialsRequest) Reset() {
 	*x = SetCredentialsRequest{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +1779,7 @@ func (x *SetCredentialsRequest) String() string {
 func (*SetCredentialsRequest) ProtoMessage() {}
 
 func (x *SetCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[21]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +1792,7 @@ func (x *SetCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*SetCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{21}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetCredentialsRequest) GetCertificate() []byte {
@@ -1746,7 +1820,7 @@ type SetCredentialsResponse struct {
 
 func (x *SetCredentialsResponse) Reset() {
 	*x = SetCredentialsResponse{}
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[22]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1758,7 +1832,7 @@ func (x *SetCredentialsResponse) String() string {
 func (*SetCredentialsResponse) ProtoMessage() {}
 
 func (x *SetCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[22]
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1771,7 +1845,7 @@ func (x *SetCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*SetCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{22}
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetCredentialsResponse) GetStatus() *StatusResponse {
@@ -1811,9 +1885,15 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\vcertificate\x18\x10 \x01(\fR\vcertificate\x12-\n" +
 	"\x12member_certificate\x18\x11 \x01(\fR\x11memberCertificate\"\x14\n" +
 	"\x12ListMembersRequest\"\x18\n" +
-	"\x16WatchMembershipRequest\"D\n" +
+	"\x16WatchMembershipRequest\"~\n" +
 	"\x17WatchMembershipResponse\x12)\n" +
-	"\x10membership_epoch\x18\x01 \x01(\x03R\x0fmembershipEpoch\"\xc0\x01\n" +
+	"\x10membership_epoch\x18\x01 \x01(\x03R\x0fmembershipEpoch\x128\n" +
+	"\amembers\x18\x02 \x03(\v2\x1e.curia.consensus.v1.MemberViewR\amembers\"J\n" +
+	"\n" +
+	"MemberView\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
+	"\alearner\x18\x03 \x01(\bR\alearner\"\xc0\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1b\n" +
@@ -1935,7 +2015,7 @@ func file_curia_consensus_v1_consensus_proto_rawDescGZIP() []byte {
 }
 
 var file_curia_consensus_v1_consensus_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_curia_consensus_v1_consensus_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_curia_consensus_v1_consensus_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_curia_consensus_v1_consensus_proto_goTypes = []any{
 	(LifecycleState)(0),             // 0: curia.consensus.v1.LifecycleState
 	(MembershipOperation)(0),        // 1: curia.consensus.v1.MembershipOperation
@@ -1944,67 +2024,69 @@ var file_curia_consensus_v1_consensus_proto_goTypes = []any{
 	(*ListMembersRequest)(nil),      // 4: curia.consensus.v1.ListMembersRequest
 	(*WatchMembershipRequest)(nil),  // 5: curia.consensus.v1.WatchMembershipRequest
 	(*WatchMembershipResponse)(nil), // 6: curia.consensus.v1.WatchMembershipResponse
-	(*Member)(nil),                  // 7: curia.consensus.v1.Member
-	(*ListMembersResponse)(nil),     // 8: curia.consensus.v1.ListMembersResponse
-	(*PendingChange)(nil),           // 9: curia.consensus.v1.PendingChange
-	(*AddNodeRequest)(nil),          // 10: curia.consensus.v1.AddNodeRequest
-	(*Peer)(nil),                    // 11: curia.consensus.v1.Peer
-	(*JoinParameters)(nil),          // 12: curia.consensus.v1.JoinParameters
-	(*AddNodeResponse)(nil),         // 13: curia.consensus.v1.AddNodeResponse
-	(*PromoteMemberRequest)(nil),    // 14: curia.consensus.v1.PromoteMemberRequest
-	(*PromoteMemberResponse)(nil),   // 15: curia.consensus.v1.PromoteMemberResponse
-	(*RemoveMemberRequest)(nil),     // 16: curia.consensus.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),    // 17: curia.consensus.v1.RemoveMemberResponse
-	(*StartRequest)(nil),            // 18: curia.consensus.v1.StartRequest
-	(*Bootstrap)(nil),               // 19: curia.consensus.v1.Bootstrap
-	(*StartResponse)(nil),           // 20: curia.consensus.v1.StartResponse
-	(*LeaveRequest)(nil),            // 21: curia.consensus.v1.LeaveRequest
-	(*LeaveResponse)(nil),           // 22: curia.consensus.v1.LeaveResponse
-	(*SetCredentialsRequest)(nil),   // 23: curia.consensus.v1.SetCredentialsRequest
-	(*SetCredentialsResponse)(nil),  // 24: curia.consensus.v1.SetCredentialsResponse
-	(*timestamppb.Timestamp)(nil),   // 25: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 26: google.protobuf.Duration
-	(*v1.Fence)(nil),                // 27: curia.fence.v1.Fence
+	(*MemberView)(nil),              // 7: curia.consensus.v1.MemberView
+	(*Member)(nil),                  // 8: curia.consensus.v1.Member
+	(*ListMembersResponse)(nil),     // 9: curia.consensus.v1.ListMembersResponse
+	(*PendingChange)(nil),           // 10: curia.consensus.v1.PendingChange
+	(*AddNodeRequest)(nil),          // 11: curia.consensus.v1.AddNodeRequest
+	(*Peer)(nil),                    // 12: curia.consensus.v1.Peer
+	(*JoinParameters)(nil),          // 13: curia.consensus.v1.JoinParameters
+	(*AddNodeResponse)(nil),         // 14: curia.consensus.v1.AddNodeResponse
+	(*PromoteMemberRequest)(nil),    // 15: curia.consensus.v1.PromoteMemberRequest
+	(*PromoteMemberResponse)(nil),   // 16: curia.consensus.v1.PromoteMemberResponse
+	(*RemoveMemberRequest)(nil),     // 17: curia.consensus.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),    // 18: curia.consensus.v1.RemoveMemberResponse
+	(*StartRequest)(nil),            // 19: curia.consensus.v1.StartRequest
+	(*Bootstrap)(nil),               // 20: curia.consensus.v1.Bootstrap
+	(*StartResponse)(nil),           // 21: curia.consensus.v1.StartResponse
+	(*LeaveRequest)(nil),            // 22: curia.consensus.v1.LeaveRequest
+	(*LeaveResponse)(nil),           // 23: curia.consensus.v1.LeaveResponse
+	(*SetCredentialsRequest)(nil),   // 24: curia.consensus.v1.SetCredentialsRequest
+	(*SetCredentialsResponse)(nil),  // 25: curia.consensus.v1.SetCredentialsResponse
+	(*timestamppb.Timestamp)(nil),   // 26: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 27: google.protobuf.Duration
+	(*v1.Fence)(nil),                // 28: curia.fence.v1.Fence
 }
 var file_curia_consensus_v1_consensus_proto_depIdxs = []int32{
 	0,  // 0: curia.consensus.v1.StatusResponse.state:type_name -> curia.consensus.v1.LifecycleState
-	7,  // 1: curia.consensus.v1.ListMembersResponse.members:type_name -> curia.consensus.v1.Member
-	9,  // 2: curia.consensus.v1.ListMembersResponse.pending:type_name -> curia.consensus.v1.PendingChange
-	1,  // 3: curia.consensus.v1.PendingChange.operation:type_name -> curia.consensus.v1.MembershipOperation
-	25, // 4: curia.consensus.v1.PendingChange.started:type_name -> google.protobuf.Timestamp
-	26, // 5: curia.consensus.v1.PendingChange.deadline:type_name -> google.protobuf.Duration
-	27, // 6: curia.consensus.v1.AddNodeRequest.fence:type_name -> curia.fence.v1.Fence
-	11, // 7: curia.consensus.v1.JoinParameters.voters:type_name -> curia.consensus.v1.Peer
-	12, // 8: curia.consensus.v1.AddNodeResponse.join:type_name -> curia.consensus.v1.JoinParameters
-	27, // 9: curia.consensus.v1.PromoteMemberRequest.fence:type_name -> curia.fence.v1.Fence
-	27, // 10: curia.consensus.v1.RemoveMemberRequest.fence:type_name -> curia.fence.v1.Fence
-	19, // 11: curia.consensus.v1.StartRequest.bootstrap:type_name -> curia.consensus.v1.Bootstrap
-	12, // 12: curia.consensus.v1.StartRequest.join:type_name -> curia.consensus.v1.JoinParameters
-	3,  // 13: curia.consensus.v1.StartResponse.status:type_name -> curia.consensus.v1.StatusResponse
-	3,  // 14: curia.consensus.v1.SetCredentialsResponse.status:type_name -> curia.consensus.v1.StatusResponse
-	2,  // 15: curia.consensus.v1.Consensus.Status:input_type -> curia.consensus.v1.StatusRequest
-	4,  // 16: curia.consensus.v1.Consensus.ListMembers:input_type -> curia.consensus.v1.ListMembersRequest
-	5,  // 17: curia.consensus.v1.Consensus.WatchMembership:input_type -> curia.consensus.v1.WatchMembershipRequest
-	10, // 18: curia.consensus.v1.Consensus.AddNode:input_type -> curia.consensus.v1.AddNodeRequest
-	14, // 19: curia.consensus.v1.Consensus.PromoteMember:input_type -> curia.consensus.v1.PromoteMemberRequest
-	16, // 20: curia.consensus.v1.Consensus.RemoveMember:input_type -> curia.consensus.v1.RemoveMemberRequest
-	18, // 21: curia.consensus.v1.Consensus.Start:input_type -> curia.consensus.v1.StartRequest
-	21, // 22: curia.consensus.v1.Consensus.Leave:input_type -> curia.consensus.v1.LeaveRequest
-	23, // 23: curia.consensus.v1.Consensus.SetCredentials:input_type -> curia.consensus.v1.SetCredentialsRequest
-	3,  // 24: curia.consensus.v1.Consensus.Status:output_type -> curia.consensus.v1.StatusResponse
-	8,  // 25: curia.consensus.v1.Consensus.ListMembers:output_type -> curia.consensus.v1.ListMembersResponse
-	6,  // 26: curia.consensus.v1.Consensus.WatchMembership:output_type -> curia.consensus.v1.WatchMembershipResponse
-	13, // 27: curia.consensus.v1.Consensus.AddNode:output_type -> curia.consensus.v1.AddNodeResponse
-	15, // 28: curia.consensus.v1.Consensus.PromoteMember:output_type -> curia.consensus.v1.PromoteMemberResponse
-	17, // 29: curia.consensus.v1.Consensus.RemoveMember:output_type -> curia.consensus.v1.RemoveMemberResponse
-	20, // 30: curia.consensus.v1.Consensus.Start:output_type -> curia.consensus.v1.StartResponse
-	22, // 31: curia.consensus.v1.Consensus.Leave:output_type -> curia.consensus.v1.LeaveResponse
-	24, // 32: curia.consensus.v1.Consensus.SetCredentials:output_type -> curia.consensus.v1.SetCredentialsResponse
-	24, // [24:33] is the sub-list for method output_type
-	15, // [15:24] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	7,  // 1: curia.consensus.v1.WatchMembershipResponse.members:type_name -> curia.consensus.v1.MemberView
+	8,  // 2: curia.consensus.v1.ListMembersResponse.members:type_name -> curia.consensus.v1.Member
+	10, // 3: curia.consensus.v1.ListMembersResponse.pending:type_name -> curia.consensus.v1.PendingChange
+	1,  // 4: curia.consensus.v1.PendingChange.operation:type_name -> curia.consensus.v1.MembershipOperation
+	26, // 5: curia.consensus.v1.PendingChange.started:type_name -> google.protobuf.Timestamp
+	27, // 6: curia.consensus.v1.PendingChange.deadline:type_name -> google.protobuf.Duration
+	28, // 7: curia.consensus.v1.AddNodeRequest.fence:type_name -> curia.fence.v1.Fence
+	12, // 8: curia.consensus.v1.JoinParameters.voters:type_name -> curia.consensus.v1.Peer
+	13, // 9: curia.consensus.v1.AddNodeResponse.join:type_name -> curia.consensus.v1.JoinParameters
+	28, // 10: curia.consensus.v1.PromoteMemberRequest.fence:type_name -> curia.fence.v1.Fence
+	28, // 11: curia.consensus.v1.RemoveMemberRequest.fence:type_name -> curia.fence.v1.Fence
+	20, // 12: curia.consensus.v1.StartRequest.bootstrap:type_name -> curia.consensus.v1.Bootstrap
+	13, // 13: curia.consensus.v1.StartRequest.join:type_name -> curia.consensus.v1.JoinParameters
+	3,  // 14: curia.consensus.v1.StartResponse.status:type_name -> curia.consensus.v1.StatusResponse
+	3,  // 15: curia.consensus.v1.SetCredentialsResponse.status:type_name -> curia.consensus.v1.StatusResponse
+	2,  // 16: curia.consensus.v1.Consensus.Status:input_type -> curia.consensus.v1.StatusRequest
+	4,  // 17: curia.consensus.v1.Consensus.ListMembers:input_type -> curia.consensus.v1.ListMembersRequest
+	5,  // 18: curia.consensus.v1.Consensus.WatchMembership:input_type -> curia.consensus.v1.WatchMembershipRequest
+	11, // 19: curia.consensus.v1.Consensus.AddNode:input_type -> curia.consensus.v1.AddNodeRequest
+	15, // 20: curia.consensus.v1.Consensus.PromoteMember:input_type -> curia.consensus.v1.PromoteMemberRequest
+	17, // 21: curia.consensus.v1.Consensus.RemoveMember:input_type -> curia.consensus.v1.RemoveMemberRequest
+	19, // 22: curia.consensus.v1.Consensus.Start:input_type -> curia.consensus.v1.StartRequest
+	22, // 23: curia.consensus.v1.Consensus.Leave:input_type -> curia.consensus.v1.LeaveRequest
+	24, // 24: curia.consensus.v1.Consensus.SetCredentials:input_type -> curia.consensus.v1.SetCredentialsRequest
+	3,  // 25: curia.consensus.v1.Consensus.Status:output_type -> curia.consensus.v1.StatusResponse
+	9,  // 26: curia.consensus.v1.Consensus.ListMembers:output_type -> curia.consensus.v1.ListMembersResponse
+	6,  // 27: curia.consensus.v1.Consensus.WatchMembership:output_type -> curia.consensus.v1.WatchMembershipResponse
+	14, // 28: curia.consensus.v1.Consensus.AddNode:output_type -> curia.consensus.v1.AddNodeResponse
+	16, // 29: curia.consensus.v1.Consensus.PromoteMember:output_type -> curia.consensus.v1.PromoteMemberResponse
+	18, // 30: curia.consensus.v1.Consensus.RemoveMember:output_type -> curia.consensus.v1.RemoveMemberResponse
+	21, // 31: curia.consensus.v1.Consensus.Start:output_type -> curia.consensus.v1.StartResponse
+	23, // 32: curia.consensus.v1.Consensus.Leave:output_type -> curia.consensus.v1.LeaveResponse
+	25, // 33: curia.consensus.v1.Consensus.SetCredentials:output_type -> curia.consensus.v1.SetCredentialsResponse
+	25, // [25:34] is the sub-list for method output_type
+	16, // [16:25] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_curia_consensus_v1_consensus_proto_init() }
@@ -2012,11 +2094,11 @@ func file_curia_consensus_v1_consensus_proto_init() {
 	if File_curia_consensus_v1_consensus_proto != nil {
 		return
 	}
-	file_curia_consensus_v1_consensus_proto_msgTypes[14].OneofWrappers = []any{
+	file_curia_consensus_v1_consensus_proto_msgTypes[15].OneofWrappers = []any{
 		(*RemoveMemberRequest_MemberId)(nil),
 		(*RemoveMemberRequest_NodeId)(nil),
 	}
-	file_curia_consensus_v1_consensus_proto_msgTypes[16].OneofWrappers = []any{
+	file_curia_consensus_v1_consensus_proto_msgTypes[17].OneofWrappers = []any{
 		(*StartRequest_Bootstrap)(nil),
 		(*StartRequest_Join)(nil),
 	}
@@ -2026,7 +2108,7 @@ func file_curia_consensus_v1_consensus_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_consensus_v1_consensus_proto_rawDesc), len(file_curia_consensus_v1_consensus_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

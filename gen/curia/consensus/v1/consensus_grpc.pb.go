@@ -56,8 +56,10 @@ type ConsensusClient interface {
 	// membership epoch, the pending change (if any) and the etcd revision of
 	// the snapshot, and says which member answered.
 	ListMembers(ctx context.Context, in *ListMembersRequest, opts ...grpc.CallOption) (*ListMembersResponse, error)
-	// WatchMembership streams the membership epoch: now, then every time a
-	// membership change through curia bumps it (the reconciler plans anew).
+	// WatchMembership streams the membership: now, then every time a change
+	// through curia bumps the epoch, and every time the members this member's
+	// etcd applied change (a change made outside curia, a member that starts):
+	// the reconciler plans anew on each.
 	WatchMembership(ctx context.Context, in *WatchMembershipRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchMembershipResponse], error)
 	// AddNode adds a node as an etcd learner and returns the parameters it needs
 	// to join. Idempotent per node: a node that is already a member (started or
@@ -220,8 +222,10 @@ type ConsensusServer interface {
 	// membership epoch, the pending change (if any) and the etcd revision of
 	// the snapshot, and says which member answered.
 	ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error)
-	// WatchMembership streams the membership epoch: now, then every time a
-	// membership change through curia bumps it (the reconciler plans anew).
+	// WatchMembership streams the membership: now, then every time a change
+	// through curia bumps the epoch, and every time the members this member's
+	// etcd applied change (a change made outside curia, a member that starts):
+	// the reconciler plans anew on each.
 	WatchMembership(*WatchMembershipRequest, grpc.ServerStreamingServer[WatchMembershipResponse]) error
 	// AddNode adds a node as an etcd learner and returns the parameters it needs
 	// to join. Idempotent per node: a node that is already a member (started or

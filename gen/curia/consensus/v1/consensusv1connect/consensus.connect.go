@@ -64,8 +64,10 @@ type ConsensusClient interface {
 	// membership epoch, the pending change (if any) and the etcd revision of
 	// the snapshot, and says which member answered.
 	ListMembers(context.Context, *connect.Request[v1.ListMembersRequest]) (*connect.Response[v1.ListMembersResponse], error)
-	// WatchMembership streams the membership epoch: now, then every time a
-	// membership change through curia bumps it (the reconciler plans anew).
+	// WatchMembership streams the membership: now, then every time a change
+	// through curia bumps the epoch, and every time the members this member's
+	// etcd applied change (a change made outside curia, a member that starts):
+	// the reconciler plans anew on each.
 	WatchMembership(context.Context, *connect.Request[v1.WatchMembershipRequest]) (*connect.ServerStreamForClient[v1.WatchMembershipResponse], error)
 	// AddNode adds a node as an etcd learner and returns the parameters it needs
 	// to join. Idempotent per node: a node that is already a member (started or
@@ -233,8 +235,10 @@ type ConsensusHandler interface {
 	// membership epoch, the pending change (if any) and the etcd revision of
 	// the snapshot, and says which member answered.
 	ListMembers(context.Context, *connect.Request[v1.ListMembersRequest]) (*connect.Response[v1.ListMembersResponse], error)
-	// WatchMembership streams the membership epoch: now, then every time a
-	// membership change through curia bumps it (the reconciler plans anew).
+	// WatchMembership streams the membership: now, then every time a change
+	// through curia bumps the epoch, and every time the members this member's
+	// etcd applied change (a change made outside curia, a member that starts):
+	// the reconciler plans anew on each.
 	WatchMembership(context.Context, *connect.Request[v1.WatchMembershipRequest], *connect.ServerStream[v1.WatchMembershipResponse]) error
 	// AddNode adds a node as an etcd learner and returns the parameters it needs
 	// to join. Idempotent per node: a node that is already a member (started or

@@ -1,0 +1,24 @@
+package main
+
+// knownTargets is the one table of what a benchmark's metric should reach:
+// the benchmark's name as `go test` prints it (without the -GOMAXPROCS
+// suffix), the metric as printed (the unit string of b.ReportMetric, or
+// ns/op), the target in that metric's own unit (ns for ns/op), which way is
+// better, and where the figure comes from. An entry's direction wins over
+// the rules of direction(). `curia-bench report -targets FILE` adds to or
+// replaces entries of this table for one run.
+var knownTargets = []Target{
+	{Benchmark: "BenchmarkRoleUpdates", Metric: "ratio", Value: 0.7, Better: Higher,
+		Source: `issue "Speed and scale": role updates through the curator ≥ 0.7 × raw guarded etcd txns`},
+	{Benchmark: "BenchmarkGetNodes10k", Metric: "ns/op", Value: 50e6, Better: Lower,
+		Source: `issue "Speed and scale": GetNodes streams 10k nodes in ≤ 50 ms`},
+	{Benchmark: "BenchmarkWatchFanout1000", Metric: "ms/delivery-to-all", Value: 10, Better: Lower,
+		Source: `issue "Speed and scale": a change reaches 1000 watchers in ≤ 10 ms p99 (the benchmark reports the mean)`},
+	{Benchmark: "BenchmarkJoinToVoter", Metric: "ns/op", Value: 5e9, Better: Lower,
+		Source: `issue "Speed and scale": a joining node is a voter in ≤ 5 s`},
+	// services/reconciler: BenchmarkDrift, once it exists.
+	{Benchmark: "BenchmarkDrift", Metric: "ms/noticed", Value: 250, Better: Lower,
+		Source: `issue "Speed and scale": drift noticed in ≤ 250 ms`},
+	{Benchmark: "BenchmarkDrift", Metric: "ms/consistent", Value: 500, Better: Lower,
+		Source: `issue "Speed and scale": consistent again ≤ 500 ms after a drift`},
+}
