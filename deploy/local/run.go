@@ -253,13 +253,12 @@ type initState struct {
 
 // localConfig is the cluster configuration of a local cluster (make run,
 // make up): autopilot keeps size voters and replaces one dead for 30 s;
-// learners are promoted after 3 s caught up.
+// learners are promoted after the default stabilization (2 s).
 func localConfig(size int) (*curatorv1.ClusterConfig, []string) {
 	return &curatorv1.ClusterConfig{
 		ControlPlaneSize:  uint32(size), //nolint:gosec // G115: 1..9, checked by curia-local's flags
 		DeadNodeThreshold: durationpb.New(30 * time.Second),
-		Stabilization:     durationpb.New(3 * time.Second),
-	}, []string{"control_plane_size", "dead_node_threshold", "stabilization"}
+	}, []string{"control_plane_size", "dead_node_threshold"}
 }
 
 func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, st *initState) (bool, error) {

@@ -136,7 +136,7 @@ func DecodePendingChange(b []byte) (*consensusv1.PendingChange, error) {
 // DefaultClusterConfig is the cluster configuration of a cluster that never
 // wrote one, and what each field never written reads as: manual membership
 // (control_plane_size 0), dead_node_threshold 5m, min_quorum 1,
-// stabilization 10s, not paused. It is here, with the decoder that fills
+// stabilization 2s, not paused. It is here, with the decoder that fills
 // it in, so that the curator (which serves it) and the reconciler (which
 // acts on it before its first read) share one set of defaults.
 func DefaultClusterConfig() *curatorv1.ClusterConfig {
@@ -144,7 +144,7 @@ func DefaultClusterConfig() *curatorv1.ClusterConfig {
 		ControlPlaneSize:  0,
 		DeadNodeThreshold: durationpb.New(5 * time.Minute),
 		MinQuorum:         1,
-		Stabilization:     durationpb.New(10 * time.Second),
+		Stabilization:     durationpb.New(2 * time.Second),
 	}
 }
 

@@ -241,7 +241,7 @@ func TestClusterConfig(t *testing.T) {
 			first.Reason != `three voters: control_plane_size=3 (was 0), paused=true (was false), pause_reason="upgrade" (was "")` {
 			t.Fatalf("first event: %v", first)
 		}
-		if follower.Actor != "admin/test" || !strings.HasPrefix(follower.Reason, "via follower: stabilization=30s (was 10s)") || follower.RecordedBy != "curator/"+leader.Name {
+		if follower.Actor != "admin/test" || !strings.HasPrefix(follower.Reason, "via follower: stabilization=30s (was 2s)") || follower.RecordedBy != "curator/"+leader.Name {
 			t.Fatalf("event of the update through a follower: %v", follower)
 		}
 	})

@@ -13,6 +13,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/proctest"
 	cut "curia.dev/services/curator/curatortest"
@@ -68,21 +70,80 @@ func BenchmarkDrift(b *testing.B) {
 	b.ReportMetric(perOp(consistent), "ms/consistent")
 }
 
-// untilGone polls etcd's member list every 5 ms until no member has peer
-// URL peer, and returns when it saw that; a benchmark must not wait on
-// Eventually's backoff.
+// BenchmarkLearnerToVoter: a node is given ConsensusMember through the
+// curator (UpdateNodeRoles: a learner, then the role), its agent starts the
+// learner (the benchmark plays the agent), and the reconciler promotes it
+// under the cluster's default stabilization (the replica's own override
+// is off). time/op is from the learner's Start until etcd lists it as a
+// voter. Between rounds the role is taken away and the node's data wiped,
+// outside the timer.
+func BenchmarkLearnerToVoter(b *testing.B) {
+	c := cut.New(b, 1)
+	ctx := context.Background()
+	startReconciler(b, c, "reconciler-0", "--stabilization", "0s")
+	a, n := c.NewConsensusAgent()
+	a.Enrol(ctx)
+	if _, err := a.Curator(c.Running()).UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: cut.VoterStatus(n)}); err != nil {
+		b.Fatal(err)
+	}
+	cli := c.Etcd(c.Voters[0].ClientURL)
+	setRole := func(on bool) {
+		// etcd refuses a change for a few seconds after the last one
+		// (Unavailable), and so does curia while one is in flight
+		// (Aborted).
+		proctest.Eventually(b, time.Minute, func() error {
+			_, err := c.Management().UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: &on, Reason: "benchmark"})
+			return err
+		})
+	}
+	for b.Loop() {
+		b.StopTimer()
+		setRole(true)
+		role := node(b, c, a.ID).GetRoles().GetConsensusMember()
+		// The member certificate comes with the role (the last one was
+		// revoked with it), as the agent installs it.
+		if _, err := n.Self().SetCredentials(ctx, &consensusv1.SetCredentialsRequest{MemberCertificate: role.GetMemberCertificate()}); err != nil {
+			b.Fatal(err)
+		}
+		join := role.GetJoin()
+		b.StartTimer()
+		if _, err := n.Self().Start(ctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: join}}); err != nil {
+			b.Fatal(err)
+		}
+		until(b, cli, func(ms []*etcdserverpb.Member) bool {
+			return slices.ContainsFunc(ms, func(m *etcdserverpb.Member) bool { return m.Name == a.ID && !m.IsLearner })
+		})
+		b.StopTimer()
+		setRole(false)
+		proctest.Eventually(b, time.Minute, func() error {
+			_, err := n.Self().Leave(ctx, &consensusv1.LeaveRequest{})
+			return err
+		})
+		b.StartTimer()
+	}
+}
+
+// untilGone returns when no member has peer URL peer.
 func untilGone(b *testing.B, cli *clientv3.Client, peer string) time.Time {
-	deadline := time.Now().Add(30 * time.Second)
+	return until(b, cli, func(ms []*etcdserverpb.Member) bool {
+		return !slices.ContainsFunc(ms, func(m *etcdserverpb.Member) bool { return slices.Contains(m.PeerURLs, peer) })
+	})
+}
+
+// until polls etcd's member list every 5 ms until done says yes, and
+// returns when it did; a benchmark must not wait on Eventually's backoff.
+func until(b *testing.B, cli *clientv3.Client, done func([]*etcdserverpb.Member) bool) time.Time {
+	deadline := time.Now().Add(time.Minute)
 	for {
 		resp, err := cli.MemberList(context.Background())
 		if err != nil {
 			b.Fatal(err)
 		}
-		if !slices.ContainsFunc(resp.Members, func(m *etcdserverpb.Member) bool { return slices.Contains(m.PeerURLs, peer) }) {
+		if done(resp.Members) {
 			return time.Now()
 		}
 		if time.Now().After(deadline) {
-			b.Fatalf("a member with peer URL %s still listed after 30s", peer)
+			b.Fatalf("etcd's members after a minute: %v", resp.Members)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -47,7 +47,7 @@ type ClusterConfig struct {
 	// non-zero.
 	MinQuorum uint32 `protobuf:"varint,3,opt,name=min_quorum,json=minQuorum,proto3" json:"min_quorum,omitempty"`
 	// How long a learner must stay caught up with the leader before autopilot
-	// promotes it to a voter. Default 10s; 0 (promote as soon as caught up)
+	// promotes it to a voter. Default 2s; 0 (promote as soon as caught up)
 	// to 10m.
 	Stabilization *durationpb.Duration `protobuf:"bytes,4,opt,name=stabilization,proto3" json:"stabilization,omitempty"`
 	// Cluster-wide pause: every reconciler replica observes and plans but does
