@@ -87,6 +87,9 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 		return nil, err
 	}
 	hadCM, wantCM := n.GetRoles().GetConsensusMember() != nil, want.cm
+	if !touchesMembership(n, req, want) {
+		return s.writeRoles(ctx, req, n, hadCM, nil, nil)
+	}
 
 	f, err := s.lead.fence()
 	if err != nil {
@@ -117,7 +120,19 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 	if err != nil {
 		return nil, err
 	}
-	return s.writeRoles(ctx, req, hadCM, join, epoch)
+	return s.writeRoles(ctx, req, nil, hadCM, join, membershipGuard(epoch))
+}
+
+// touchesMembership reports whether req, on node n, concerns etcd
+// membership: it names ConsensusMember (membership is the truth: an
+// explicit value is checked against the member list, even one the node
+// has), or it gives KubernetesController, which requires ConsensusMember
+// and so must not land while a change of it is in flight. Other role
+// changes keep the record's ConsensusMember as it is, and their write is
+// conditional on that record: they need no member list and no guard on
+// membership.
+func touchesMembership(n *curatorv1.Node, req *curatorv1.UpdateNodeRolesRequest, want roleSet) bool {
+	return req.ConsensusMember != nil || (want.kc && n.GetRoles().GetKubernetesController() == nil)
 }
 
 // membershipStepAttempts bounds how often UpdateNodeRoles plans its etcd
@@ -183,26 +198,28 @@ func (s *Service) membershipStep(ctx context.Context, req *curatorv1.UpdateNodeR
 	return join, epoch, nil
 }
 
-// writeRoles writes the roles req asks for, re-reading the node and
-// deciding again from that record on every attempt (a status update may
-// race with us). The write is guarded by the membership epoch the etcd step
-// left, and by no change being pending: if membership moved on meanwhile,
-// the role is not written (Aborted), and the reconciler aligns roles with
-// membership.
-func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRolesRequest, hadCM bool, join *consensusv1.JoinParameters, epoch int64) (*curatorv1.Node, error) {
+// writeRoles writes the roles req asks for, deciding again from the node's
+// record on every attempt (a status update may race with us): first from
+// read, the record the caller just read (nil: read it), then re-read. The
+// write is conditional on that record, and on guard: after an etcd step,
+// the membership epoch it left and no change pending (membershipGuard), so
+// that if membership moved on meanwhile, the role is not written (Aborted)
+// and the reconciler aligns roles with membership; nil for a change that
+// does not touch membership (touchesMembership).
+func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRolesRequest, read *curatorv1.Node, hadCM bool, join *consensusv1.JoinParameters, guard []clientv3.Cmp) (*curatorv1.Node, error) {
 	reason := req.GetReason()
 	if reason == "" {
 		reason = "UpdateNodeRoles"
 	}
-	guard := []clientv3.Cmp{
-		clientv3.Compare(clientv3.ModRevision(keys.MembershipEpoch), "=", epoch),
-		clientv3.Compare(clientv3.CreateRevision(keys.MembershipPending), "=", 0),
-	}
 	for range roleWriteAttempts {
 		failpoint.Hold("before-role-write")
-		n, err := s.getNode(ctx, req.GetNodeId())
-		if err != nil {
-			return nil, err
+		n := read
+		read = nil
+		if n == nil {
+			var err error
+			if n, err = s.getNode(ctx, req.GetNodeId()); err != nil {
+				return nil, err
+			}
 		}
 		// Deleted and enrolled again meanwhile: this call was decided on
 		// the node that is gone.
@@ -216,6 +233,9 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 		want := requestedRoles(n.GetRoles(), req)
 		if err := validRoles(n, want); err != nil {
 			return nil, err
+		}
+		if guard == nil && touchesMembership(n, req, want) {
+			return nil, fmt.Errorf("%w: the roles of node %s changed while this call ran: read the node and decide again", errConflict, n.Id)
 		}
 		roles, err := desiredRoles(n, want, join)
 		if err != nil {
@@ -232,15 +252,19 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 		ev := s.auditEvent(ctx, auditv1.AuditAction_AUDIT_ACTION_ROLES_UPDATE, n.Id, reason)
 		ev.Roles = auditRoles(roles)
 		cmps := append(append([]clientv3.Cmp{unchanged(n)}, guard...), crlCmps...)
-		_, err = s.lead.txn(ctx, cmps, append(crlOps, putNode(n), audit.Put(ev))...)
+		resp, err := s.lead.txn(ctx, cmps, append(crlOps, putNode(n), audit.Put(ev))...)
 		if err == nil {
 			s.log.Info("roles updated", "node", n.Id, "roles", roleNames(roles), "by", caller(ctx).String())
-			return s.getNode(ctx, n.Id)
+			n.Revision = resp.Header.Revision // the record as just written
+			return n, nil
 		}
 		if !errors.Is(err, errConflict) {
 			return nil, err
 		}
-		if moved, err := s.membershipMoved(ctx, epoch); err != nil || moved {
+		if guard == nil {
+			continue
+		}
+		if moved, err := s.membershipMoved(ctx, guard); err != nil || moved {
 			if err == nil {
 				err = fmt.Errorf("%w: etcd membership changed while the roles of node %s were written; the roles were not written (the reconciler aligns them with membership): read the node and retry", errConflict, n.Id)
 			}
@@ -250,19 +274,23 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 	return nil, fmt.Errorf("%w: node %s changed under every one of %d attempts to write its roles; retry", errConflict, req.GetNodeId(), roleWriteAttempts)
 }
 
-// membershipMoved says whether the epoch is no longer epoch, or a change is
+// membershipGuard is the condition of a role write after an etcd step:
+// membership is still at the epoch the step left, and no change is
 // pending.
-func (s *Service) membershipMoved(ctx context.Context, epoch int64) (bool, error) {
-	resp, err := s.etcd.Txn(ctx).Then(
-		clientv3.OpGet(keys.MembershipEpoch, clientv3.WithKeysOnly()),
-		clientv3.OpGet(keys.MembershipPending, clientv3.WithKeysOnly()),
-	).Commit()
+func membershipGuard(epoch int64) []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(keys.MembershipEpoch), "=", epoch),
+		clientv3.Compare(clientv3.CreateRevision(keys.MembershipPending), "=", 0),
+	}
+}
+
+// membershipMoved says whether guard (membershipGuard's) no longer holds.
+func (s *Service) membershipMoved(ctx context.Context, guard []clientv3.Cmp) (bool, error) {
+	resp, err := s.etcd.Txn(ctx).If(guard...).Commit()
 	if err != nil {
 		return false, fmt.Errorf("%w: read the membership epoch: %v", errUnavailable, err)
 	}
-	e := resp.Responses[0].GetResponseRange().GetKvs()
-	pending := resp.Responses[1].GetResponseRange().GetKvs()
-	return len(e) == 0 || e[0].ModRevision != epoch || len(pending) > 0, nil
+	return !resp.Succeeded, nil
 }
 
 // rolesAllowed refuses roles for a node that is not UP.

@@ -6,7 +6,7 @@ import (
 
 // getNodesBatch is how many nodes GetNodes reads, decorates and filters at
 // a time, and so the most one GetNodes message carries.
-const getNodesBatch = 100
+const getNodesBatch = 1000
 
 // GetNodes streams the nodes that match the filter, a batch at a time: each
 // batch gets its health from one read of the heartbeats (decorate) before it

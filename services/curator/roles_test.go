@@ -150,9 +150,11 @@ func TestUpdateNodeRolesFollowsMembership(t *testing.T) {
 
 	t.Run("a membership change in flight refuses with CHANGE_PENDING", func(t *testing.T) {
 		// The removal of a's member is held in consensus between its
-		// pending change record and the etcd call; another role change
-		// meanwhile must be refused with the reason callers retry on,
-		// and the held removal still finishes.
+		// pending change record and the etcd call; another change of
+		// ConsensusMember meanwhile must be refused with the reason
+		// callers retry on, a role that does not touch membership is
+		// written all the same, and the held removal still finishes,
+		// keeping it.
 		if etcdMember(c, a.ID) == 0 {
 			t.Fatal("the node is no etcd member to begin with")
 		}
@@ -170,10 +172,13 @@ func TestUpdateNodeRolesFollowsMembership(t *testing.T) {
 			}
 			return nil
 		})
-		_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesWorker: new(true)})
+		_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(true)})
 		wantKind(t, err, rpcerr.ChangePending, "", "is in flight")
-		if r := storedNode(t, c, a.ID).Roles; r.GetKubernetesWorker() != nil {
-			t.Fatalf("roles written while a membership change was in flight: %v", r)
+		if _, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesWorker: new(true)}); err != nil {
+			t.Fatalf("KubernetesWorker while a membership change is in flight: %v", err)
+		}
+		if r := storedNode(t, c, a.ID).Roles; r.GetKubernetesWorker() == nil || r.GetConsensusMember() == nil {
+			t.Fatalf("roles while the removal is held: %v, want ConsensusMember still and KubernetesWorker", r)
 		}
 		for _, release := range releases {
 			release()
@@ -188,6 +193,9 @@ func TestUpdateNodeRolesFollowsMembership(t *testing.T) {
 		}
 		if id := etcdMember(c, a.ID); id != 0 {
 			t.Fatalf("member %x stays after the held removal finished", id)
+		}
+		if r := storedNode(t, c, a.ID).Roles; r.GetKubernetesWorker() == nil || r.GetConsensusMember() != nil {
+			t.Fatalf("roles after the held removal: %v, want KubernetesWorker alone", r)
 		}
 	})
 

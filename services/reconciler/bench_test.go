@@ -123,6 +123,63 @@ func BenchmarkLearnerToVoter(b *testing.B) {
 	}
 }
 
+// BenchmarkTakeover: two replicas with a 3 s lease; the active one is
+// frozen (SIGSTOP, a stalled VM), and ms/takeover is until the standby
+// reports itself active, ms/over-ttl that less the lease TTL (the lease
+// was last kept alive up to a third of the TTL before the freeze, so a
+// takeover that waits on nothing else comes in under the TTL). The frozen
+// replica is thawed between rounds, outside the timer, and stands by.
+func BenchmarkTakeover(b *testing.B) {
+	const ttl = 3 * time.Second
+	c := cut.New(b, 1)
+	rs := []*replica{
+		startReconciler(b, c, "reconciler-0", "--lease-ttl", ttl.String()),
+		startReconciler(b, c, "reconciler-1", "--lease-ttl", ttl.String()),
+	}
+	// roles polls both replicas every 10 ms until one is active and the
+	// other not, and returns them.
+	roles := func() (active, other *replica) {
+		deadline := time.Now().Add(time.Minute)
+		for time.Now().Before(deadline) {
+			s0, err0 := rs[0].status(b, c)
+			s1, err1 := rs[1].status(b, c)
+			switch {
+			case err0 == nil && s0.Role == reconcilerv1.Role_ROLE_ACTIVE && (err1 != nil || s1.Role != reconcilerv1.Role_ROLE_ACTIVE):
+				return rs[0], rs[1]
+			case err1 == nil && s1.Role == reconcilerv1.Role_ROLE_ACTIVE && (err0 != nil || s0.Role != reconcilerv1.Role_ROLE_ACTIVE):
+				return rs[1], rs[0]
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		b.Fatal("no one replica active within a minute")
+		return nil, nil
+	}
+	var took time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		active, standby := roles()
+		b.StartTimer()
+		begun := time.Now()
+		active.Pause()
+		for {
+			if st, err := standby.status(b, c); err == nil && st.Role == reconcilerv1.Role_ROLE_ACTIVE {
+				break
+			}
+			if time.Since(begun) > time.Minute {
+				b.Fatal("the standby did not take over within a minute")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		took += time.Since(begun)
+		b.StopTimer()
+		active.Resume()
+		b.StartTimer()
+	}
+	ms := float64(took.Microseconds()) / 1000 / float64(b.N)
+	b.ReportMetric(ms, "ms/takeover")
+	b.ReportMetric(ms-float64(ttl.Milliseconds()), "ms/over-ttl")
+}
+
 // untilGone returns when no member has peer URL peer.
 func untilGone(b *testing.B, cli *clientv3.Client, peer string) time.Time {
 	return until(b, cli, func(ms []*etcdserverpb.Member) bool {

@@ -12,6 +12,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	fencev1 "curia.dev/gen/curia/fence/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
+	"curia.dev/platform/rpcerr"
 )
 
 // leaseName is the curator lease the active reconciler holds.
@@ -100,6 +101,7 @@ func (k *leaseKeeper) run(ctx context.Context, ready func()) error {
 				k.set(resp.GetLease(), k.r.holder)
 			} else if ctx.Err() == nil {
 				k.r.setRole(reconcilerv1.Role_ROLE_STANDBY, status.Convert(err).Message(), nil)
+				next = standbyRetry(err, every)
 			}
 			if answered(err) {
 				ready()
@@ -129,6 +131,22 @@ func (k *leaseKeeper) run(ctx context.Context, ready func()) error {
 		case <-time.After(next):
 		}
 	}
+}
+
+// standbyMinRetry is the shortest wait of a standby between two tries for
+// the lease: the curator says how long the lease has left in whole seconds
+// of etcd's, so the last second is polled at this pace.
+const standbyMinRetry = 100 * time.Millisecond
+
+// standbyRetry is how long a standby waits after Acquire failed with err:
+// a held lease says when it expires (LEASE_HELD's RetryInfo), and the
+// standby asks again then, not up to a third of the TTL later; any other
+// failure waits every.
+func standbyRetry(err error, every time.Duration) time.Duration {
+	if d, ok := rpcerr.RetryDelay(err); ok && rpcerr.Is(err, rpcerr.LeaseHeld) {
+		return min(max(d, standbyMinRetry), every)
+	}
+	return every
 }
 
 // answered reports whether a call's error is the curator's answer, not a

@@ -16,6 +16,8 @@ var knownTargets = []Target{
 		Source: `issue "Speed and scale": a change reaches 1000 watchers in ≤ 10 ms p99 (the benchmark reports the mean)`},
 	{Benchmark: "BenchmarkLearnerToVoter", Metric: "ns/op", Value: 5e9, Better: Lower,
 		Source: `issue "Speed and scale": a learner started is a voter in ≤ 5 s, with the default stabilization`},
+	{Benchmark: "BenchmarkTakeover", Metric: "ms/over-ttl", Value: 500, Better: Lower,
+		Source: `issue "Speed and scale": a frozen active reconciler's standby acts ≤ lease TTL + 0.5 s`},
 	{Benchmark: "BenchmarkDrift", Metric: "ms/noticed", Value: 250, Better: Lower,
 		Source: `issue "Speed and scale": drift noticed in ≤ 250 ms`},
 	{Benchmark: "BenchmarkDrift", Metric: "ms/consistent", Value: 500, Better: Lower,
