@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpcerr"
 )
 
 // Followers forward every leader-only call to the leader, unary and
@@ -46,7 +47,10 @@ func (l *leadership) leaderConn(ctx context.Context) (*grpc.ClientConn, error) {
 	}
 	cur, _ := l.leader()
 	if cur.Address == "" || cur.Name == l.self.Name {
-		return nil, errNoLeader
+		// An election takes about a session TTL at most; the callers
+		// (agents enrolling at a cold start above all) ask again soon
+		// rather than on their doubling backoff.
+		return nil, rpcerr.RetryAfter(errNoLeader, shortRetry)
 	}
 	return l.conn(cur.Address)
 }

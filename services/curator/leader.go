@@ -273,6 +273,11 @@ func (l *leadership) closeConns() {
 
 var errNoLeader = rpcerr.NotLeader.Sub("no curator leader is elected yet; retry shortly")
 
+// shortRetry is the RetryInfo of a refusal that ends by itself within a
+// second or so (no leader elected yet, the cluster not bootstrapped yet),
+// so that callers do not back off for many seconds at a cold start.
+const shortRetry = 250 * time.Millisecond
+
 // becameLeader prepares what a leader needs: the register ticket, and no
 // lease of an earlier term.
 func (s *Service) becameLeader(ctx context.Context, term int64) {

@@ -16,6 +16,7 @@ import (
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpcerr"
 )
 
 // curatorServer implements curia.curator.v1.Curator.
@@ -184,7 +185,7 @@ func (s *Service) register(ctx context.Context, req *curatorv1.RegisterNodeReque
 	if any, err := s.etcd.Get(ctx, keys.NodesPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
 		return nil, fmt.Errorf("read nodes: %w", err)
 	} else if any.Count == 0 {
-		return nil, fmt.Errorf("%w: the cluster is not bootstrapped yet; retry shortly", errUnavailable)
+		return nil, rpcerr.RetryAfter(fmt.Errorf("%w: the cluster is not bootstrapped yet; retry shortly", errUnavailable), shortRetry)
 	}
 	if n, err := s.getNode(ctx, id); err == nil {
 		// A node that registers again (a restarted agent) learns its state.

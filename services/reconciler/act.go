@@ -90,7 +90,7 @@ func (r *Reconciler) pass(ctx context.Context) (acted bool, recheck time.Time) {
 // once (the keeper acquires anew); a stale epoch, revision or record means
 // the snapshot is outdated, so the next pass runs now; a retry delay (etcd's
 // reconfiguration window, a learner catching up, a change in flight) is
-// when the next pass runs.
+// when the next pass runs, and no pass runs before it (runPasses).
 func (r *Reconciler) afterFailure(err error) {
 	switch {
 	case rpcerr.Is(err, rpcerr.FenceStale):
@@ -104,6 +104,9 @@ func (r *Reconciler) afterFailure(err error) {
 		r.kick()
 	}
 	if d, ok := rpcerr.RetryDelay(err); ok && d < r.cfg.Tick {
+		r.mu.Lock()
+		r.quietUntil = time.Now().Add(d)
+		r.mu.Unlock()
 		time.AfterFunc(d, r.kick)
 	}
 }

@@ -2,10 +2,13 @@ package reconciler
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"curia.dev/platform/rpcerr"
 )
 
 // TestLoopWakesAtRecheck: after a pass whose plan changes by time alone
@@ -52,6 +55,41 @@ func TestLoopWakesAtRecheck(t *testing.T) {
 			t.Fatal(err)
 		}
 		if want := []time.Duration{0, s(3), s(3), s(10), s(12), s(20), s(20)}; !slices.Equal(passes, want) {
+			t.Fatalf("passes at %v, want %v", passes, want)
+		}
+	})
+}
+
+// TestLoopQuietAfterARetryDelay: an action refused with a retry delay
+// (etcd's reconfiguration window) is tried again when the delay ends, not
+// at each trigger meanwhile: each refused membership call bumps the epoch
+// twice, and the watch of the epoch kicked a pass at once, which failed
+// again (a busy loop of 148 refused calls in 3 s on make run).
+func TestLoopQuietAfterARetryDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newBareReconciler(Config{Tick: 10 * time.Second})
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		start := time.Now()
+		refused := rpcerr.ToStatus(context.Background(), nil, "test", rpcerr.RetryAfter(fmt.Errorf("%w: etcd's window", rpcerr.ChangePending), 2*time.Second))
+		var passes []time.Duration
+		pass := func(context.Context) (bool, time.Time) {
+			passes = append(passes, time.Since(start))
+			switch len(passes) {
+			case 1:
+				r.afterFailure(refused)
+				r.kick() // the epoch's echoes: now, and a second later
+				time.AfterFunc(time.Second, r.kick)
+			case 2:
+				cancel()
+			}
+			return false, time.Time{}
+		}
+		r.kick()
+		if err := r.runPasses(ctx, pass); err != nil {
+			t.Fatal(err)
+		}
+		if want := []time.Duration{0, 2 * time.Second}; !slices.Equal(passes, want) {
 			t.Fatalf("passes at %v, want %v", passes, want)
 		}
 	})

@@ -188,6 +188,9 @@ type Reconciler struct {
 	driftSince time.Time
 	// consensusNext picks the consensus service to ask.
 	consensusNext int
+	// quietUntil is when the last failed action said to retry
+	// (afterFailure): no pass runs before.
+	quietUntil time.Time
 }
 
 // New prepares a replica.
@@ -320,7 +323,8 @@ func (r *Reconciler) kick() {
 // node has been silent for the dead node threshold; plan.Recheck) has no
 // event to trigger its pass, so the loop also wakes at that instant when it
 // comes before the next tick: the change happens then, not up to a tick
-// later. Each pass sets the wake-up anew from what it observed.
+// later. Each pass sets the wake-up anew from what it observed. After an
+// action refused with a retry delay, no pass runs until it has passed.
 func (r *Reconciler) loop(ctx context.Context) error { return r.runPasses(ctx, r.pass) }
 
 // runPasses is loop with its pass given: tests give one that reports what
@@ -338,6 +342,16 @@ func (r *Reconciler) runPasses(ctx context.Context, pass func(context.Context) (
 		case <-tick.C:
 		case <-r.trigger:
 		case <-recheck.C:
+		}
+		// An action failed with a retry delay (etcd's reconfiguration
+		// window): the triggers until then are mostly its own echoes
+		// (each refused membership call bumps the epoch twice), and a
+		// pass would only fail again. Its own kick comes when it ends.
+		r.mu.Lock()
+		quiet := time.Now().Before(r.quietUntil)
+		r.mu.Unlock()
+		if quiet {
+			continue
 		}
 		acted, at := pass(ctx)
 		if acted {

@@ -18,6 +18,7 @@ import (
 	"curia.dev/platform/backoff"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/run"
 )
 
@@ -29,6 +30,8 @@ const (
 	startTimeout = 2 * time.Minute
 	// retryMin is the first wait before an attempt is repeated.
 	retryMin = 200 * time.Millisecond
+	// ticketPoll is how often an agent looks for its register ticket file.
+	ticketPoll = 250 * time.Millisecond
 )
 
 // enrolSteps is the work of each state of the machine; enroller does it
@@ -413,12 +416,14 @@ func (e *enroller) ticket() ([]byte, error) {
 	if cfg.RegisterTicketFile == "" {
 		return nil, errors.New("no register ticket: restart with --register-ticket or --register-ticket-file")
 	}
+	// Whoever writes the file (curia-local, a deployment's job) does so
+	// once the cluster is up: look again soon, not on a doubling backoff.
 	b, err := os.ReadFile(cfg.RegisterTicketFile)
 	if err != nil {
-		return nil, fmt.Errorf("waiting for the register ticket: %w", err)
+		return nil, rpcerr.RetryAfter(fmt.Errorf("waiting for the register ticket: %w", err), ticketPoll)
 	}
 	if len(b) == 0 {
-		return nil, fmt.Errorf("waiting for the register ticket: %s is empty", cfg.RegisterTicketFile)
+		return nil, rpcerr.RetryAfter(fmt.Errorf("waiting for the register ticket: %s is empty", cfg.RegisterTicketFile), ticketPoll)
 	}
 	return b, nil
 }
