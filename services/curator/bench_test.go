@@ -64,7 +64,7 @@ func BenchmarkGetNodes10k(b *testing.B) {
 	c := cut.New(b, 1)
 	seedNodes(b, c.Etcd(c.Voters[0].ClientURL), 10_000)
 	m := c.Management()
-	for b.Loop() {
+	getAll := func() {
 		stream, err := m.GetNodes(context.Background(), &curatorv1.GetNodesRequest{})
 		if err != nil {
 			b.Fatal(err)
@@ -83,6 +83,10 @@ func BenchmarkGetNodes10k(b *testing.B) {
 		if got != 10_001 {
 			b.Fatalf("streamed %d nodes, want 10001", got)
 		}
+	}
+	getAll() // warm: connections, etcd's and the processes' caches
+	for b.Loop() {
+		getAll()
 	}
 	b.ReportMetric(float64(10_001*b.N)/b.Elapsed().Seconds(), "nodes/s")
 }

@@ -31,17 +31,7 @@ import (
 func BenchmarkDrift(b *testing.B) {
 	c := cut.New(b, 1)
 	ctx := context.Background()
-	r := startReconciler(b, c, "reconciler-0", "--tick", "1h")
-	proctest.Eventually(b, time.Minute, func() error {
-		st, err := r.status(b, c)
-		if err != nil {
-			return err
-		}
-		if st.LastResult != reconcilerv1.PassResult_PASS_RESULT_CONVERGED {
-			return fmt.Errorf("not converged: %s: %s", st.LastResult, st.LastResultDetail)
-		}
-		return nil
-	})
+	startReconciler(b, c, "reconciler-0", "--tick", "1h").untilConverged(b, c)
 	cli := c.Etcd(c.Voters[0].ClientURL)
 	var noticed, consistent time.Duration
 	i := 0

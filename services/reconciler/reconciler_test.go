@@ -69,6 +69,22 @@ func (r *replica) status(t testing.TB, c *cut.Cluster) (*reconcilerv1.GetStatusR
 	return r.statusAs(t, c.PKI.Creds(t, cut.Admin))
 }
 
+// untilConverged waits for a pass of r that found roles and membership in
+// agreement.
+func (r *replica) untilConverged(t testing.TB, c *cut.Cluster) {
+	t.Helper()
+	proctest.Eventually(t, time.Minute, func() error {
+		st, err := r.status(t, c)
+		if err != nil {
+			return err
+		}
+		if st.LastResult != reconcilerv1.PassResult_PASS_RESULT_CONVERGED {
+			return fmt.Errorf("not converged: %s: %s", st.LastResult, st.LastResultDetail)
+		}
+		return nil
+	})
+}
+
 // statusAs asks for the replica's status with creds, on a new connection.
 func (r *replica) statusAs(t testing.TB, creds *rpc.Credentials) (*reconcilerv1.GetStatusResponse, error) {
 	cc, err := rpc.Dial(r.addr, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindReconciler}})
@@ -248,16 +264,7 @@ func TestDriftOutsideCuria(t *testing.T) {
 	c := cut.New(t, 1)
 	ctx := ctxT(t)
 	r := startReconciler(t, c, "reconciler-0", "--tick", "1h")
-	proctest.Eventually(t, time.Minute, func() error {
-		st, err := r.status(t, c)
-		if err != nil {
-			return err
-		}
-		if st.LastResult != reconcilerv1.PassResult_PASS_RESULT_CONVERGED {
-			return fmt.Errorf("not converged: %s: %s", st.LastResult, st.LastResultDetail)
-		}
-		return nil
-	})
+	r.untilConverged(t, c)
 	begun := time.Now()
 	orphan, err := c.Etcd(c.Voters[0].ClientURL).MemberAddAsLearner(ctx, []string{"https://127.0.0.9:2380"})
 	if err != nil {
