@@ -34,6 +34,15 @@ import (
 // goes below the floor (Config.VoterFloor, the cluster's min_quorum), and
 // a healthy voter is never removed while a dead one is left.
 //
+// The replacement need not wait for the death: a voter unhealthy for
+// less than DeadAfter is suspect, and a learner joins for it at once, a
+// standby (seats.wantLearner counts suspects as gone). Rule 4 holds the
+// standby as a learner while its voter is only suspect (seats.wantVoter
+// counts them as alive), promotes it the moment the voter is dead, and
+// removes it once caught up if the voter recovered. A learner changes no
+// quorum, so t is as above at every step; what the standby saves is
+// etcd's join, which it does while the threshold runs.
+//
 // Choices are deterministic: a new voter from the zone (node label "zone")
 // with the fewest voters, then the lowest node id; a voter to remove the
 // dead one silent longest, then an unhealthy one, then one from the zone

@@ -29,8 +29,8 @@ const maxSteps = 32
 // refuses, which is the last step. A wait for a learner is a step too,
 // after which the learner is caught up; a standby learner's wait for its
 // unhealthy voter ends at the voter's dead node threshold, as if the voter
-// stays silent. Members the sequence adds have
-// placeholder ids (above every real one). The real passes plan anew from
+// stays silent. Members the sequence adds have placeholder ids (above
+// every real one). The real passes plan anew from
 // what they observe, so a step that goes otherwise changes the rest: the
 // sequence says what the reconciler intends now, and why.
 func Sequence(o Observed, c Config) []Step {
