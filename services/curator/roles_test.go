@@ -151,10 +151,10 @@ func TestUpdateNodeRolesFollowsMembership(t *testing.T) {
 	t.Run("a membership change in flight refuses with CHANGE_PENDING", func(t *testing.T) {
 		// The removal of a's member is held in consensus between its
 		// pending change record and the etcd call; another change of
-		// ConsensusMember meanwhile must be refused with the reason
-		// callers retry on, a role that does not touch membership is
-		// written all the same, and the held removal still finishes,
-		// keeping it.
+		// ConsensusMember, or KubernetesController (which requires it),
+		// meanwhile must be refused with the reason callers retry on, a
+		// role that does not touch membership is written all the same,
+		// and the held removal still finishes, keeping it.
 		if etcdMember(c, a.ID) == 0 {
 			t.Fatal("the node is no etcd member to begin with")
 		}
@@ -173,6 +173,10 @@ func TestUpdateNodeRolesFollowsMembership(t *testing.T) {
 			return nil
 		})
 		_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, ConsensusMember: new(true)})
+		wantKind(t, err, rpcerr.ChangePending, "", "is in flight")
+		// KubernetesController requires ConsensusMember, which is being
+		// taken: it waits for the change too.
+		_, err = m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesController: new(true)})
 		wantKind(t, err, rpcerr.ChangePending, "", "is in flight")
 		if _, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesWorker: new(true)}); err != nil {
 			t.Fatalf("KubernetesWorker while a membership change is in flight: %v", err)
