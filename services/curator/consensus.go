@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 )
@@ -40,7 +41,7 @@ func (p *consensusPool) addresses(ctx context.Context) []string {
 	addrs := slices.Clone(p.configured)
 	// Best effort: the configured addresses when etcd does not answer; an
 	// unreadable record is skipped.
-	_, _ = scanNodes(ctx, p.etcd, func(kv *mvccpb.KeyValue) error {
+	_, _ = scanRange(ctx, p.etcd, keys.NodesPrefix, 0, func(kv *mvccpb.KeyValue) error {
 		n, err := decodeNode(kv.Value, kv.ModRevision)
 		if err != nil || n.GetRoles().GetConsensusMember() == nil {
 			return nil

@@ -266,50 +266,57 @@ func nodeExists(id string) clientv3.Cmp {
 	return clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), ">", 0)
 }
 
-// decorate fills in the computed fields Health and LastHeartbeat of nodes,
-// with one read of both heartbeat ranges that span the batch.
-func (s *Service) decorate(ctx context.Context, nodes []*curatorv1.Node) error {
-	if len(nodes) == 0 {
-		return nil
+// heartbeatRecord is what etcd holds about one node's heartbeats: its
+// heartbeats/<id> key (alive) and its heartbeats-seen/<id> key (seen), each
+// with the time it holds. A time that does not parse is zero: the key is
+// there, the time unknown.
+type heartbeatRecord struct {
+	alive, seen     bool
+	aliveAt, seenAt time.Time
+}
+
+// with is r after a change of key (one of the node's two heartbeat keys) to
+// value, or its deletion.
+func (r heartbeatRecord) with(key string, value []byte, deleted bool) heartbeatRecord {
+	t, _ := time.Parse(time.RFC3339Nano, string(value))
+	if strings.HasPrefix(key, keys.HeartbeatsSeenPrefix) {
+		r.seen, r.seenAt = !deleted, t
+	} else {
+		r.alive, r.aliveAt = !deleted, t
 	}
-	lo, hi := nodes[0].GetId(), nodes[0].GetId()
-	for _, n := range nodes[1:] {
-		lo, hi = min(lo, n.GetId()), max(hi, n.GetId())
+	return r
+}
+
+// decorate fills in the fields of n computed from its heartbeats: health
+// and last heartbeat.
+func (r heartbeatRecord) decorate(n *curatorv1.Node) {
+	last := r.seenAt
+	switch {
+	case r.alive:
+		n.Health = curatorv1.NodeHealth_NODE_HEALTH_HEALTHY
+		last = maxTime(r.aliveAt, r.seenAt)
+	case r.seen:
+		n.Health = curatorv1.NodeHealth_NODE_HEALTH_HEARTBEAT_TIMEOUT
+	default:
+		n.Health = curatorv1.NodeHealth_NODE_HEALTH_UNKNOWN
+		last = time.Time{}
 	}
-	resp, err := s.etcd.Txn(ctx).Then(
-		clientv3.OpGet(keys.Heartbeat(lo), clientv3.WithRange(keys.Heartbeat(hi)+"\x00")),
-		clientv3.OpGet(keys.HeartbeatSeen(lo), clientv3.WithRange(keys.HeartbeatSeen(hi)+"\x00")),
-	).Commit()
-	if err != nil {
-		return fmt.Errorf("read heartbeats: %w", err)
+	n.LastHeartbeat = nil
+	if !last.IsZero() {
+		n.LastHeartbeat = timestamppb.New(last)
 	}
-	times := func(i int, prefix string) map[string]time.Time {
-		out := map[string]time.Time{}
-		for _, kv := range resp.Responses[i].GetResponseRange().GetKvs() {
-			t, _ := time.Parse(time.RFC3339Nano, string(kv.Value)) // unreadable: present, time unknown
-			out[strings.TrimPrefix(string(kv.Key), prefix)] = t
-		}
-		return out
+}
+
+// heartbeatNode is the node whose heartbeat key is key ("" for a key of
+// neither heartbeat prefix).
+func heartbeatNode(key string) string {
+	if id, ok := strings.CutPrefix(key, keys.HeartbeatsSeenPrefix); ok {
+		return id
 	}
-	alive, seen := times(0, keys.HeartbeatsPrefix), times(1, keys.HeartbeatsSeenPrefix)
-	for _, n := range nodes {
-		a, isAlive := alive[n.GetId()]
-		last, wasSeen := seen[n.GetId()]
-		switch {
-		case isAlive:
-			n.Health = curatorv1.NodeHealth_NODE_HEALTH_HEALTHY
-			last = maxTime(a, last)
-		case wasSeen:
-			n.Health = curatorv1.NodeHealth_NODE_HEALTH_HEARTBEAT_TIMEOUT
-		default:
-			n.Health = curatorv1.NodeHealth_NODE_HEALTH_UNKNOWN
-		}
-		n.LastHeartbeat = nil
-		if !last.IsZero() {
-			n.LastHeartbeat = timestamppb.New(last)
-		}
+	if id, ok := strings.CutPrefix(key, keys.HeartbeatsPrefix); ok {
+		return id
 	}
-	return nil
+	return ""
 }
 
 func maxTime(a, b time.Time) time.Time {

@@ -3,7 +3,6 @@ package curator
 import (
 	"context"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -31,21 +30,13 @@ func (s *Service) consensusStatus(ctx context.Context) (*curatorv1.GetConsensusS
 	if err != nil {
 		return nil, err
 	}
-	nodes := map[string]*curatorv1.Node{}
-	if err := s.eachNode(ctx, func(n *curatorv1.Node) error {
+	list, _, err := s.watch.nodesAt(ctx, members.GetRevision())
+	if err != nil {
+		return nil, err
+	}
+	nodes := make(map[string]*curatorv1.Node, len(list))
+	for _, n := range list {
 		nodes[n.Id] = n
-		return nil
-	}); err != nil {
-		return nil, err
-	}
-
-	list := make([]*curatorv1.Node, 0, len(nodes))
-	for _, n := range nodes {
-		list = append(list, n)
-	}
-	slices.SortFunc(list, func(a, b *curatorv1.Node) int { return strings.Compare(a.GetId(), b.GetId()) })
-	if err := s.decorate(ctx, list); err != nil {
-		return nil, err
 	}
 	statuses := s.memberStatuses(ctx, members.GetMembers(), nodes)
 	// The etcd leader: the member that says it leads, else the leader the

@@ -4,53 +4,40 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 )
 
-// getNodesBatch is how many nodes GetNodes reads, decorates and filters at
-// a time, and so the most one GetNodes message carries.
+// getNodesBatch is the most nodes one GetNodes message carries.
 const getNodesBatch = 1000
 
-// GetNodes streams the nodes that match the filter, a batch at a time: each
-// batch gets its health from one read of the heartbeats (decorate) before it
-// is filtered, so that filters can use node.health.
+// GetNodes streams the nodes that match the filter, a batch at a time, from
+// the watch hub's view at etcd's current revision or later (a linearizable
+// read that reads no node from etcd): the nodes carry their health, so
+// filters can use node.health.
 func (x *managementServer) GetNodes(req *curatorv1.GetNodesRequest, stream curatorv1.Management_GetNodesServer) error {
-	s := x.s
 	match, err := compileFilter(req.GetFilter())
 	if err != nil {
 		return err
 	}
-	ctx := stream.Context()
-	batch := make([]*curatorv1.Node, 0, getNodesBatch)
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		if err := s.decorate(ctx, batch); err != nil {
-			return err
-		}
-		var out []*curatorv1.Node
-		for _, n := range batch {
-			ok, err := match(n)
-			if err != nil {
-				return err
-			}
-			if ok {
-				out = append(out, n)
-			}
-		}
-		batch = batch[:0]
-		if len(out) == 0 {
-			return nil
-		}
-		return stream.Send(&curatorv1.GetNodesResponse{Nodes: out})
-	}
-	err = s.eachNode(ctx, func(n *curatorv1.Node) error {
-		batch = append(batch, n)
-		if len(batch) == getNodesBatch {
-			return flush()
-		}
-		return nil
-	})
+	nodes, err := x.s.watch.currentNodes(stream.Context())
 	if err != nil {
 		return err
 	}
-	return flush()
+	out := make([]*curatorv1.Node, 0, min(len(nodes), getNodesBatch))
+	for _, n := range nodes {
+		ok, err := match(n)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		if out = append(out, n); len(out) == getNodesBatch {
+			if err := stream.Send(&curatorv1.GetNodesResponse{Nodes: out}); err != nil {
+				return err
+			}
+			out = out[:0]
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return stream.Send(&curatorv1.GetNodesResponse{Nodes: out})
 }

@@ -23,13 +23,13 @@ import (
 // nodePage is how many node records one read of a scan takes.
 const nodePage = 1000
 
-// scanNodes reads every node record at one revision, nodePage at a time,
-// and calls f with each; it returns the revision read. The one way the
-// curator reads the whole registry (GetNodes, the watch hub's snapshot, the
-// consensus addresses).
-func scanNodes(ctx context.Context, kv clientv3.KV, f func(*mvccpb.KeyValue) error) (int64, error) {
-	key, end := keys.NodesPrefix, clientv3.GetPrefixRangeEnd(keys.NodesPrefix)
-	var rev int64
+// scanRange reads every key under prefix at revision rev (0: the current
+// one), nodePage at a time, and calls f with each; it returns the revision
+// read. The one way the curator reads a whole range: the registry
+// (GetNodes, the watch hub's snapshot, the consensus addresses), the
+// heartbeats.
+func scanRange(ctx context.Context, kv clientv3.KV, prefix string, rev int64, f func(*mvccpb.KeyValue) error) (int64, error) {
+	key, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
 	for {
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(nodePage)}
 		if rev != 0 {
@@ -37,7 +37,7 @@ func scanNodes(ctx context.Context, kv clientv3.KV, f func(*mvccpb.KeyValue) err
 		}
 		resp, err := kv.Get(ctx, key, opts...)
 		if err != nil {
-			return 0, fmt.Errorf("read nodes: %w", err)
+			return 0, fmt.Errorf("read %s: %w", prefix, err)
 		}
 		if rev == 0 {
 			// Later pages read at the first page's revision; a header
@@ -58,7 +58,7 @@ func scanNodes(ctx context.Context, kv clientv3.KV, f func(*mvccpb.KeyValue) err
 
 // eachNode calls f for every node, decoded, from one scan.
 func (s *Service) eachNode(ctx context.Context, f func(*curatorv1.Node) error) error {
-	_, err := scanNodes(ctx, s.etcd, func(kv *mvccpb.KeyValue) error {
+	_, err := scanRange(ctx, s.etcd, keys.NodesPrefix, 0, func(kv *mvccpb.KeyValue) error {
 		n, err := decodeNode(kv.Value, kv.ModRevision)
 		if err != nil {
 			return fmt.Errorf("node %s: %w", kv.Key, err)

@@ -1,12 +1,13 @@
 package curator
 
 // The watch hub: one etcd watch per replica, fanned out to every Watch
-// stream the replica serves.
+// stream the replica serves, and the view GetNodes answers from.
 //
-//	etcd ── one Watch(nodes/, from rev+1, require leader) ──▶ watchHub.run
+//	etcd ── one Watch(/curia/, from rev+1, require leader) ──▶ watchHub.run
 //	                                                             │ apply, under mu
 //	                                  ┌──────────────────────────▼───────────────────────┐
-//	                                  │ nodes  every node at rev (the current view)      │
+//	                                  │ nodes  every node at rev, its health filled in   │
+//	                                  │        from the heartbeat keys at rev            │
 //	                                  │ ring   one batch per node-changing revision,     │
 //	                                  │        every change in (oldest, rev]             │
 //	                                  │ changed  closed and replaced on every advance    │
@@ -52,6 +53,9 @@ package curator
 //     {id: <id>, revision, unreadable: why} — it exists, and must never look
 //     deleted (the reconciler removes the etcd member of a node that does
 //     not exist). Only a delete of the key is a deletion.
+//   - every node carries its health and last heartbeat as of the
+//     response's revision. A heartbeat changes no node record: alone it
+//     sends nothing; the node's next change, or a snapshot, shows it.
 
 import (
 	"cmp"
@@ -137,47 +141,9 @@ func (p *positiveInt) Set(s string) error {
 // watchBatch is what one etcd revision changed among the nodes.
 type watchBatch struct {
 	rev int64
-	// all is the batch as an all_nodes watcher gets it, as stored. It is
-	// shared by every stream and never changed.
+	// all is the batch as an all_nodes watcher gets it. It is shared by
+	// every stream and never changed.
 	all *curatorv1.WatchResponse
-
-	// decorated is all with the computed fields, made by the first stream
-	// that sends the batch and shared by the others: one heartbeat read
-	// per batch, not one per stream.
-	decoMu    sync.Mutex
-	decorated *curatorv1.WatchResponse
-}
-
-// decoratedAll returns the batch with computed fields for all_nodes
-// watchers.
-func (b *watchBatch) decoratedAll(ctx context.Context, decorate func(context.Context, []*curatorv1.Node) error) (*curatorv1.WatchResponse, error) {
-	b.decoMu.Lock()
-	defer b.decoMu.Unlock()
-	if b.decorated == nil {
-		r, err := decorateCopy(ctx, b.all, decorate)
-		if err != nil {
-			return nil, err // not kept: the next stream tries again
-		}
-		b.decorated = r
-	}
-	return b.decorated, nil
-}
-
-// decorateCopy returns r with copies of its nodes that carry the computed
-// fields (health, last heartbeat); r and its nodes are shared and stay as
-// they are.
-func decorateCopy(ctx context.Context, r *curatorv1.WatchResponse, decorate func(context.Context, []*curatorv1.Node) error) (*curatorv1.WatchResponse, error) {
-	if len(r.Nodes) == 0 {
-		return r, nil
-	}
-	out := &curatorv1.WatchResponse{Deleted: r.Deleted, Revision: r.Revision, Snapshot: r.Snapshot, Nodes: make([]*curatorv1.Node, len(r.Nodes))}
-	for i, n := range r.Nodes {
-		out.Nodes[i] = proto.Clone(n).(*curatorv1.Node)
-	}
-	if err := decorate(ctx, out.Nodes); err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 // forNode is the batch as a watcher of node id gets it; nil if the
@@ -256,7 +222,13 @@ type watchHub struct {
 	// oldest is the revision from which ring holds every change: all
 	// changes in (oldest, rev] are in the ring.
 	oldest int64
-	nodes  map[string]*curatorv1.Node
+	// nodes is every node at rev, with its health and last heartbeat
+	// (from health) filled in. A node in it is never changed: a change
+	// of its heartbeats replaces it with a copy, so that streams may send
+	// it outside the lock.
+	nodes map[string]*curatorv1.Node
+	// health is every node's heartbeat keys at rev.
+	health map[string]heartbeatRecord
 	ring   batchRing
 	// changed is closed and replaced whenever rev or ready changes.
 	changed chan struct{}
@@ -275,8 +247,6 @@ type watchHub struct {
 
 	// etcdRevision reads etcd's current revision (a linearizable read).
 	etcdRevision func(context.Context) (int64, error)
-	// decorateNodes fills in the computed fields of nodes (Service.decorate).
-	decorateNodes func(context.Context, []*curatorv1.Node) error
 	// minRevisionWait is watchMinRevisionWait (tests shorten it).
 	minRevisionWait time.Duration
 	// onLoad, if set, is called after every snapshot load (the service's
@@ -293,6 +263,7 @@ func newWatchHub(s *Service) *watchHub {
 		s:       s,
 		log:     s.log.With("part", "watch"),
 		nodes:   map[string]*curatorv1.Node{},
+		health:  map[string]heartbeatRecord{},
 		ring:    newBatchRing(history),
 		changed: make(chan struct{}),
 		nudge:   make(chan struct{}, 1),
@@ -302,13 +273,13 @@ func newWatchHub(s *Service) *watchHub {
 		minRevisionWait: watchMinRevisionWait,
 	}
 	h.etcdRevision = func(ctx context.Context) (int64, error) {
-		resp, err := s.etcd.Get(ctx, keys.NodesPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		// Any key's read says; this one never exists, so it reads nothing.
+		resp, err := s.etcd.Get(ctx, keys.Prefix)
 		if err != nil {
 			return 0, fmt.Errorf("read etcd's revision: %w", err)
 		}
 		return resp.Header.Revision, nil
 	}
-	h.decorateNodes = s.decorate
 	return h
 }
 
@@ -360,11 +331,12 @@ func (e *watchCompacted) Error() string {
 	return fmt.Sprintf("etcd compacted revisions up to %d", e.rev)
 }
 
-// load reads every node at one revision and makes it the hub's view. The
-// ring restarts there: streams behind it get a snapshot.
+// load reads every node and its heartbeats at one revision and makes them
+// the hub's view. The ring restarts there: streams behind it get a
+// snapshot.
 func (h *watchHub) load(ctx context.Context) error {
 	nodes := map[string]*curatorv1.Node{}
-	rev, err := scanNodes(ctx, h.s.etcd, func(kv *mvccpb.KeyValue) error {
+	rev, err := scanRange(ctx, h.s.etcd, keys.NodesPrefix, 0, func(kv *mvccpb.KeyValue) error {
 		n := h.decode(string(kv.Key), kv.Value, kv.ModRevision)
 		nodes[n.Id] = n
 		return nil
@@ -372,18 +344,32 @@ func (h *watchHub) load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	health := map[string]heartbeatRecord{}
+	for _, prefix := range []string{keys.HeartbeatsPrefix, keys.HeartbeatsSeenPrefix} {
+		_, err := scanRange(ctx, h.s.etcd, prefix, rev, func(kv *mvccpb.KeyValue) error {
+			id := strings.TrimPrefix(string(kv.Key), prefix)
+			health[id] = health[id].with(string(kv.Key), kv.Value, false)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for id, n := range nodes {
+		health[id].decorate(n)
+	}
 	// Forget the unreadable records deleted while the hub was away.
 	for key := range h.unreadable {
 		if _, ok := nodes[strings.TrimPrefix(key, keys.NodesPrefix)]; !ok {
 			delete(h.unreadable, key)
 		}
 	}
-	return h.install(nodes, rev)
+	return h.install(nodes, health, rev)
 }
 
-// install makes nodes at rev the hub's view. The ring restarts there:
-// streams behind rev get a snapshot.
-func (h *watchHub) install(nodes map[string]*curatorv1.Node, rev int64) error {
+// install makes nodes (decorated) and health at rev the hub's view. The
+// ring restarts there: streams behind rev get a snapshot.
+func (h *watchHub) install(nodes map[string]*curatorv1.Node, health map[string]heartbeatRecord, rev int64) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if rev < h.rev {
@@ -392,7 +378,7 @@ func (h *watchHub) install(nodes map[string]*curatorv1.Node, rev int64) error {
 		// pass the revision already served.
 		return fmt.Errorf("etcd is at revision %d, below the %d this replica served already; waiting for etcd to pass it", rev, h.rev)
 	}
-	h.nodes, h.rev, h.oldest, h.ready = nodes, rev, rev, true
+	h.nodes, h.health, h.rev, h.oldest, h.ready = nodes, health, rev, rev, true
 	h.ring.reset()
 	h.advanceLocked()
 	h.log.Info("watch hub loaded nodes", "revision", rev, "nodes", len(nodes))
@@ -433,6 +419,12 @@ func (h *watchHub) unreadableNode(key, id string, rev int64, why string) *curato
 
 // follow watches etcd from the hub's revision on and applies what it sees,
 // until the watch fails or ctx ends. It reports whether it applied anything.
+//
+// It watches every key of curia's, not only the nodes and heartbeats it
+// keeps: every write of curia's then moves the hub's revision at once, so
+// that a read that must be at least at etcd's current revision (GetNodes)
+// seldom waits for a progress notification. The other keys' events are
+// few and small (audit records, membership records, leases).
 func (h *watchHub) follow(ctx context.Context) (progressed bool, err error) {
 	// A stream of our own (the metadata keys clientv3's gRPC watch
 	// streams), so that progress requests concern this watch only; and
@@ -441,7 +433,7 @@ func (h *watchHub) follow(ctx context.Context) (progressed bool, err error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(metadata.AppendToOutgoingContext(ctx, "curia-watch", "nodes")))
 	defer cancel()
 	from := h.revision() + 1
-	wch := h.s.etcd.Watch(wctx, keys.NodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithProgressNotify())
+	wch := h.s.etcd.Watch(wctx, keys.Prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithProgressNotify())
 	h.log.Debug("watching nodes", "from", from)
 	for {
 		select {
@@ -480,7 +472,9 @@ func (h *watchHub) follow(ctx context.Context) (progressed bool, err error) {
 	}
 }
 
-// nodeChange is one event of the node watch.
+// nodeChange is one event of the hub's watch: of a node record, a
+// heartbeat key, or any other key of curia's (which only moves the
+// revision).
 type nodeChange struct {
 	rev     int64 // the event's revision (a delete's too)
 	key     string
@@ -488,8 +482,8 @@ type nodeChange struct {
 	deleted bool
 }
 
-// apply adds changes (in revision order) to the view and the ring, one
-// batch per revision.
+// apply adds changes (in revision order) to the view, and to the ring one
+// batch per revision that changed a node record.
 func (h *watchHub) apply(changes []nodeChange) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -506,15 +500,25 @@ func (h *watchHub) apply(changes []nodeChange) {
 			// guard the monotonic revision anyway).
 			continue
 		}
+		// Heartbeats first, so that a node written in the same
+		// transaction is decorated with them.
+		for _, c := range group {
+			if id := heartbeatNode(c.key); id != "" {
+				h.applyHeartbeat(id, c)
+			}
+		}
 		resp := &curatorv1.WatchResponse{Revision: rev}
 		for _, c := range group {
-			if c.deleted {
-				id := strings.TrimPrefix(c.key, keys.NodesPrefix)
+			id, ok := strings.CutPrefix(c.key, keys.NodesPrefix)
+			switch {
+			case !ok:
+			case c.deleted:
 				delete(h.nodes, id)
 				delete(h.unreadable, c.key)
 				resp.Deleted = append(resp.Deleted, id)
-			} else {
+			default:
 				n := h.decode(c.key, c.value, c.rev)
+				h.health[n.Id].decorate(n)
 				h.nodes[n.Id] = n
 				resp.Nodes = append(resp.Nodes, n)
 			}
@@ -526,6 +530,25 @@ func (h *watchHub) apply(changes []nodeChange) {
 			}
 		}
 		h.advanceLocked()
+	}
+}
+
+// applyHeartbeat records a change c of one of node id's heartbeat keys; the
+// node, if it exists, is replaced by a copy with its new health (streams
+// may be sending the old one). A heartbeat is no change of the node record:
+// it makes no batch, and watchers see it with the node's next change or
+// snapshot.
+func (h *watchHub) applyHeartbeat(id string, c nodeChange) {
+	r := h.health[id].with(c.key, c.value, c.deleted)
+	if r.alive || r.seen {
+		h.health[id] = r
+	} else {
+		delete(h.health, id)
+	}
+	if n, ok := h.nodes[id]; ok {
+		n = proto.CloneOf(n)
+		r.decorate(n)
+		h.nodes[id] = n
 	}
 }
 
@@ -575,18 +598,10 @@ type watcher struct {
 	minRev int64
 }
 
-// watchItem is a response for one stream: either made for it (a snapshot,
-// a batch filtered to its node) or a batch shared by every all_nodes
-// stream.
-type watchItem struct {
-	resp  *curatorv1.WatchResponse
-	batch *watchBatch // set when resp is batch.all
-}
-
 // read returns what w has not been sent yet and advances its cursor; and
 // a channel closed when there may be more. behind means the hub has not
 // reached w's cursor, or the revision its snapshot must be at, yet.
-func (h *watchHub) read(w *watcher) (out []watchItem, changed <-chan struct{}, behind bool) {
+func (h *watchHub) read(w *watcher) (out []*curatorv1.WatchResponse, changed <-chan struct{}, behind bool) {
 	h.mu.RLock()
 	changed = h.changed
 	if !h.ready {
@@ -615,10 +630,7 @@ func (h *watchHub) read(w *watcher) (out []watchItem, changed <-chan struct{}, b
 		rev := h.rev
 		h.mu.RUnlock()
 		w.cursor, w.snapshot = rev, false
-		for _, r := range snapshotResponses(nodes, rev, watchMaxMessageBytes) {
-			out = append(out, watchItem{resp: r})
-		}
-		return out, changed, false
+		return snapshotResponses(nodes, rev, watchMaxMessageBytes), changed, false
 	}
 	if w.cursor > h.rev {
 		h.mu.RUnlock()
@@ -626,10 +638,8 @@ func (h *watchHub) read(w *watcher) (out []watchItem, changed <-chan struct{}, b
 	}
 	for i := h.ring.after(w.cursor); i < h.ring.n; i++ {
 		b := h.ring.at(i)
-		if w.node == "" {
-			out = append(out, watchItem{resp: b.all, batch: b})
-		} else if r := b.forNode(w.node); r != nil {
-			out = append(out, watchItem{resp: r})
+		if r := b.forNode(w.node); r != nil {
+			out = append(out, r)
 		}
 	}
 	w.cursor = h.rev
@@ -701,11 +711,7 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.W
 	}
 	for {
 		out, changed, behind := h.read(w)
-		for _, it := range out {
-			r, err := h.decorate(ctx, it)
-			if err != nil {
-				return fmt.Errorf("%w: %v; watch again with the revision of the last response received", errUnavailable, err)
-			}
+		for _, r := range out {
 			if err := send(r); err != nil {
 				return err
 			}
@@ -761,14 +767,55 @@ func (h *watchHub) behindMinRevision(ctx context.Context, w *watcher) error {
 	return fmt.Errorf("%w: this replica's view of the nodes is at revision %d, behind the requested min_revision %d after waiting %s; retry, on any replica", errUnavailable, rev, w.minRev, h.minRevisionWait)
 }
 
-// decorate is where every response leaves the hub for a stream: it gets
-// the computed fields (health, last heartbeat as of sending), which the
-// stored records lack, on copies of the shared nodes.
-func (h *watchHub) decorate(ctx context.Context, it watchItem) (*curatorv1.WatchResponse, error) {
-	if it.batch != nil {
-		return it.batch.decoratedAll(ctx, h.decorateNodes)
+// nodesAt returns every node, with its health, at the hub's revision once
+// that is at least minRev, sorted by id; and that revision. The nodes are
+// the hub's own: read them, never change them. A hub that does not reach
+// minRev within minRevisionWait (a first load included) refuses
+// UNAVAILABLE: this replica lags or is cut off from etcd.
+func (h *watchHub) nodesAt(ctx context.Context, minRev int64) ([]*curatorv1.Node, int64, error) {
+	deadline := time.NewTimer(h.minRevisionWait)
+	defer deadline.Stop()
+	for {
+		h.mu.RLock()
+		ready, rev, changed := h.ready, h.rev, h.changed
+		if ready && rev >= minRev {
+			nodes := make([]*curatorv1.Node, 0, len(h.nodes))
+			for _, n := range h.nodes {
+				nodes = append(nodes, n)
+			}
+			h.mu.RUnlock()
+			slices.SortFunc(nodes, func(a, b *curatorv1.Node) int { return cmp.Compare(a.Id, b.Id) })
+			return nodes, rev, nil
+		}
+		h.mu.RUnlock()
+		h.requestProgress()
+		nudge := time.NewTimer(watchNudgeInterval)
+		select {
+		case <-ctx.Done():
+			nudge.Stop()
+			return nil, 0, ctx.Err()
+		case <-h.stopped:
+			nudge.Stop()
+			return nil, 0, fmt.Errorf("%w: this curator replica is shutting down; retry (any replica)", errUnavailable)
+		case <-deadline.C:
+			nudge.Stop()
+			return nil, 0, fmt.Errorf("%w: this replica's view of the nodes is at revision %d, behind etcd's %d after waiting %s; retry, on any replica", errUnavailable, rev, minRev, h.minRevisionWait)
+		case <-changed:
+		case <-nudge.C:
+		}
+		nudge.Stop()
 	}
-	return decorateCopy(ctx, it.resp, h.decorateNodes)
+}
+
+// currentNodes is nodesAt etcd's current revision: every node as of a
+// moment within the call (a linearizable read).
+func (h *watchHub) currentNodes(ctx context.Context) ([]*curatorv1.Node, error) {
+	rev, err := h.etcdRevision(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errUnavailable, err)
+	}
+	nodes, _, err := h.nodesAt(ctx, rev)
+	return nodes, err
 }
 
 // Watch streams nodes from this replica's hub (see the top of this file).

@@ -38,7 +38,9 @@ const (
 // Management is the operator's API (admin identity only; the reconciler
 // also reads the cluster configuration).
 type ManagementClient interface {
-	// GetNodes streams the nodes matching a filter.
+	// GetNodes streams the nodes matching a filter, sorted by id, as of a
+	// moment within the call (a linearizable read, served from the replica's
+	// watched view of the registry, not read from etcd node by node).
 	GetNodes(ctx context.Context, in *GetNodesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetNodesResponse], error)
 	// ApproveNode moves a NEW node to STANDBY.
 	ApproveNode(ctx context.Context, in *ApproveNodeRequest, opts ...grpc.CallOption) (*ApproveNodeResponse, error)
@@ -198,7 +200,9 @@ type Management_WatchAuditLogClient = grpc.ServerStreamingClient[WatchAuditLogRe
 // Management is the operator's API (admin identity only; the reconciler
 // also reads the cluster configuration).
 type ManagementServer interface {
-	// GetNodes streams the nodes matching a filter.
+	// GetNodes streams the nodes matching a filter, sorted by id, as of a
+	// moment within the call (a linearizable read, served from the replica's
+	// watched view of the registry, not read from etcd node by node).
 	GetNodes(*GetNodesRequest, grpc.ServerStreamingServer[GetNodesResponse]) error
 	// ApproveNode moves a NEW node to STANDBY.
 	ApproveNode(context.Context, *ApproveNodeRequest) (*ApproveNodeResponse, error)

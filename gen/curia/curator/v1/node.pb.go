@@ -468,8 +468,9 @@ type Node struct {
 	// role write to act on this version only.
 	Revision int64 `protobuf:"varint,10,opt,name=revision,proto3" json:"revision,omitempty"`
 	// Set (to the reason) when the stored record does not decode: the node
-	// exists, but nothing else about it is known. Watch reports such a node
-	// instead of leaving it out, so that it never looks deleted.
+	// exists, but nothing else about it is known. Watch and GetNodes report
+	// such a node (its id, revision and health) instead of leaving it out, so
+	// that it never looks deleted; writes to it fail with DATA_LOSS.
 	Unreadable string `protobuf:"bytes,11,opt,name=unreadable,proto3" json:"unreadable,omitempty"`
 	// Every certificate ever issued to the node (the bootstrap node's from the
 	// deployment included), oldest first, until it expires: DeleteNode revokes

@@ -64,7 +64,9 @@ const (
 
 // ManagementClient is a client for the curia.curator.v1.Management service.
 type ManagementClient interface {
-	// GetNodes streams the nodes matching a filter.
+	// GetNodes streams the nodes matching a filter, sorted by id, as of a
+	// moment within the call (a linearizable read, served from the replica's
+	// watched view of the registry, not read from etcd node by node).
 	GetNodes(context.Context, *connect.Request[v1.GetNodesRequest]) (*connect.ServerStreamForClient[v1.GetNodesResponse], error)
 	// ApproveNode moves a NEW node to STANDBY.
 	ApproveNode(context.Context, *connect.Request[v1.ApproveNodeRequest]) (*connect.Response[v1.ApproveNodeResponse], error)
@@ -237,7 +239,9 @@ func (c *managementClient) WatchAuditLog(ctx context.Context, req *connect.Reque
 
 // ManagementHandler is an implementation of the curia.curator.v1.Management service.
 type ManagementHandler interface {
-	// GetNodes streams the nodes matching a filter.
+	// GetNodes streams the nodes matching a filter, sorted by id, as of a
+	// moment within the call (a linearizable read, served from the replica's
+	// watched view of the registry, not read from etcd node by node).
 	GetNodes(context.Context, *connect.Request[v1.GetNodesRequest], *connect.ServerStream[v1.GetNodesResponse]) error
 	// ApproveNode moves a NEW node to STANDBY.
 	ApproveNode(context.Context, *connect.Request[v1.ApproveNodeRequest]) (*connect.Response[v1.ApproveNodeResponse], error)
