@@ -2,8 +2,6 @@ package curator_test
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
 	"errors"
 	"io"
 	"sync"
@@ -14,48 +12,13 @@ import (
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
-	"curia.dev/platform/pki"
 	"curia.dev/platform/records"
 	cut "curia.dev/services/curator/curatortest"
 )
 
-// seedNodes writes n UP nodes straight into etcd, 100 per transaction.
+// seedNodes writes n UP nodes straight into etcd.
 func seedNodes(b *testing.B, cli *clientv3.Client, n int) []string {
-	b.Helper()
-	ctx := context.Background()
-	ids := make([]string, 0, n)
-	var ops []clientv3.Op
-	flush := func() {
-		if len(ops) == 0 {
-			return
-		}
-		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
-			b.Fatal(err)
-		}
-		ops = ops[:0]
-	}
-	for range n {
-		pub, _, err := ed25519.GenerateKey(rand.Reader)
-		if err != nil {
-			b.Fatal(err)
-		}
-		id := pki.NodeID(pub)
-		v, err := records.EncodeNode(&curatorv1.Node{
-			Id: id, PublicKey: pub, State: curatorv1.NodeState_NODE_STATE_UP,
-			Status: &curatorv1.NodeStatus{Address: "10.0.0.1", Version: "bench"},
-			Labels: map[string]string{"zone": "a"},
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		ops = append(ops, clientv3.OpPut(keys.Node(id), string(v)))
-		ids = append(ids, id)
-		if len(ops) == 100 {
-			flush()
-		}
-	}
-	flush()
-	return ids
+	return cut.SeedNodes(b, cli, n)
 }
 
 // BenchmarkGetNodes10k streams all of 10,000 nodes through the curator

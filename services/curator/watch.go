@@ -89,6 +89,9 @@ const (
 	// watchMaxMessageBytes bounds one snapshot message, well under gRPC's
 	// default 4 MiB receive limit.
 	watchMaxMessageBytes = 2 << 20
+	// watchProgressInterval is the least time between two progress
+	// responses to a stream (WatchRequest.progress_notify).
+	watchProgressInterval = 50 * time.Millisecond
 	// watchNudgeInterval is how often a stream waiting for the hub to reach
 	// its start revision or min_revision asks etcd for a progress
 	// notification.
@@ -230,8 +233,11 @@ type watchHub struct {
 	// health is every node's heartbeat keys at rev.
 	health map[string]heartbeatRecord
 	ring   batchRing
-	// changed is closed and replaced whenever rev or ready changes.
-	changed chan struct{}
+	// changed is closed and replaced whenever a batch joins the ring or a
+	// snapshot is installed: what wakes streams that are up to date.
+	// advanced is closed and replaced whenever rev moves at all (every
+	// write of curia's): what wakes those waiting for a revision.
+	changed, advanced chan struct{}
 
 	// nudge asks the watch loop for a progress notification: a stream
 	// waits for the hub to reach its start revision.
@@ -266,8 +272,10 @@ func newWatchHub(s *Service) *watchHub {
 		health:  map[string]heartbeatRecord{},
 		ring:    newBatchRing(history),
 		changed: make(chan struct{}),
-		nudge:   make(chan struct{}, 1),
-		stopped: make(chan struct{}),
+
+		advanced: make(chan struct{}),
+		nudge:    make(chan struct{}, 1),
+		stopped:  make(chan struct{}),
 
 		unreadable:      map[string]int64{},
 		minRevisionWait: watchMinRevisionWait,
@@ -380,7 +388,7 @@ func (h *watchHub) install(nodes map[string]*curatorv1.Node, health map[string]h
 	}
 	h.nodes, h.health, h.rev, h.oldest, h.ready = nodes, health, rev, rev, true
 	h.ring.reset()
-	h.advanceLocked()
+	h.advanceLocked(true)
 	h.log.Info("watch hub loaded nodes", "revision", rev, "nodes", len(nodes))
 	if h.onLoad != nil {
 		h.onLoad()
@@ -502,9 +510,10 @@ func (h *watchHub) apply(changes []nodeChange) {
 		}
 		// Heartbeats first, so that a node written in the same
 		// transaction is decorated with them.
+		var healthChanged []string
 		for _, c := range group {
-			if id := heartbeatNode(c.key); id != "" {
-				h.applyHeartbeat(id, c)
+			if id := heartbeatNode(c.key); id != "" && h.applyHeartbeat(id, c) {
+				healthChanged = append(healthChanged, id)
 			}
 		}
 		resp := &curatorv1.WatchResponse{Revision: rev}
@@ -523,33 +532,45 @@ func (h *watchHub) apply(changes []nodeChange) {
 				resp.Nodes = append(resp.Nodes, n)
 			}
 		}
+		for _, id := range healthChanged {
+			n, ok := h.nodes[id]
+			if ok && !slices.Contains(resp.Nodes, n) {
+				resp.Nodes = append(resp.Nodes, n)
+			}
+		}
 		h.rev = rev
-		if len(resp.Nodes) > 0 || len(resp.Deleted) > 0 {
+		batch := len(resp.Nodes) > 0 || len(resp.Deleted) > 0
+		if batch {
 			if evicted := h.ring.push(&watchBatch{rev: rev, all: resp}); evicted != nil {
 				h.oldest = evicted.rev
 			}
 		}
-		h.advanceLocked()
+		h.advanceLocked(batch)
 	}
 }
 
 // applyHeartbeat records a change c of one of node id's heartbeat keys; the
 // node, if it exists, is replaced by a copy with its new health (streams
-// may be sending the old one). A heartbeat is no change of the node record:
-// it makes no batch, and watchers see it with the node's next change or
-// snapshot.
-func (h *watchHub) applyHeartbeat(id string, c nodeChange) {
+// may be sending the old one). It reports whether the node's health
+// changed (HEALTHY, HEARTBEAT_TIMEOUT, UNKNOWN), which watchers are sent;
+// a heartbeat that keeps a node healthy only moves its last heartbeat,
+// which they see with its next change or snapshot.
+func (h *watchHub) applyHeartbeat(id string, c nodeChange) (healthChanged bool) {
 	r := h.health[id].with(c.key, c.value, c.deleted)
 	if r.alive || r.seen {
 		h.health[id] = r
 	} else {
 		delete(h.health, id)
 	}
-	if n, ok := h.nodes[id]; ok {
-		n = proto.CloneOf(n)
-		r.decorate(n)
-		h.nodes[id] = n
+	n, ok := h.nodes[id]
+	if !ok {
+		return false
 	}
+	was := n.Health
+	n = proto.CloneOf(n)
+	r.decorate(n)
+	h.nodes[id] = n
+	return n.Health != was
 }
 
 // progress moves the hub to rev when etcd said every change up to it was
@@ -561,13 +582,20 @@ func (h *watchHub) progress(rev int64) bool {
 		return false
 	}
 	h.rev = rev
-	h.advanceLocked()
+	h.advanceLocked(false)
 	return true
 }
 
-func (h *watchHub) advanceLocked() {
-	close(h.changed)
-	h.changed = make(chan struct{})
+// advanceLocked wakes those waiting for the hub to move; changed says
+// whether streams that are up to date have something new (a batch, a
+// snapshot).
+func (h *watchHub) advanceLocked(changed bool) {
+	close(h.advanced)
+	h.advanced = make(chan struct{})
+	if changed {
+		close(h.changed)
+		h.changed = make(chan struct{})
+	}
 }
 
 func (h *watchHub) revision() int64 {
@@ -596,17 +624,28 @@ type watcher struct {
 	// minRev is the revision that snapshot must be at least at (the
 	// request's min_revision); 0: any.
 	minRev int64
+	// progress asks for progress responses (the request's
+	// progress_notify); sent is the last revision the stream was sent, and
+	// progressed when it was last sent progress.
+	progress   bool
+	sent       int64
+	progressed time.Time
 }
 
+// watchWake are the hub's channels a stream waits on, as of a read:
+// changed when the stream may have something new, advanced when the hub
+// moved at all.
+type watchWake struct{ changed, advanced <-chan struct{} }
+
 // read returns what w has not been sent yet and advances its cursor; and
-// a channel closed when there may be more. behind means the hub has not
-// reached w's cursor, or the revision its snapshot must be at, yet.
-func (h *watchHub) read(w *watcher) (out []*curatorv1.WatchResponse, changed <-chan struct{}, behind bool) {
+// the channels that say when there may be more. behind means the hub has
+// not reached w's cursor, or the revision its snapshot must be at, yet.
+func (h *watchHub) read(w *watcher) (out []*curatorv1.WatchResponse, wake watchWake, behind bool) {
 	h.mu.RLock()
-	changed = h.changed
+	wake = watchWake{changed: h.changed, advanced: h.advanced}
 	if !h.ready {
 		h.mu.RUnlock()
-		return nil, changed, true
+		return nil, wake, true
 	}
 	if w.snapshot || w.cursor < h.oldest {
 		if h.rev < w.minRev {
@@ -614,7 +653,7 @@ func (h *watchHub) read(w *watcher) (out []*curatorv1.WatchResponse, changed <-c
 			// since that still existed at minRev, or none of those
 			// created up to it: wait.
 			h.mu.RUnlock()
-			return nil, changed, true
+			return nil, wake, true
 		}
 		var nodes []*curatorv1.Node
 		if w.node != "" {
@@ -630,11 +669,11 @@ func (h *watchHub) read(w *watcher) (out []*curatorv1.WatchResponse, changed <-c
 		rev := h.rev
 		h.mu.RUnlock()
 		w.cursor, w.snapshot = rev, false
-		return snapshotResponses(nodes, rev, watchMaxMessageBytes), changed, false
+		return snapshotResponses(nodes, rev, watchMaxMessageBytes), wake, false
 	}
 	if w.cursor > h.rev {
 		h.mu.RUnlock()
-		return nil, changed, true
+		return nil, wake, true
 	}
 	for i := h.ring.after(w.cursor); i < h.ring.n; i++ {
 		b := h.ring.at(i)
@@ -644,7 +683,7 @@ func (h *watchHub) read(w *watcher) (out []*curatorv1.WatchResponse, changed <-c
 	}
 	w.cursor = h.rev
 	h.mu.RUnlock()
-	return out, changed, false
+	return out, wake, false
 }
 
 // snapshotResponses is a snapshot of nodes at rev, sorted by id, in
@@ -710,25 +749,44 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.W
 		}
 	}
 	for {
-		out, changed, behind := h.read(w)
+		out, wake, behind := h.read(w)
 		for _, r := range out {
 			if err := send(r); err != nil {
 				return err
+			}
+			if r.Revision != 0 {
+				w.sent = r.Revision
 			}
 		}
 		if !w.snapshot {
 			deadline = nil // the snapshot is sent: min_revision is met
 		}
-		var nudge *time.Timer
+		// What to wait for: the hub to reach the stream (asking etcd for
+		// progress now and then); the time to send progress; any move of
+		// the hub, for a stream that asked for progress; else a change.
+		var timer *time.Timer
 		var fire <-chan time.Time
-		if behind {
+		until := wake.changed
+		switch pending := w.progress && !behind && w.cursor > w.sent; {
+		case behind:
 			h.requestProgress()
-			nudge = time.NewTimer(watchNudgeInterval)
-			fire = nudge.C
+			timer = time.NewTimer(watchNudgeInterval)
+			fire, until = timer.C, wake.advanced
+		case pending && time.Since(w.progressed) >= watchProgressInterval:
+			if err := send(&curatorv1.WatchResponse{Revision: w.cursor}); err != nil {
+				return err
+			}
+			w.sent, w.progressed = w.cursor, time.Now()
+			until = wake.advanced
+		case pending:
+			timer = time.NewTimer(watchProgressInterval - time.Since(w.progressed))
+			fire = timer.C
+		case w.progress:
+			until = wake.advanced
 		}
-		err := h.wait(ctx, w, changed, fire, deadline)
-		if nudge != nil {
-			nudge.Stop()
+		err := h.wait(ctx, w, until, fire, deadline)
+		if timer != nil {
+			timer.Stop()
 		}
 		if err != nil {
 			return err
@@ -777,7 +835,7 @@ func (h *watchHub) nodesAt(ctx context.Context, minRev int64) ([]*curatorv1.Node
 	defer deadline.Stop()
 	for {
 		h.mu.RLock()
-		ready, rev, changed := h.ready, h.rev, h.changed
+		ready, rev, advanced := h.ready, h.rev, h.advanced
 		if ready && rev >= minRev {
 			nodes := make([]*curatorv1.Node, 0, len(h.nodes))
 			for _, n := range h.nodes {
@@ -800,7 +858,7 @@ func (h *watchHub) nodesAt(ctx context.Context, minRev int64) ([]*curatorv1.Node
 		case <-deadline.C:
 			nudge.Stop()
 			return nil, 0, fmt.Errorf("%w: this replica's view of the nodes is at revision %d, behind etcd's %d after waiting %s; retry, on any replica", errUnavailable, rev, minRev, h.minRevisionWait)
-		case <-changed:
+		case <-advanced:
 		case <-nudge.C:
 		}
 		nudge.Stop()
@@ -829,5 +887,5 @@ func (x *curatorServer) Watch(req *curatorv1.WatchRequest, stream curatorv1.Cura
 // only for a snapshot) is its contract. Both are checked before the
 // handler runs.
 func newWatcher(req *curatorv1.WatchRequest) *watcher {
-	return &watcher{cursor: req.GetStartRevision(), snapshot: req.GetStartRevision() == 0, minRev: req.GetMinRevision(), node: req.GetNodeId()}
+	return &watcher{cursor: req.GetStartRevision(), snapshot: req.GetStartRevision() == 0, minRev: req.GetMinRevision(), node: req.GetNodeId(), progress: req.GetProgressNotify()}
 }

@@ -443,62 +443,121 @@ func TestWatchHubServe(t *testing.T) {
 	})
 	t.Run("health comes from the heartbeats at the batch's revision", func(t *testing.T) {
 		h := watchTestHub(8, 100)
-		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, 10); err != nil {
+		unknown := curatorv1.NodeHealth_NODE_HEALTH_UNKNOWN
+		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a"), Health: unknown}}, map[string]heartbeatRecord{}, 10); err != nil {
 			t.Fatal(err)
 		}
 		beat := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
-		stamp := []byte(beat.Format(time.RFC3339Nano))
-		health := func(c string) string {
+		stamp := func(d time.Duration) []byte { return []byte(beat.Add(d).Format(time.RFC3339Nano)) }
+		// health renders a node's health and last heartbeat (seconds
+		// after beat, or "never"): "HEALTHY 2".
+		health := func(n *curatorv1.Node) string {
+			last := "never"
+			if n.GetLastHeartbeat() != nil {
+				last = fmt.Sprint(n.GetLastHeartbeat().AsTime().Sub(beat).Seconds())
+			}
+			return strings.TrimPrefix(n.GetHealth().String(), "NODE_HEALTH_") + " " + last
+		}
+		inView := func(c string) string {
 			h.mu.RLock()
 			defer h.mu.RUnlock()
-			n := h.nodes[wid(c)]
-			return fmt.Sprintf("%s %v", strings.TrimPrefix(n.GetHealth().String(), "NODE_HEALTH_"), n.GetLastHeartbeat().AsTime().Equal(beat))
+			return health(h.nodes[wid(c)])
 		}
 		before := h.nodes[wid("a")]
 		out, _ := watchServe(t, h, &watcher{node: wid("a"), cursor: 10})
-		// A heartbeat changes the node's health in the view, with no
-		// batch: it changed no node record.
-		h.apply([]nodeChange{
-			{rev: 11, key: keys.Heartbeat(wid("a")), value: stamp},
-			{rev: 11, key: keys.HeartbeatSeen(wid("a")), value: stamp},
-		})
-		if got := health("a"); got != "HEALTHY true" {
-			t.Fatalf("after a heartbeat: %s, want HEALTHY at its time", got)
+		next := func(want string) {
+			t.Helper()
+			select {
+			case r := <-out:
+				if got := summary([]*curatorv1.WatchResponse{r})[0] + " " + health(nodeIn(r, wid("a"))); got != want {
+					t.Fatalf("sent %s, want %s", got, want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no %s within 10s", want)
+			}
 		}
-		if before.Health != curatorv1.NodeHealth_NODE_HEALTH_UNSPECIFIED {
+		// The first heartbeat makes the node HEALTHY: a change, sent.
+		h.apply([]nodeChange{
+			{rev: 11, key: keys.Heartbeat(wid("a")), value: stamp(0)},
+			{rev: 11, key: keys.HeartbeatSeen(wid("a")), value: stamp(0)},
+		})
+		next("@11[a:] HEALTHY 0")
+		if before.Health != unknown {
 			t.Fatal("the node a stream may be sending was changed in place, not replaced")
 		}
-		// The next change of the record carries the health; a heartbeat
-		// change in the same transaction counts.
+		// A later one keeps it HEALTHY: the view moves, nothing is sent.
 		h.apply([]nodeChange{
-			wput(12, "a", "v1"),
-			{rev: 12, key: keys.Heartbeat(wid("a")), deleted: true},
+			{rev: 12, key: keys.Heartbeat(wid("a")), value: stamp(2 * time.Second)},
+			{rev: 12, key: keys.HeartbeatSeen(wid("a")), value: stamp(2 * time.Second)},
 		})
-		select {
-		case r := <-out:
-			if got := summary([]*curatorv1.WatchResponse{r})[0]; got != "@12[a:v1]" {
-				t.Fatalf("sent %s, want @12[a:v1]", got)
-			}
-			if n := nodeIn(r, wid("a")); n.GetHealth() != curatorv1.NodeHealth_NODE_HEALTH_HEARTBEAT_TIMEOUT || !n.GetLastHeartbeat().AsTime().Equal(beat) {
-				t.Fatalf("sent %v, want node a timed out, last heartbeat at %v", n, beat)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("nothing sent within 10s")
+		if got := inView("a"); got != "HEALTHY 2" {
+			t.Fatalf("after a second heartbeat: %s in the view", got)
 		}
+		// A change of the record carries the health; a heartbeat change
+		// in the same transaction counts.
+		h.apply([]nodeChange{
+			wput(13, "a", "v1"),
+			{rev: 13, key: keys.Heartbeat(wid("a")), deleted: true},
+		})
+		next("@13[a:v1] HEARTBEAT_TIMEOUT 2")
 		// A node created after its heartbeat keys gets them.
-		h.apply([]nodeChange{{rev: 13, key: keys.HeartbeatSeen(wid("b")), value: stamp}})
-		h.apply([]nodeChange{wput(14, "b", "v1")})
-		if got := health("b"); got != "HEARTBEAT_TIMEOUT true" {
+		h.apply([]nodeChange{{rev: 14, key: keys.HeartbeatSeen(wid("b")), value: stamp(0)}})
+		h.apply([]nodeChange{wput(15, "b", "v1")})
+		if got := inView("b"); got != "HEARTBEAT_TIMEOUT 0" {
 			t.Fatalf("node b created after its heartbeat: %s", got)
 		}
-		// Both keys gone: unknown, no last heartbeat.
-		h.apply([]nodeChange{{rev: 15, key: keys.HeartbeatSeen(wid("a")), deleted: true}})
-		if got := health("a"); got != "UNKNOWN false" {
-			t.Fatalf("no heartbeat keys: %s", got)
-		}
+		// Both keys gone: UNKNOWN, a change.
+		h.apply([]nodeChange{{rev: 16, key: keys.HeartbeatSeen(wid("a")), deleted: true}})
+		next("@16[a:v1] UNKNOWN never")
 		if _, ok := h.health[wid("a")]; ok {
 			t.Fatal("the hub keeps a heartbeat record of a node with no heartbeat keys")
 		}
+	})
+	t.Run("progress: a revision alone when nothing watched changed", func(t *testing.T) {
+		// On the bubble's clock (testing/synctest): everything below
+		// happens at one instant, but for the 50 ms the stream must
+		// wait between two progress responses.
+		synctest.Test(t, func(t *testing.T) {
+			h := watchTestHub(8, 100)
+			if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, 10); err != nil {
+				t.Fatal(err)
+			}
+			quiet, _ := watchServe(t, h, &watcher{node: wid("a"), cursor: 10})
+			progress, _ := watchServe(t, h, &watcher{node: wid("a"), cursor: 10, progress: true})
+			other := func(rev int64) []nodeChange {
+				return []nodeChange{{rev: rev, key: keys.Prefix + "audit/x", value: []byte("x")}}
+			}
+			begun := time.Now()
+			h.apply(other(11)) // no node changed
+			if got := watchRecv(t, progress); got != "@11[]" {
+				t.Fatalf("progress stream got %s, want progress at 11", got)
+			}
+			// Within the interval, moves are coalesced into one later
+			// response at the newest revision; a change comes at once.
+			h.apply(other(12))
+			h.apply(other(13))
+			h.apply([]nodeChange{wput(14, "a", "v1")})
+			h.apply(other(15))
+			for _, want := range []string{"@14[a:v1]", "@15[]"} {
+				if got := watchRecv(t, progress); got != want {
+					t.Fatalf("progress stream got %s, want %s", got, want)
+				}
+			}
+			if took := time.Since(begun); took != watchProgressInterval {
+				t.Fatalf("the second progress came after %v, want %v", took, watchProgressInterval)
+			}
+			if got := watchRecv(t, quiet); got != "@14[a:v1]" {
+				t.Fatalf("a stream without progress got %s, want only the change", got)
+			}
+			synctest.Wait()
+			select {
+			case r := <-quiet:
+				t.Fatalf("a stream without progress got %s", summary([]*curatorv1.WatchResponse{r}))
+			case r := <-progress:
+				t.Fatalf("the progress stream got %s with nothing new", summary([]*curatorv1.WatchResponse{r}))
+			default:
+			}
+		})
 	})
 	t.Run("the hub's end ends the stream", func(t *testing.T) {
 		h := watchTestHub(8, 100)

@@ -6,6 +6,7 @@ package curatortest
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -15,13 +16,16 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/audit"
+	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
+	"curia.dev/platform/records"
 	"curia.dev/platform/rpc"
 	ct "curia.dev/services/consensus/consensustest"
 )
@@ -346,4 +350,45 @@ func AuditLog(t testing.TB, m curatorv1.ManagementClient) []*auditv1.Event {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// SeedNodes writes n UP nodes straight into etcd, 100 per transaction, and
+// returns their ids: a registry of that size for benchmarks, without n
+// enrolments.
+func SeedNodes(b testing.TB, cli *clientv3.Client, n int) []string {
+	b.Helper()
+	ctx := context.Background()
+	ids := make([]string, 0, n)
+	var ops []clientv3.Op
+	flush := func() {
+		if len(ops) == 0 {
+			return
+		}
+		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			b.Fatal(err)
+		}
+		ops = ops[:0]
+	}
+	for range n {
+		pub, _, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			b.Fatal(err)
+		}
+		id := pki.NodeID(pub)
+		v, err := records.EncodeNode(&curatorv1.Node{
+			Id: id, PublicKey: pub, State: curatorv1.NodeState_NODE_STATE_UP,
+			Status: &curatorv1.NodeStatus{Address: "10.0.0.1", Version: "bench"},
+			Labels: map[string]string{"zone": "a"},
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ops = append(ops, clientv3.OpPut(keys.Node(id), string(v)))
+		ids = append(ids, id)
+		if len(ops) == 100 {
+			flush()
+		}
+	}
+	flush()
+	return ids
 }

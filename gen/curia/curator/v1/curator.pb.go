@@ -390,9 +390,15 @@ type WatchRequest struct {
 	// (e.g. ListMembersResponse.revision, so that a plan never sees a node
 	// that existed then as deleted). A replica whose view is behind waits a
 	// few seconds for it, then answers UNAVAILABLE (retry, any replica).
-	MinRevision   int64 `protobuf:"varint,4,opt,name=min_revision,json=minRevision,proto3" json:"min_revision,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MinRevision int64 `protobuf:"varint,4,opt,name=min_revision,json=minRevision,proto3" json:"min_revision,omitempty"`
+	// Also send progress: a response with only a revision when the replica's
+	// view has moved past the last revision sent without changing a watched
+	// node, at most one every 50 ms. The watcher's view is then known to be
+	// complete up to that revision (e.g. at least as new as a member list),
+	// without reading a snapshot again.
+	ProgressNotify bool `protobuf:"varint,5,opt,name=progress_notify,json=progressNotify,proto3" json:"progress_notify,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
@@ -464,6 +470,13 @@ func (x *WatchRequest) GetMinRevision() int64 {
 	return 0
 }
 
+func (x *WatchRequest) GetProgressNotify() bool {
+	if x != nil {
+		return x.ProgressNotify
+	}
+	return false
+}
+
 type isWatchRequest_Kind interface {
 	isWatchRequest_Kind()
 }
@@ -486,7 +499,11 @@ func (*WatchRequest_AllNodes) isWatchRequest_Kind() {}
 // WatchResponse is a batch of node changes, all at one revision. A snapshot
 // larger than a few MiB comes in several messages: the first has snapshot
 // set, and all but the last have revision 0 (resuming from there means
-// starting over); the last carries the snapshot's revision.
+// starting over); the last carries the snapshot's revision. A node changes
+// when its record does, or its health (HEALTHY, HEARTBEAT_TIMEOUT,
+// UNKNOWN): a heartbeat that keeps a node healthy changes nothing. With
+// progress_notify, a response with no nodes, no deletions and a revision
+// says only that nothing watched changed up to it.
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Nodes created or changed.
@@ -1192,12 +1209,13 @@ const file_curia_curator_v1_curator_proto_rawDesc = "" +
 	"\x12CommitNodeResponse\x12*\n" +
 	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\x12 \n" +
 	"\vcertificate\x18\x02 \x01(\fR\vcertificate\x12%\n" +
-	"\x0eca_certificate\x18\x03 \x01(\fR\rcaCertificate\"\xd7\x03\n" +
+	"\x0eca_certificate\x18\x03 \x01(\fR\rcaCertificate\"\x80\x04\n" +
 	"\fWatchRequest\x12$\n" +
 	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01H\x00R\x06nodeId\x12&\n" +
 	"\tall_nodes\x18\x02 \x01(\bB\a\xbaH\x04j\x02\b\x01H\x00R\ballNodes\x12.\n" +
 	"\x0estart_revision\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\rstartRevision\x12*\n" +
-	"\fmin_revision\x18\x04 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vminRevision:\x8d\x02\xbaH\x89\x02\x1a\x86\x02\n" +
+	"\fmin_revision\x18\x04 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vminRevision\x12'\n" +
+	"\x0fprogress_notify\x18\x05 \x01(\bR\x0eprogressNotify:\x8d\x02\xbaH\x89\x02\x1a\x86\x02\n" +
 	"\x19watch.min_revision_resume\x12\xb4\x01min_revision bounds the snapshot of start_revision 0; a resume (start_revision > 0) sends no snapshot, so drop min_revision, or watch from 0 for a snapshot at least at min_revision\x1a2this.min_revision == 0 || this.start_revision == 0B\r\n" +
 	"\x04kind\x12\x05\xbaH\x02\b\x01\"\x8f\x01\n" +
 	"\rWatchResponse\x12,\n" +
