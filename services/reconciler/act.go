@@ -31,6 +31,7 @@ func (r *Reconciler) pass(ctx context.Context) (acted bool, recheck time.Time) {
 		r.finish(reconcilerv1.PassResult_PASS_RESULT_STANDBY, "", nil, nil)
 		return false, time.Time{}
 	}
+	begun := time.Now()
 	snap, err := r.observe(ctx)
 	if err != nil {
 		r.log.Warn("pass failed: cannot observe", "err", err)
@@ -40,6 +41,8 @@ func (r *Reconciler) pass(ctx context.Context) (acted bool, recheck time.Time) {
 	pc := r.cfg.planConfig(snap.config)
 	a := plan.Plan(snap.observed, pc)
 	recheck = plan.Recheck(snap.observed, pc)
+	r.metrics.pass.Observe(time.Since(begun).Seconds())
+	r.metrics.observed.Set(float64(len(snap.observed.Nodes)))
 	r.noteDrift(a)
 	switch a.Kind {
 	case plan.None:

@@ -10,6 +10,10 @@ type metrics struct {
 	refusals    prometheus.Counter
 	convergence prometheus.Histogram
 	active      prometheus.Gauge
+	// pass is how long a pass takes to observe and plan (its action not
+	// included), and observed how many nodes it saw.
+	pass     prometheus.Histogram
+	observed prometheus.Gauge
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -30,7 +34,14 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		active: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "curia_reconciler_active", Help: "1 while this replica holds the lease.",
 		}),
+		pass: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "curia_reconciler_pass_observe_plan_seconds", Help: "Time a pass takes to observe the cluster and plan, its action not included.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
+		observed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "curia_reconciler_observed_nodes", Help: "Nodes the last pass observed.",
+		}),
 	}
-	reg.MustRegister(m.passes, m.actions, m.refusals, m.convergence, m.active)
+	reg.MustRegister(m.passes, m.actions, m.refusals, m.convergence, m.active, m.pass, m.observed)
 	return m
 }

@@ -53,7 +53,7 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 	if failpoint.Mutated(failpoint.NoSnapshotFreshness) {
 		minRev = 0
 	}
-	nodes, err := r.readNodes(ctx, minRev)
+	nodes, err := r.nodesAt(ctx, minRev)
 	if err != nil {
 		return nil, fmt.Errorf("read nodes: %w", err)
 	}
@@ -95,6 +95,17 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 	o.LearnerSince, o.ReadySince = r.learnerClocks(o.Members, now)
 	s.observed = o
 	return s, nil
+}
+
+// nodesAt returns every node, as of revision minRev or later: from the
+// replica's view (view.go) when it gets there within viewWait, else from
+// a snapshot read for this pass.
+func (r *Reconciler) nodesAt(ctx context.Context, minRev int64) ([]*curatorv1.Node, error) {
+	if nodes, _, ok := r.view.at(ctx, minRev, viewWait); ok {
+		return nodes, nil
+	}
+	r.log.Debug("the node view did not reach the member list's revision in time; reading a snapshot", "view_revision", r.view.revision(), "min_revision", minRev)
+	return r.readNodes(ctx, minRev)
 }
 
 // readNodes takes a snapshot of every node from the curator's watch, at
@@ -154,29 +165,6 @@ func (r *Reconciler) learnerClocks(members []plan.Member, now time.Time) (since,
 	}
 	r.learnerSince, r.readySince = since, ready
 	return since, ready
-}
-
-// watchNodes triggers a pass on every node change.
-func (r *Reconciler) watchNodes(ctx context.Context) error {
-	var rev int64
-	for ctx.Err() == nil {
-		stream, err := curatorv1.NewCuratorClient(r.curator).Watch(ctx, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}, StartRevision: rev})
-		if err == nil {
-			for {
-				resp, err := stream.Recv()
-				if err != nil {
-					break
-				}
-				rev = resp.GetRevision()
-				r.kick()
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
-	return nil
 }
 
 // watchMembership triggers a pass on every membership change made through

@@ -178,6 +178,8 @@ type Reconciler struct {
 
 	// trigger asks for a pass now.
 	trigger chan struct{}
+	// view is every node, kept by followNodes (view.go).
+	view nodeView
 
 	mu     sync.Mutex
 	status *reconcilerv1.GetStatusResponse
@@ -295,7 +297,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	var g run.Group
 	g.AddReady("grpc", func(ctx context.Context) error { return r.rpc.Serve(ctx, lis) })
 	g.Add("lease", func(ctx context.Context) error { return r.lease.run(ctx, func() { g.Ready("lease") }) })
-	g.AddReady("watch", r.watchNodes)
+	g.AddReady("watch", r.followNodes)
 	g.AddReady("watch-membership", r.watchMembership)
 	g.AddReady("loop", r.loop)
 	g.AddReady("crl", func(ctx context.Context) error {
