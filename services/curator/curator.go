@@ -243,10 +243,9 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    rpc.KeepAliveTime,
 		DialKeepAliveTimeout: rpc.KeepAliveTimeout,
-		// Sync keeps the client on the voters: a learner (a node joining)
-		// refuses linearizable requests.
-		AutoSyncInterval: 5 * time.Second,
-		Logger:           zap.NewNop(),
+		// No AutoSyncInterval: probeEndpoints keeps the client on the
+		// voters that answer (endpoints.go).
+		Logger: zap.NewNop(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
@@ -313,6 +312,7 @@ func (s *Service) Run(ctx context.Context) error {
 	g.Add("observe", func(ctx context.Context) error { return s.lead.observe(ctx, func() { g.Ready("observe") }) })
 	s.watch.onLoad = func() { g.Ready("watch") }
 	g.Add("watch", s.watch.run)
+	g.AddReady("etcd-endpoints", s.probeEndpoints)
 	g.AddReady("crl", func(ctx context.Context) error { return s.crl.Run(ctx, s.etcd) })
 	g.AddReady("audit-retention", s.pruneAuditLog)
 	if s.cfg.ListenHTTP != "" {

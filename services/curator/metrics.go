@@ -28,6 +28,9 @@ func (s *Service) registerMetrics(reg *prometheus.Registry) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "curia_curator_watch_revision", Help: "etcd revision the node watch hub has served up to.",
 		}, func() float64 { return float64(s.watch.revision()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "curia_curator_etcd_endpoints", Help: "etcd voters the replica sends requests to: those that answered the last probe (endpoints.go).",
+		}, func() float64 { return float64(len(s.etcd.Endpoints())) }),
 	} {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("register curator metrics: %w", err)

@@ -63,8 +63,15 @@ type Curator struct {
 // KubernetesController).
 func New(t testing.TB, curators int, flags ...string) *Cluster {
 	t.Helper()
+	return NewVoters(t, 1, curators, flags...)
+}
+
+// NewVoters is New with a consensus cluster of that many voters; only the
+// first is a node of the registry.
+func NewVoters(t testing.TB, voterCount, curators int, flags ...string) *Cluster {
+	t.Helper()
 	cc := ct.NewCluster(t)
-	voters, leader := cc.Voters(1)
+	voters, leader := cc.Voters(voterCount)
 	leader.Resign() // the test's stand-in leader makes way for the curators
 	c := &Cluster{t: t, Cluster: cc, Voters: voters, CuratorFlags: flags}
 	for i := 0; i < curators; i++ {
