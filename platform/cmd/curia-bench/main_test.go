@@ -459,7 +459,7 @@ func TestRunReport(t *testing.T) {
 				"git v0.1.0-3-gabcdef0-dirty", "GOMAXPROCS 2", "cpu: AMD EPYC 7B13",
 				"BenchmarkGetNodes10k", "199.4", "ms", "≤ 50", "0.25", "missed", "189.4–209.4",
 				"≥ 0.7", "0.38", "BenchmarkJoinToVoter", "3.212", "≤ 5", "met",
-				"targets without a result: BenchmarkWatchFanout1000 ms/delivery-p99",
+				"targets without a result: BenchmarkWatchFanout/watchers=1000 ms/delivery-p99",
 			},
 			wantResults: 7,
 		},
