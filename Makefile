@@ -189,8 +189,10 @@ tidy: ## go mod tidy every module (each on its own, as CI's clean clone sees it)
 	for m in $(MODULES); do (cd $$m && GOWORK=off go mod tidy); done
 
 .PHONY: run
-run: build ## start a local cluster as processes (state in .curia; FRESH=1 starts over)
-	$(BIN)/curia-local --state .curia --bin $(BIN) $(if $(FRESH),--fresh)
+# The pinned grpcurl too: .curia/env puts its directory first on PATH, so
+# the command printed at the end works in a fresh shell.
+run: build $(GRPCURL) ## start a local cluster as processes (state in .curia; FRESH=1 starts over)
+	$(BIN)/curia-local --state .curia --bin $(BIN) --grpcurl $(abspath $(GRPCURL)) $(if $(FRESH),--fresh)
 
 # The docker compose cluster (deploy/compose): one FROM scratch image of bin/,
 # run with compose v2 (`docker compose`) or, where only that is installed,
@@ -206,8 +208,8 @@ images: build ## the compose cluster's image: FROM scratch + bin/ (CURIA_IMAGE=c
 	docker build -t $(CURIA_IMAGE) -f deploy/compose/Dockerfile $(BIN)
 
 .PHONY: up
-up: images ## start the compose cluster, wait until ready, write .curia-compose/env (UP_ARGS="--scale curator=3")
-	COMPOSE='$(COMPOSE)' CURIA_IMAGE=$(CURIA_IMAGE) GRPCURL=$(GRPCURL) deploy/compose/up.sh $(UP_ARGS)
+up: images $(GRPCURL) ## start the compose cluster, wait until ready, write .curia-compose/env (UP_ARGS="--scale curator=3")
+	COMPOSE='$(COMPOSE)' CURIA_IMAGE=$(CURIA_IMAGE) GRPCURL=$(abspath $(GRPCURL)) deploy/compose/up.sh $(UP_ARGS)
 
 .PHONY: down
 down: ## stop the compose cluster; its volumes keep the data for the next `make up`

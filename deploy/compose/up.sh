@@ -14,7 +14,8 @@
 # (default curia:dev), CURIA_HOST_IP (where ports are published, default
 # 127.0.0.1), CURIA_COMPOSE_OUT (default .curia-compose at the repository's
 # root), CURIA_UP_TIMEOUT (seconds to wait for init, default 300), GRPCURL
-# (the grpcurl to print in the hint).
+# (the pinned grpcurl: the env file puts its directory first on PATH, so
+# the printed command works in a fresh shell; make up passes it).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,6 +30,10 @@ if [ -z "${COMPOSE:-}" ]; then
 fi
 compose() { $COMPOSE "$@"; }
 
+if [ -n "${GRPCURL:-}" ] && [ ! -x "$GRPCURL" ]; then
+	echo "up.sh: GRPCURL=$GRPCURL is no executable: run 'make tools' (make up installs it)" >&2
+	exit 1
+fi
 if ! docker image inspect "$CURIA_IMAGE" >/dev/null 2>&1; then
 	echo "up.sh: no image $CURIA_IMAGE (there is no registry to pull from): run 'make images'" >&2
 	exit 1
@@ -75,13 +80,21 @@ ports() { # service container-port -> host:port,host:port,...
 	(IFS=,; echo "${list[*]}")
 }
 curators=$(ports curator 7200)
+curators_http=$(ports curator 7201)
 reconcilers=$(ports reconciler 7300)
 consensus=$(for n in node1 node2 node3; do ports "$n" 7100; done | paste -sd,)
 roleserves=$(for n in node1 node2 node3 node4; do ports "$n" 7400; done | paste -sd,)
 
+path_line=
+if [ -n "${GRPCURL:-}" ]; then
+	grpcurl_dir=$(cd "$(dirname "$GRPCURL")" && pwd)
+	path_line="export PATH=\"$(printf '%s' "$grpcurl_dir" | sed 's/[\\"$`]/\\&/g'):\$PATH\""
+fi
 cat >"$out/env" <<EOF
 # curia compose cluster (deploy/compose, project $COMPOSE_PROJECT_NAME): source this file, then use grpcurl with these variables.
+${path_line}
 export CURIA_CURATOR=${curators%%,*}
+export CURIA_CURATOR_HTTP=https://${curators_http%%,*}
 export CURIA_CACERT=$out/ca.crt
 export CURIA_ADMIN_CERT=$out/admin-admin.crt
 export CURIA_ADMIN_KEY=$out/admin-admin.key
@@ -98,7 +111,7 @@ cat <<EOF
 curia: compose cluster ready in ${ready}s: 3 voters, every node UP
 
   source $rel/env
-  ${GRPCURL:-grpcurl} \$CURIA_TLS \$CURIA_CURATOR curia.curator.v1.Management/GetNodes
+  grpcurl \$CURIA_TLS \$CURIA_CURATOR curia.curator.v1.Management/GetNodes
 
 'make down' stops it (the volumes keep the data); 'make down-volumes' deletes it.
 EOF

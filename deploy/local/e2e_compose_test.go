@@ -38,7 +38,7 @@ func TestCompose(t *testing.T) {
 	out := t.TempDir()
 	env := append(os.Environ(),
 		"COMPOSE_PROJECT_NAME=curia-e2e", "CURIA_HOST_IP=127.0.0.3",
-		"CURIA_COMPOSE_OUT="+out, "CURIA_IMAGE=curia:dev")
+		"CURIA_COMPOSE_OUT="+out, "CURIA_IMAGE=curia:dev", "GRPCURL="+pinnedGrpcurl(t))
 	compose := func(args ...string) string {
 		t.Helper()
 		cmd := exec.Command("bash", append([]string{"-c", `if docker compose version >/dev/null 2>&1; then exec docker compose "$@"; else exec docker-compose "$@"; fi`, "compose"}, args...)...)
@@ -50,17 +50,19 @@ func TestCompose(t *testing.T) {
 		return string(b)
 	}
 	t.Cleanup(func() { compose("down", "--volumes", "--remove-orphans") })
-	up := func(args ...string) {
+	up := func(args ...string) string {
 		t.Helper()
 		begun := time.Now()
 		cmd := exec.Command(filepath.Join("..", "compose", "up.sh"), args...)
 		cmd.Env = env
-		if b, err := cmd.CombinedOutput(); err != nil {
+		b, err := cmd.CombinedOutput()
+		if err != nil {
 			t.Fatalf("up.sh: %v\n%s", err, b)
 		}
 		t.Logf("compose cluster ready %v after up.sh %v", time.Since(begun).Round(100*time.Millisecond), args)
+		return string(b)
 	}
-	up()
+	printed := up()
 
 	vars := readEnvFile(t, filepath.Join(out, "env"))
 	creds, err := rpc.LoadCredentials("curia", rpc.TLSFiles{CA: vars["CURIA_CACERT"], Cert: vars["CURIA_ADMIN_CERT"], Key: vars["CURIA_ADMIN_KEY"]})
@@ -110,6 +112,9 @@ func TestCompose(t *testing.T) {
 	}
 	first := check()
 	t.Run("every container reads only its own keys", func(t *testing.T) { checkComposeSecrets(t, "curia-e2e") })
+	// up.sh prints `source <out>/env`: out is absolute here.
+	t.Run("the printed command in a fresh shell", func(t *testing.T) { checkPrintedCommands(t, printed, t.TempDir(), pinnedGrpcurl(t)) })
+	t.Run("README curl", func(t *testing.T) { checkReadmeCurl(t, filepath.Join(out, "env")) })
 
 	// make up set control_plane_size 3: a paused voter node is replaced by
 	// the worker, and once unpaused it is a worker itself.
@@ -300,7 +305,13 @@ func readEnvFile(t *testing.T, path string) map[string]string {
 	for sc.Scan() {
 		k, v, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "export "), "=")
 		if ok && !strings.HasPrefix(k, "#") {
-			vars[k] = os.Expand(strings.Trim(v, `"`), func(n string) string { return vars[n] })
+			// A name the file does not set is the environment's ($PATH).
+			vars[k] = os.Expand(strings.Trim(v, `"`), func(n string) string {
+				if v, ok := vars[n]; ok {
+					return v
+				}
+				return os.Getenv(n)
+			})
 		}
 	}
 	return vars

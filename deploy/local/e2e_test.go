@@ -72,7 +72,8 @@ func start(t *testing.T) *cluster {
 	t.Helper()
 	bin := buildAll(t)
 	c := &cluster{t: t, state: filepath.Join(t.TempDir(), "state")}
-	c.proc = proctest.New(t, "curia-local", filepath.Join(bin, "curia-local"), "--state", c.state, "--bin", bin, "--subnet", "127.0.99", "--workers", strconv.Itoa(nodeCount-3), "--log-level", "debug")
+	c.proc = proctest.New(t, "curia-local", filepath.Join(bin, "curia-local"), "--state", c.state, "--bin", bin, "--subnet", "127.0.99", "--workers", strconv.Itoa(nodeCount-3), "--log-level", "debug",
+		"--grpcurl", pinnedGrpcurl(t))
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
@@ -341,6 +342,16 @@ func TestE2E(t *testing.T) {
 			t.Fatalf("the reconciler added the members of %v at the cold start, want node-2 and node-3 %v", added, want)
 		}
 	})
+
+	t.Run("the printed command in a fresh shell", func(t *testing.T) {
+		b, err := os.ReadFile(c.proc.Log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkPrintedCommands(t, string(b), t.TempDir(), pinnedGrpcurl(t))
+	})
+
+	t.Run("README curl", func(t *testing.T) { checkReadmeCurl(t, filepath.Join(c.state, "env")) })
 
 	t.Run("size 5, then back to 3 keeping the etcd leader", func(t *testing.T) {
 		untilVoters(t, 5, setConfig(t, &curatorv1.ClusterConfig{ControlPlaneSize: 5}, "control_plane_size"), "size 3 → 5")

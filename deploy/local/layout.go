@@ -151,8 +151,8 @@ func (c *Cluster) createPKI() error {
 		at  []string
 	}{
 		{adminIdentity, pki.Principal{Kind: pki.KindAdmin, Name: "admin"}, nil},
-		{curatorIdentity, pki.Principal{Kind: pki.KindCurator}, hosts(c.Curators)},
-		{reconcilerIdentity, pki.Principal{Kind: pki.KindReconciler}, hosts(c.Reconcilers)},
+		{curatorIdentity, pki.Principal{Kind: pki.KindCurator}, append(hosts(c.Curators), c.cfg.SANs...)},
+		{reconcilerIdentity, pki.Principal{Kind: pki.KindReconciler}, append(hosts(c.Reconcilers), c.cfg.SANs...)},
 	} {
 		if err := c.issue(ca, id.dir, tlsCert, id.p, nil, id.at...); err != nil {
 			return err

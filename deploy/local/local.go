@@ -64,6 +64,15 @@ type Config struct {
 	// ExtraArgs are further flags for every process of a binary
 	// ("consensus", "curator", "reconciler", "roleserve").
 	ExtraArgs map[string][]string
+	// Grpcurl, when set, is the grpcurl the env file puts first on PATH
+	// (make run passes the pinned one from the tools cache), so that the
+	// commands printed at the end work in a fresh shell.
+	Grpcurl string
+	// SANs are further host names or IPs of the curators' and the
+	// reconcilers' certificates: where an operator reaches them (compose:
+	// the host IP their ports are published on). They are written when
+	// the PKI is made, and never changed after.
+	SANs []string
 }
 
 // Node is one node of the cluster.

@@ -402,6 +402,11 @@ func httpAddr(grpcAddr string) string {
 	return net.JoinHostPort(host, "7201")
 }
 
+// dquote escapes s for a shell's double quotes.
+func dquote(s string) string {
+	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "$", `\$`, "`", "\\`").Replace(s)
+}
+
 // writeEnv writes the shell variables an operator sources.
 func (c *Cluster) writeEnv() error {
 	abs := func(p string) string {
@@ -420,17 +425,24 @@ func (c *Cluster) writeEnv() error {
 	}
 	lines := []string{
 		"# curia local cluster: source this file, then use grpcurl with these variables.",
-		"export CURIA_CURATOR=" + c.Curators[0],
-		"export CURIA_CACERT=" + abs(c.AdminFiles().CA),
-		"export CURIA_ADMIN_CERT=" + abs(c.AdminFiles().Cert),
-		"export CURIA_ADMIN_KEY=" + abs(c.AdminFiles().Key),
-		`export CURIA_TLS="-cacert $CURIA_CACERT -cert $CURIA_ADMIN_CERT -key $CURIA_ADMIN_KEY"`,
-		"export CURIA_CURATORS=" + strings.Join(c.Curators, ","),
-		"export CURIA_CURATOR_HTTP=https://" + httpAddr(c.Curators[0]),
-		"export CURIA_RECONCILER=" + c.Reconcilers[0],
-		"export CURIA_RECONCILERS=" + strings.Join(c.Reconcilers, ","),
-		"export CURIA_CONSENSUS=" + strings.Join(consensus, ","),
-		"export CURIA_ROLESERVES=" + strings.Join(roleserves, ","),
 	}
+	if c.cfg.Grpcurl != "" {
+		// The pinned grpcurl first: `make run` installs it into the
+		// tools cache, which no fresh shell has on its PATH.
+		lines = append(lines, `export PATH="`+dquote(filepath.Dir(abs(c.cfg.Grpcurl)))+`:$PATH"`)
+	}
+	lines = append(lines,
+		"export CURIA_CURATOR="+c.Curators[0],
+		"export CURIA_CACERT="+abs(c.AdminFiles().CA),
+		"export CURIA_ADMIN_CERT="+abs(c.AdminFiles().Cert),
+		"export CURIA_ADMIN_KEY="+abs(c.AdminFiles().Key),
+		`export CURIA_TLS="-cacert $CURIA_CACERT -cert $CURIA_ADMIN_CERT -key $CURIA_ADMIN_KEY"`,
+		"export CURIA_CURATORS="+strings.Join(c.Curators, ","),
+		"export CURIA_CURATOR_HTTP=https://"+httpAddr(c.Curators[0]),
+		"export CURIA_RECONCILER="+c.Reconcilers[0],
+		"export CURIA_RECONCILERS="+strings.Join(c.Reconcilers, ","),
+		"export CURIA_CONSENSUS="+strings.Join(consensus, ","),
+		"export CURIA_ROLESERVES="+strings.Join(roleserves, ","),
+	)
 	return os.WriteFile(c.path("env"), []byte(strings.Join(lines, "\n")+"\n"), 0o600)
 }

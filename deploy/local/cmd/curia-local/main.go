@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -45,6 +46,14 @@ func run(args []string) error {
 	fs.IntVar(&cfg.Reconcilers, "reconcilers", cfg.Reconcilers, "reconciler replicas")
 	fresh := fs.Bool("fresh", false, "delete the state directory first and start a new cluster")
 	fs.BoolVar(&cfg.Compose, "compose", false, "lay the cluster out for deploy/compose (host names instead of loopback addresses)")
+	fs.StringVar(&cfg.Grpcurl, "grpcurl", "", "the grpcurl whose directory the env file puts first on PATH (make run: the pinned one)")
+	fs.Func("san", "further host name or IP of the curator and reconciler certificates, where operators reach them (repeatable; used when the PKI is made)", func(s string) error {
+		if s == "" {
+			return errors.New("empty SAN")
+		}
+		cfg.SANs = append(cfg.SANs, s)
+		return nil
+	})
 	lc := logging.DefaultConfig()
 	lc.AddFlags(fs)
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -57,6 +66,11 @@ func run(args []string) error {
 	}
 	if cfg.ControlPlane < 1 || cfg.ControlPlane > 9 || cfg.Workers < 0 || cfg.Workers > 9 || cfg.Curators < 1 || cfg.Curators > 9 || cfg.Reconcilers < 1 || cfg.Reconcilers > 9 {
 		return fmt.Errorf("counts: 1..9 control-plane nodes, curators and reconcilers, 0..9 workers")
+	}
+	if cfg.Grpcurl != "" {
+		if st, err := os.Stat(cfg.Grpcurl); err != nil || st.IsDir() || st.Mode().Perm()&0o111 == 0 {
+			return fmt.Errorf("--grpcurl %s: no such executable (make tools installs it)", cfg.Grpcurl)
+		}
 	}
 	log, err := logging.New(os.Stderr, lc)
 	if err != nil {
