@@ -32,13 +32,15 @@ export PATH := $(subst $(space),:,$(strip $(foreach t,$(TOOL_BINS),$(dir $(t))))
 go_install = mkdir -p $(dir $@) && cd / && GOWORK=off GOBIN=$(dir $@) go install $(3) $(1)@$(2)
 
 # Go modules of the workspace (go.work); `go ... work` means all of them.
-MODULES := gen platform services/consensus services/curator services/reconciler services/roleserve deploy/local deploy/faults
+MODULES := gen platform services/consensus services/curator services/reconciler services/roleserve deploy/local deploy/faults deploy/kubernetes
 # What golangci-lint analyses: every module but gen/ (buf writes it), as
 # ./<module>/... patterns, which go.work resolves from the root (a bare ./...
 # does not: the root is no module).
 LINT_PACKAGES := $(foreach m,$(filter-out gen,$(MODULES)),./$(m)/...)
-# Binaries that `make build` produces, static, for FROM scratch images.
-CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator services/reconciler/cmd/reconciler services/roleserve/cmd/roleserve platform/cmd/curia-pki platform/cmd/curia-probe deploy/local/cmd/curia-local
+# Binaries that `make build` produces, static, for FROM scratch images (the
+# compose and Kubernetes image: deploy/kubernetes's test checks that every
+# command its manifests run is one of them).
+CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator services/reconciler/cmd/reconciler services/roleserve/cmd/roleserve platform/cmd/curia-pki platform/cmd/curia-probe deploy/local/cmd/curia-local deploy/kubernetes/cmd/curia-kube
 BIN     := $(CURDIR)/bin
 
 # protovalidate's rules (buf/validate/validate.proto), which our protos
@@ -202,8 +204,8 @@ CURIA_IMAGE ?= curia:dev
 COMPOSE_ENV := COMPOSE_FILE=$(CURDIR)/deploy/compose/compose.yaml COMPOSE_PROJECT_NAME=$${COMPOSE_PROJECT_NAME:-curia} CURIA_IMAGE=$(CURIA_IMAGE)
 
 .PHONY: images
-images: build ## the compose cluster's image: FROM scratch + bin/ (CURIA_IMAGE=curia:dev)
-	@for b in consensus curator reconciler roleserve curia-local curia-probe; do \
+images: build ## the compose (and Kubernetes) image: FROM scratch + bin/ (CURIA_IMAGE=curia:dev)
+	@for b in consensus curator reconciler roleserve curia-local curia-probe curia-kube; do \
 		test -x $(BIN)/$$b || { echo "images: $(BIN)/$$b is missing (is it in CMDS?)" >&2; exit 1; }; done
 	docker build -t $(CURIA_IMAGE) -f deploy/compose/Dockerfile $(BIN)
 
