@@ -1,0 +1,361 @@
+package kubernetes
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+)
+
+// setArg replaces (or, with no such flag, appends) --name=value in args.
+func setArg(args []string, name, value string) []string {
+	for i, a := range args {
+		if a == "--"+name || strings.HasPrefix(a, "--"+name+"=") {
+			args[i] = "--" + name + "=" + value
+			return args
+		}
+	}
+	return append(args, "--"+name+"="+value)
+}
+
+// TestChecksCatchMutations: each invariant fails on a manifest broken the
+// way it guards against, so that none of them passes by default.
+func TestChecksCatchMutations(t *testing.T) {
+	for name, tc := range map[string]struct {
+		check  string
+		mutate func(m *manifests)
+		want   string
+	}{
+		"a reconciler mounts the curators' secret (and its CA key)": {
+			check: "one identity, one secret",
+			mutate: func(m *manifests) {
+				pod := &m.deployments["curia-reconciler"].Spec.Template
+				pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "stolen", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: SecretCurator}}})
+				pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "stolen", MountPath: "/stolen"})
+			},
+			want: "Deployment/curia-reconciler/reconciler can read secret curia-curator",
+		},
+		"every node pod gets the bootstrap node's key": {
+			check: "one identity, one secret",
+			mutate: func(m *manifests) {
+				pod := &m.statefulSets["curia-node"].Spec.Template
+				pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "seed", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{{Secret: &corev1.SecretProjection{LocalObjectReference: corev1.LocalObjectReference{Name: SecretSeed}}}}}}})
+			},
+			want: "StatefulSet/curia-node: volume seed shows secret curia-seed",
+		},
+		"the seed's consensus reads the agent's key from the environment": {
+			check: "one identity, one secret",
+			mutate: func(m *manifests) {
+				c := container(&m.statefulSets["curia-seed"].Spec.Template, "consensus")
+				c.Env = append(c.Env, corev1.EnvVar{Name: "KEY", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: SecretSeed}, Key: KeyNodeKey}}})
+			},
+			want: "StatefulSet/curia-seed/consensus can read secret curia-seed",
+		},
+		"the curator lost its secret": {
+			check: "one identity, one secret",
+			mutate: func(m *manifests) {
+				c := &m.deployments["curia-curator"].Spec.Template.Spec.Containers[0]
+				c.VolumeMounts = slices.DeleteFunc(c.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.MountPath == "/secrets" })
+			},
+			want: "does not mount its secret curia-curator",
+		},
+		"two node budgets of one each": {
+			check: "disruption budgets",
+			mutate: func(m *manifests) {
+				m.pdbs["curia-node"].Spec.Selector.MatchLabels["curia.dev/node-set"] = "node"
+			},
+			want: "the nodes' budget must cover exactly",
+		},
+		"two nodes may go at once": {
+			check: "disruption budgets",
+			mutate: func(m *manifests) {
+				two := intstr.FromInt32(2)
+				m.pdbs["curia-node"].Spec.MaxUnavailable = &two
+			},
+			want: "keep their quorum",
+		},
+		"the curators' budget lets a drain take them all": {
+			check: "disruption budgets",
+			mutate: func(m *manifests) {
+				two := intstr.FromInt32(2)
+				m.pdbs["curia-curator"].Spec.MaxUnavailable = &two
+			},
+			want: "lets a drain take all 2 replicas",
+		},
+		"a budget selects nothing": {
+			check: "disruption budgets",
+			mutate: func(m *manifests) {
+				m.pdbs["curia-reconciler"].Spec.Selector.MatchLabels["app.kubernetes.io/component"] = "reconcilers"
+			},
+			want: "PodDisruptionBudget/curia-reconciler selects no pods",
+		},
+		"the curator has no readiness probe": {
+			check: "readiness",
+			mutate: func(m *manifests) {
+				m.deployments["curia-curator"].Spec.Template.Spec.Containers[0].ReadinessProbe = nil
+			},
+			want: "Deployment/curia-curator/curator has no readiness probe",
+		},
+		"the kubelet's plaintext gRPC probe": {
+			check: "readiness",
+			mutate: func(m *manifests) {
+				p := m.deployments["curia-reconciler"].Spec.Template.Spec.Containers[0].ReadinessProbe
+				p.Exec, p.GRPC = nil, &corev1.GRPCAction{Port: 7300}
+			},
+			want: "want gRPC health over mTLS",
+		},
+		"the reconciler's probe asks the curator's port": {
+			check: "readiness",
+			mutate: func(m *manifests) {
+				p := m.deployments["curia-reconciler"].Spec.Template.Spec.Containers[0].ReadinessProbe
+				p.Exec.Command = setArg(p.Exec.Command, "addr", "127.0.0.1:7200")
+			},
+			want: "want 127.0.0.1 and the --listen port 7300",
+		},
+		"a probe timeout shorter than curia-probe's": {
+			check: "readiness",
+			mutate: func(m *manifests) {
+				container(&m.statefulSets["curia-node"].Spec.Template, "consensus").ReadinessProbe.TimeoutSeconds = 1
+			},
+			want: "the kubelet kills curia-probe",
+		},
+		"consensus requests no memory": {
+			check: "resource requests",
+			mutate: func(m *manifests) {
+				delete(container(&m.statefulSets["curia-node"].Spec.Template, "consensus").Resources.Requests, corev1.ResourceMemory)
+			},
+			want: "StatefulSet/curia-node/consensus requests no memory",
+		},
+		"the init container requests zero CPU": {
+			check: "resource requests",
+			mutate: func(m *manifests) {
+				container(&m.statefulSets["curia-node"].Spec.Template, "node-key").Resources.Requests[corev1.ResourceCPU] = resource.MustParse("0")
+			},
+			want: "StatefulSet/curia-node/node-key requests no cpu",
+		},
+		"an image from a registry that does not exist": {
+			check: "images",
+			mutate: func(m *manifests) {
+				m.deployments["curia-curator"].Spec.Template.Spec.Containers[0].Image = "curia:latest"
+			},
+			want: "runs image curia:latest, want curia:dev",
+		},
+		"always pulled": {
+			check: "images",
+			mutate: func(m *manifests) {
+				m.jobs["curia-bootstrap"].Spec.Template.Spec.Containers[0].ImagePullPolicy = corev1.PullAlways
+			},
+			want: "there is no registry",
+		},
+		"a binary the image lacks": {
+			check: "images",
+			mutate: func(m *manifests) {
+				m.deployments["curia-curator"].Spec.Template.Spec.Containers[0].Command = []string{"/bin/etcd"}
+			},
+			want: "runs [/bin/etcd]",
+		},
+		"the node Service is not headless": {
+			check:  "headless service",
+			mutate: func(m *manifests) { m.services[ServiceNodes].Spec.ClusterIP = "" },
+			want:   "is not headless",
+		},
+		"a StatefulSet names another Service": {
+			check:  "headless service",
+			mutate: func(m *manifests) { m.statefulSets["curia-node"].Spec.ServiceName = "curia-nodes" },
+			want:   `serviceName "curia-nodes" is no Service here`,
+		},
+		"peers cannot resolve a member before it is ready": {
+			check:  "headless service",
+			mutate: func(m *manifests) { m.services[ServiceNodes].Spec.PublishNotReadyAddresses = false },
+			want:   "publishNotReadyAddresses false",
+		},
+		"the curator reads a CA key file its secret does not have": {
+			check: "files on volumes",
+			mutate: func(m *manifests) {
+				c := &m.deployments["curia-curator"].Spec.Template.Spec.Containers[0]
+				c.Args = setArg(c.Args, "ca-key", "/secrets/ca.pem")
+			},
+			want: `Secret/curia-curator has no key "ca.pem"`,
+		},
+		"consensus keeps its data on the image": {
+			check: "files on volumes",
+			mutate: func(m *manifests) {
+				c := container(&m.statefulSets["curia-node"].Spec.Template, "consensus")
+				c.Args = setArg(c.Args, "data-dir", "/var/lib/consensus")
+			},
+			want: "is on no volume",
+		},
+		"consensus and the agent share a volume": {
+			check: "files on volumes",
+			mutate: func(m *manifests) {
+				c := container(&m.statefulSets["curia-node"].Spec.Template, "consensus")
+				c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "agent-data", MountPath: "/agent"})
+			},
+			want: "share the volume agent-data",
+		},
+		"the node key on a read-only mount": {
+			check: "files on volumes",
+			mutate: func(m *manifests) {
+				container(&m.statefulSets["curia-node"].Spec.Template, "node-key").VolumeMounts[1].ReadOnly = true
+			},
+			want: "--id-file=/node-id/node.id is on a read-only mount",
+		},
+		"the curator can call the Kubernetes API": {
+			check: "service account tokens",
+			mutate: func(m *manifests) {
+				m.deployments["curia-curator"].Spec.Template.Spec.AutomountServiceAccountToken = nil
+			},
+			want: "Deployment/curia-curator mounts a service account token",
+		},
+		"two bootstrap nodes": {
+			check: "objects",
+			mutate: func(m *manifests) {
+				two := int32(2)
+				m.statefulSets["curia-seed"].Spec.Replicas = &two
+			},
+			want: "StatefulSet/curia-seed has 2 replicas, want 1",
+		},
+		"a Service port nobody serves": {
+			check:  "services",
+			mutate: func(m *manifests) { m.services[ServiceCurator].Spec.Ports[1].TargetPort = intstr.FromString("http") },
+			want:   "targetPort http is no port Deployment/curia-curator serves",
+		},
+		"a declared port nobody listens on": {
+			check: "services",
+			mutate: func(m *manifests) {
+				c := &m.deployments["curia-curator"].Spec.Template.Spec.Containers[0]
+				c.Args = slices.DeleteFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--listen-http=") })
+			},
+			want: "declares ports [7200 7201 9200] but listens on [7200 9200]",
+		},
+		"the curators look for etcd on a node that does not exist": {
+			check: "addresses",
+			mutate: func(m *manifests) {
+				c := &m.deployments["curia-curator"].Spec.Template.Spec.Containers[0]
+				c.Args = setArg(c.Args, "etcd", "https://curia-seed-0.curia-node:2379,https://curia-node-5.curia-node:2379")
+			},
+			want: "https://curia-node-5.curia-node:2379 is no node pod's 2379 port",
+		},
+		"a node advertises its pod IP": {
+			check: "addresses",
+			mutate: func(m *manifests) {
+				c := container(&m.statefulSets["curia-node"].Spec.Template, "consensus")
+				c.Args = setArg(c.Args, "advertise-peer-url", "https://$(POD_IP):2380")
+			},
+			want: "consensus --advertise-peer-url=https://$(POD_IP):2380",
+		},
+		"an agent asks a curator by another name": {
+			check: "addresses",
+			mutate: func(m *manifests) {
+				c := container(&m.statefulSets["curia-node"].Spec.Template, "roleserve")
+				c.Args = setArg(c.Args, "curator", "curator:7200")
+			},
+			want: "--curator=curator:7200, want curia-curator:7200",
+		},
+		"the Job waits for fewer nodes than run": {
+			check: "bootstrap job",
+			mutate: func(m *manifests) {
+				c := &m.jobs["curia-bootstrap"].Spec.Template.Spec.Containers[0]
+				c.Args = setArg(c.Args, "nodes", "3")
+			},
+			want: "curia-bootstrap --nodes=3, but the node StatefulSets have 4 replicas",
+		},
+		"the Job may list every secret": {
+			check: "bootstrap job",
+			mutate: func(m *manifests) {
+				r := &m.roles["curia-bootstrap"].Rules[0]
+				r.Verbs = append(r.Verbs, "list")
+			},
+			want: "verb list on secrets",
+		},
+		"the Job may read a secret it does not make": {
+			check: "bootstrap job",
+			mutate: func(m *manifests) {
+				r := &m.roles["curia-bootstrap"].Rules[1]
+				r.ResourceNames = append(r.ResourceNames, "some-tls")
+			},
+			want: "Role curia-bootstrap names secrets",
+		},
+		"secrets unreadable to the non-root processes": {
+			check:  "security context",
+			mutate: func(m *manifests) { m.statefulSets["curia-seed"].Spec.Template.Spec.SecurityContext.FSGroup = nil },
+			want:   "StatefulSet/curia-seed has volumes but no fsGroup",
+		},
+		"a writable image": {
+			check: "security context",
+			mutate: func(m *manifests) {
+				f := false
+				m.deployments["curia-reconciler"].Spec.Template.Spec.Containers[0].SecurityContext.ReadOnlyRootFilesystem = &f
+			},
+			want: "Deployment/curia-reconciler/reconciler: want a read-only root filesystem",
+		},
+		"an unresolved $(POD_NAME)": {
+			check: "env references",
+			mutate: func(m *manifests) {
+				container(&m.statefulSets["curia-seed"].Spec.Template, "roleserve").Env = nil
+			},
+			want: "refers to $(POD_NAME), which its env does not define",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := render(t, "overlays/local")
+			var fn func(*manifests) []error
+			for _, c := range checks {
+				if c.name == tc.check {
+					fn = c.fn
+				}
+			}
+			if fn == nil {
+				t.Fatalf("no check %q", tc.check)
+			}
+			if errs := fn(m); len(errs) > 0 {
+				t.Fatalf("check %q fails before the mutation: %s", tc.check, errorsText(errs))
+			}
+			tc.mutate(m)
+			errs := fn(m)
+			if !contains(errs, tc.want) {
+				t.Fatalf("check %q after the mutation: %v, want an error saying %q", tc.check, errs, tc.want)
+			}
+		})
+	}
+}
+
+// TestStrictDecoding: a field the k8s.io/api types do not have — here a
+// misspelt readinessProbe, which the API server would drop with a warning
+// and the pod would never be probed — fails the rendering.
+func TestStrictDecoding(t *testing.T) {
+	fs := filesys.MakeFsInMemory()
+	for _, dir := range []string{"base", "overlays/local"} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.Name() == "curator.yaml" {
+				b = []byte(strings.Replace(string(b), "readinessProbe:", "readinesProbe:", 1))
+			}
+			if err := fs.WriteFile(filepath.Join("/", dir, e.Name()), b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(fs, "/overlays/local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = decodeAll(res.Resources())
+	if err == nil || !strings.Contains(err.Error(), `Deployment curia-curator: error unmarshaling JSON: while decoding JSON: json: unknown field "readinesProbe"`) {
+		t.Fatalf("decoding a Deployment with readinesProbe: %v, want an unknown field error", err)
+	}
+}
