@@ -30,6 +30,9 @@ var localMethods = map[string]bool{
 	"/curia.curator.v1.Curator/Watch":            true, // every replica has its own watch hub (watch.go)
 	"/curia.curator.v1.Curator/WatchCRL":         true, // every replica follows the CRL in etcd (certificates.go)
 	"/curia.curator.v1.Curator/GetMembership":    true, // every replica reaches the consensus services
+	// Every replica's watch hub answers GetNodes at etcd's current
+	// revision (leader_nodes.go): reads scale with the replicas.
+	"/curia.curator.v1.Management/GetNodes": true,
 }
 
 func forwarded(method string) bool {

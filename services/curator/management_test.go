@@ -502,3 +502,32 @@ func TestCorruptRecord(t *testing.T) {
 	_, err := m.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: a.ID, KubernetesWorker: new(true), Reason: "test"})
 	wantCode(t, err, codes.DataLoss, "DeleteNode")
 }
+
+// TestGetNodesOnAFollower: a follower answers GetNodes from its own watch
+// hub, at least as new as etcd when the call came (a node registered just
+// before is listed), without the leader: it answers while the leader is
+// frozen.
+func TestGetNodesOnAFollower(t *testing.T) {
+	c := cut.New(t, 2)
+	leader := c.Leader()
+	follower := c.Curators[0]
+	if follower == leader {
+		follower = c.Curators[1]
+	}
+	m := curatorv1.NewManagementClient(c.Conn(follower, cut.Admin))
+	a := mgmtRegister(t, c, nil)
+	if _, ok := getNodes(t, m, "")[a.ID]; !ok {
+		t.Fatalf("node %s registered, but the follower does not list it", a.ID)
+	}
+	leader.Pause()
+	defer leader.Resume()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	stream, err := m.GetNodes(ctx, &curatorv1.GetNodesRequest{})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if err != nil {
+		t.Fatalf("GetNodes on the follower while the leader is frozen: %v", err)
+	}
+}
