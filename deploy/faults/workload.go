@@ -20,6 +20,7 @@ import (
 
 	"curia.dev/deploy/faults/internal/registry"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/nodes"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
@@ -305,24 +306,9 @@ func (w *workload) get(ctx context.Context, client int, n synthetic) {
 	finish := w.registry.Begin(client, "get", n.id, false)
 	var found *curatorv1.Node
 	err := w.call(ctx, "get", func(ctx context.Context) error {
-		stream, err := w.mgmt().GetNodes(ctx, &curatorv1.GetNodesRequest{Filter: fmt.Sprintf("node.id == %q", n.id)})
-		if err != nil {
-			return err
-		}
-		for {
-			resp, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			for _, node := range resp.GetNodes() {
-				if node.GetId() == n.id {
-					found = node
-				}
-			}
-		}
+		listed, err := nodes.ByID(ctx, w.mgmt(), fmt.Sprintf("node.id == %q", n.id))
+		found = listed[n.id]
+		return err
 	})
 	finish(nodeResult(err, found))
 }

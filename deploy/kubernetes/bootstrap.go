@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/nodes"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 )
@@ -227,7 +228,7 @@ func bootstrapStep(ctx context.Context, cfg BootstrapConfig, api *API, m curator
 	}
 	var v view
 	var err error
-	if v.nodes, err = allNodes(cctx, m); err != nil {
+	if v.nodes, err = nodes.List(cctx, m, ""); err != nil {
 		return false, err
 	}
 	cfgResp, err := m.GetClusterConfig(cctx, &curatorv1.GetClusterConfigRequest{})
@@ -268,23 +269,5 @@ func ticketSecret(ticket []byte) *corev1.Secret {
 		ObjectMeta: objectMeta(SecretRegisterTicket),
 		Type:       corev1.SecretTypeOpaque,
 		Data:       map[string][]byte{KeyTicket: ticket},
-	}
-}
-
-func allNodes(ctx context.Context, m curatorv1.ManagementClient) ([]*curatorv1.Node, error) {
-	stream, err := m.GetNodes(ctx, &curatorv1.GetNodesRequest{})
-	if err != nil {
-		return nil, err
-	}
-	var out []*curatorv1.Node
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, resp.GetNodes()...)
 	}
 }

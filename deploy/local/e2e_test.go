@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"os/exec"
@@ -29,6 +28,7 @@ import (
 	fencev1 "curia.dev/gen/curia/fence/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/audit"
+	"curia.dev/platform/nodes"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
@@ -257,13 +257,13 @@ func (c *cluster) voterNotLeader() string {
 func (c *cluster) worker(t *testing.T) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	nodes, err := nodesByID(ctx, c)
+	byID, err := nodes.ByID(ctx, c.mgmt(), "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	v := c.voters()
 	var out []string
-	for id, n := range nodes {
+	for id, n := range byID {
 		if !v[id] && n.State == curatorv1.NodeState_NODE_STATE_UP && n.GetRoles().GetConsensusMember() == nil {
 			out = append(out, c.names[id])
 		}
@@ -279,13 +279,13 @@ func (c *cluster) worker(t *testing.T) string {
 func (c *cluster) zonesOf(ids map[string]bool) map[string]int {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	nodes, err := nodesByID(ctx, c)
+	byID, err := nodes.ByID(ctx, c.mgmt(), "")
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	out := map[string]int{}
 	for id := range ids {
-		out[nodes[id].GetLabels()["zone"]]++
+		out[byID[id].GetLabels()["zone"]]++
 	}
 	return out
 }
@@ -437,11 +437,11 @@ func TestE2E(t *testing.T) {
 			if v := c.voters(); !maps.Equal(v, after) {
 				return fmt.Errorf("voters %v after %s's thaw, want %v", v, name, after)
 			}
-			nodes, err := nodesByID(ctx, c)
+			byID, err := nodes.ByID(ctx, c.mgmt(), "")
 			if err != nil {
 				return err
 			}
-			if n := nodes[frozen]; n == nil || n.Roles.GetConsensusMember() != nil || slices.Contains(n.GetStatus().GetRunningServices(), "consensus") {
+			if n := byID[frozen]; n == nil || n.Roles.GetConsensusMember() != nil || slices.Contains(n.GetStatus().GetRunningServices(), "consensus") {
 				return fmt.Errorf("%s after its thaw: %v, want a worker not running consensus", name, n)
 			}
 			return c.agreement()
@@ -726,27 +726,6 @@ func auditInvariant(t *testing.T, c *cluster) {
 	}
 	if shrinks != 2 {
 		t.Fatalf("autopilot removed %d members to shrink, want 2 (5 → 3)", shrinks)
-	}
-}
-
-// nodesByID is every node, by id.
-func nodesByID(ctx context.Context, c *cluster) (map[string]*curatorv1.Node, error) {
-	stream, err := c.mgmt().GetNodes(ctx, &curatorv1.GetNodesRequest{})
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]*curatorv1.Node{}
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		for _, n := range resp.GetNodes() {
-			out[n.GetId()] = n
-		}
 	}
 }
 

@@ -2,9 +2,7 @@ package local
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/nodes"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 )
@@ -264,7 +263,7 @@ func localConfig(size int) (*curatorv1.ClusterConfig, []string) {
 func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, st *initState) (bool, error) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	nodes, err := getNodes(cctx, m)
+	byID, err := nodes.ByID(cctx, m, "")
 	if err != nil {
 		return false, err
 	}
@@ -282,7 +281,7 @@ func (c *Cluster) initStep(ctx context.Context, m curatorv1.ManagementClient, st
 	}
 	ready := true
 	for _, n := range c.Nodes {
-		node, ok := nodes[n.ID]
+		node, ok := byID[n.ID]
 		if !ok {
 			ready = false // not registered yet
 			continue
@@ -368,26 +367,6 @@ func agree(st *curatorv1.GetConsensusStatusResponse) bool {
 		leader = leader || m.Leader
 	}
 	return leader && len(st.RoleWithoutMember) == 0
-}
-
-func getNodes(ctx context.Context, m curatorv1.ManagementClient) (map[string]*curatorv1.Node, error) {
-	stream, err := m.GetNodes(ctx, &curatorv1.GetNodesRequest{})
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]*curatorv1.Node{}
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		for _, n := range resp.Nodes {
-			out[n.Id] = n
-		}
-	}
 }
 
 func hostOf(addr string) string {
