@@ -20,7 +20,7 @@ import (
 // connection to the frozen member that a third of them went to. Thawed,
 // the member is an endpoint again.
 func TestFrozenEtcdMember(t *testing.T) {
-	c := cut.NewVoters(t, 3, 1)
+	c := cut.NewWithOptions(t, cut.Options{Voters: 3, Curators: 1})
 	m := c.Management()
 	frozen := c.Voters[2]
 	frozen.Pause()

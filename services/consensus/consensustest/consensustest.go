@@ -222,6 +222,10 @@ type Cluster struct {
 	t     testing.TB
 	PKI   *PKI
 	Nodes []*Node
+	// Flags go to every process started from now on, after the tests'
+	// own (which they override: the last of a flag wins), e.g. etcd's
+	// production timing instead of the tests' fast one.
+	Flags []string
 }
 
 // NewCluster prepares an empty cluster; add nodes with NewNode.
@@ -317,6 +321,7 @@ func (c *Cluster) newNode(certified bool, flags ...string) *Node {
 		// etcd's own lines as before: warnings and errors.
 		"--etcd-log-level", "warn",
 	)
+	args = append(args, c.Flags...)
 	n.Proc = proctest.New(t, id, Binary(t), append(args, flags...)...)
 	c.Nodes = append(c.Nodes, n)
 	n.Start()

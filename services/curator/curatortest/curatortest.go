@@ -63,25 +63,39 @@ type Curator struct {
 // KubernetesController).
 func New(t testing.TB, curators int, flags ...string) *Cluster {
 	t.Helper()
-	return NewVoters(t, 1, curators, flags...)
+	return NewWithOptions(t, Options{Voters: 1, Curators: curators, CuratorFlags: flags})
 }
 
-// NewVoters is New with a consensus cluster of that many voters; only the
-// first is a node of the registry.
-func NewVoters(t testing.TB, voterCount, curators int, flags ...string) *Cluster {
+// Options shape the cluster NewWithOptions starts.
+type Options struct {
+	// Voters is the number of consensus voters: 3 for an etcd whose
+	// writes are replicated to a quorum, as in a deployment. Only the
+	// first voter's node is in the registry; the others are etcd members
+	// without a node, which matters to nothing but a reconciler (none
+	// runs here).
+	Voters   int
+	Curators int
+	// ConsensusFlags go to every consensus process and CuratorFlags to
+	// every curator, after the tests' own flags, which they override.
+	ConsensusFlags, CuratorFlags []string
+}
+
+// NewWithOptions is New with the cluster's shape given.
+func NewWithOptions(t testing.TB, o Options) *Cluster {
 	t.Helper()
 	cc := ct.NewCluster(t)
-	voters, leader := cc.Voters(voterCount)
+	cc.Flags = o.ConsensusFlags
+	voterNodes, leader := cc.Voters(o.Voters)
 	leader.Resign() // the test's stand-in leader makes way for the curators
-	c := &Cluster{t: t, Cluster: cc, Voters: voters, CuratorFlags: flags}
-	for i := 0; i < curators; i++ {
+	c := &Cluster{t: t, Cluster: cc, Voters: voterNodes, CuratorFlags: o.CuratorFlags}
+	for i := 0; i < o.Curators; i++ {
 		c.AddCurator()
 	}
 	c.Leader()
 	for _, cur := range c.Curators {
 		c.Serving(cur) // followers too: a test may talk to one first
 	}
-	v := voters[0]
+	v := voterNodes[0]
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, err := c.Management().GetRegisterTicket(ctx, &curatorv1.GetRegisterTicketRequest{})
