@@ -10,7 +10,8 @@
 // repeated runs of one benchmark (-count) become the median with min and
 // max. A metric's target comes from knownTargets (targets.go); which way is
 // better comes from that table or, for metrics without an entry, from the
-// unit: rates (…/s) and ratio are higher-is-better, everything else (ns/op,
+// unit: rates (…/s) and ratio are higher-is-better, except the load a
+// workload puts on etcd (…writes/s, …entries/s), everything else (ns/op,
 // ms/…, s/…, MB-…, B/op, allocs/op) is a cost, lower-is-better. report
 // exits 1 when the input holds a FAIL (after printing and writing what it
 // has) or no benchmark at all.
@@ -388,13 +389,24 @@ func readTargets(path string) ([]Target, error) {
 
 // direction is which way a metric without a table entry improves: rates
 // (…/s, e.g. nodes/s, MB/s) and ratio are higher-is-better; everything
-// else is a cost (ns/op, ms/…, s/…, MB-…, B/op, allocs/op).
+// else is a cost (ns/op, ms/…, s/…, MB-…, B/op, allocs/op). So are the
+// rates a fixed workload loads etcd with (…writes/s, …entries/s: the
+// scale benchmarks' etcd-writes/s and raft-entries/s), unlike what a
+// benchmark gets done (etcd-txns/s, curator-updates/s).
 func direction(metric string) Better {
+	for _, load := range loadRates {
+		if strings.HasSuffix(metric, load) {
+			return Lower
+		}
+	}
 	if strings.HasSuffix(metric, "/s") || metric == "ratio" {
 		return Higher
 	}
 	return Lower
 }
+
+// loadRates end the names of rates that are costs (direction).
+var loadRates = []string{"writes/s", "entries/s"}
 
 // betterOf is the direction of a metric of a benchmark: its table entry's,
 // else direction's.

@@ -179,6 +179,11 @@ func TestDirection(t *testing.T) {
 		{"curator-updates/s", Higher},
 		{"MB/s", Higher},
 		{"ratio", Higher},
+		{"etcd-txns/s", Higher},
+		{"etcd-writes/s", Lower},
+		{"raft-entries/s", Lower},
+		{"etcd-writes/node/min", Lower},
+		{"%cpu-leader", Lower},
 		{"something-new", Lower},
 	}
 	for _, tt := range tests {
