@@ -693,7 +693,8 @@ func runReadme(t *testing.T, c *cluster) {
 // operator.
 func auditInvariant(t *testing.T, c *cluster) {
 	deleted := map[string]bool{}
-	removals, shrinks := 0, 0
+	removals := 0
+	var shrinks []string
 	for _, ev := range auditEvents(t, c) {
 		switch {
 		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_NODE_DELETE:
@@ -711,7 +712,7 @@ func auditInvariant(t *testing.T, c *cluster) {
 			// learner: no voter is removed this way).
 		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.Actor == "reconciler" && strings.Contains(ev.Reason, ", the target is "):
 			// Autopilot: the size went from 5 to 3.
-			shrinks++
+			shrinks = append(shrinks, fmt.Sprintf("%s %s: %s", ev.Time.AsTime().Format(time.TimeOnly), ev.NodeId, ev.Reason))
 		case ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE && ev.Actor == "reconciler":
 			removals++
 			if !deleted[ev.NodeId] {
@@ -724,8 +725,8 @@ func auditInvariant(t *testing.T, c *cluster) {
 	if removals == 0 {
 		t.Fatal("the reconciler removed no member: the delete scenario did not run?")
 	}
-	if shrinks != 2 {
-		t.Fatalf("autopilot removed %d members to shrink, want 2 (5 → 3)", shrinks)
+	if len(shrinks) != 2 {
+		t.Fatalf("autopilot removed %d members to shrink, want 2 (5 → 3):\n%s", len(shrinks), strings.Join(shrinks, "\n"))
 	}
 }
 
