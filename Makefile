@@ -32,7 +32,7 @@ export PATH := $(subst $(space),:,$(strip $(foreach t,$(TOOL_BINS),$(dir $(t))))
 go_install = mkdir -p $(dir $@) && cd / && GOWORK=off GOBIN=$(dir $@) go install $(3) $(1)@$(2)
 
 # Go modules of the workspace (go.work); `go ... work` means all of them.
-MODULES := gen platform services/consensus services/curator services/reconciler services/roleserve deploy/local deploy/faults deploy/kubernetes
+MODULES := gen platform services/consensus services/curator services/reconciler services/roleserve services/dashboard deploy/local deploy/faults deploy/kubernetes
 # What golangci-lint analyses: every module but gen/ (buf writes it), as
 # ./<module>/... patterns, which go.work resolves from the root (a bare ./...
 # does not: the root is no module).
@@ -40,7 +40,7 @@ LINT_PACKAGES := $(foreach m,$(filter-out gen,$(MODULES)),./$(m)/...)
 # Binaries that `make build` produces, static, for FROM scratch images (the
 # compose and Kubernetes image: deploy/kubernetes's test checks that every
 # command its manifests run is one of them).
-CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator services/reconciler/cmd/reconciler services/roleserve/cmd/roleserve platform/cmd/curia-pki platform/cmd/curia-probe deploy/local/cmd/curia-local deploy/kubernetes/cmd/curia-kube
+CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator services/reconciler/cmd/reconciler services/roleserve/cmd/roleserve platform/cmd/curia-pki platform/cmd/curia-probe services/dashboard/cmd/curia-dashboard deploy/local/cmd/curia-local deploy/kubernetes/cmd/curia-kube
 BIN     := $(CURDIR)/bin
 
 # protovalidate's rules (buf/validate/validate.proto), which our protos
