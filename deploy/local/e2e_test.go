@@ -353,6 +353,8 @@ func TestE2E(t *testing.T) {
 
 	t.Run("README curl", func(t *testing.T) { checkReadmeCurl(t, filepath.Join(c.state, "env")) })
 
+	t.Run("dashboard", func(t *testing.T) { dashboardScenario(t, c) })
+
 	t.Run("size 5, then back to 3 keeping the etcd leader", func(t *testing.T) {
 		untilVoters(t, 5, setConfig(t, &curatorv1.ClusterConfig{ControlPlaneSize: 5}, "control_plane_size"), "size 3 → 5")
 		leader := c.leader()

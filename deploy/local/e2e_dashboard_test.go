@@ -1,0 +1,199 @@
+//go:build e2e
+
+package local_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/proctest"
+)
+
+// dashboardScenario drives the dashboard (curia-dashboard) in Debian's
+// chromium, headless, against the process cluster, as an operator would:
+// the membership page shows the three voters; giving the worker
+// ConsensusMember from the nodes page makes it a learner, then a voter, on
+// the page without a reload; an action the API refuses shows its message.
+// It leaves the cluster as it found it (node-1..3 voters,
+// control_plane_size 3) and a screenshot of each page (the directory is in
+// the log).
+func dashboardScenario(t *testing.T, c *cluster) {
+	chromium, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatal("no chromium on PATH: apt-get install chromium (.ci/run installs it when missing)")
+	}
+	shots := screenshotDir(t)
+	url := startDashboard(t, c)
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1600, 1000))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(actx)
+	defer cancelBrowser()
+	ctx, cancel := context.WithTimeout(bctx, 8*time.Minute)
+	defer cancel()
+	do := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	// eval polls a JavaScript expression until it returns want.
+	eval := func(timeout time.Duration, expr, want string) {
+		t.Helper()
+		proctest.Eventually(t, timeout, func() error {
+			got, err := chromedp.Run(ctx, chromedp.Evaluate[string](expr))
+			if err != nil {
+				return err
+			}
+			if got != want {
+				return fmt.Errorf("%s = %q, want %q", expr, got, want)
+			}
+			return nil
+		})
+	}
+	shot := func(name string) {
+		t.Helper()
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatalf("screenshot %s: %v", name, err)
+		}
+		if err := os.WriteFile(filepath.Join(shots, name+".png"), png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	worker, boot := c.ids["node-4"], c.ids["node-1"]
+	membership := func(id string) string {
+		return fmt.Sprintf(`(document.querySelector('#nodes tr[data-node=%q] .membership') || {textContent: 'no row'}).textContent`, id)
+	}
+
+	// The membership page after make run: three voters, one leads.
+	do("open the membership page", chromedp.Navigate(url+"/membership"))
+	eval(time.Minute, `String(document.querySelectorAll('#members .member.voter').length)`, "3")
+	eval(time.Minute, `String(document.querySelectorAll('#members .member.leader').length)`, "1")
+	eval(time.Minute, `String(document.querySelectorAll('#members .member.learner').length)`, "0")
+	shot("membership")
+
+	do("open the cluster page", chromedp.Navigate(url+"/"))
+	eval(time.Minute, `document.getElementById('voters').textContent.split(',')[0]`, "3 voters")
+	eval(time.Minute, `document.getElementById('tolerance').textContent`, "survives 1 voter failure")
+	eval(time.Minute, `String(document.getElementById('reconciler').textContent.startsWith('reconciler-'))`, "true")
+	shot("cluster")
+
+	// Autopilot would undo a hand-made change: manual first.
+	setSize(t, c, 0)
+	do("open the nodes page", chromedp.Navigate(url+"/nodes"))
+	eval(time.Minute, membership(worker), "")
+	eval(5*time.Second, `window.curiaLoaded = 'once'`, "once")
+	do("give the worker ConsensusMember", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#nodes tr[data-node=%q] button[name="give-cm"]`, worker))))
+	eval(30*time.Second, `document.getElementById('result').className`, "ok")
+	// Learner, then voter: every state the row goes through, as the page
+	// shows it.
+	var seen []string
+	proctest.Eventually(t, 3*time.Minute, func() error {
+		m, err := chromedp.Run(ctx, chromedp.Evaluate[string](membership(worker)))
+		if err != nil {
+			return err
+		}
+		if len(seen) == 0 || seen[len(seen)-1] != m {
+			seen = append(seen, m)
+			if m == "learner" {
+				shot("nodes-learner")
+			}
+		}
+		if m != "voter" {
+			return fmt.Errorf("the worker's row says %q (so far %q)", m, seen)
+		}
+		return nil
+	})
+	if !slices.Contains(seen, "learner") {
+		t.Fatalf("the worker became a voter without the page showing it a learner: %q", seen)
+	}
+	eval(time.Second*5, `window.curiaLoaded`, "once") // no reload
+	t.Logf("the worker's membership on the page: %q", seen)
+	shot("nodes")
+
+	// Refused: deleting the bootstrap node, UP and with roles, without a
+	// bypass. The page shows what the API says.
+	_, apiErr := c.mgmt().DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: boot})
+	if apiErr == nil {
+		t.Fatal("DeleteNode of node-1 without bypass succeeded")
+	}
+	do("confirm deleting node-1",
+		chromedp.Click(chromedp.CSS(fmt.Sprintf(`#delete-%s summary`, boot))),
+		chromedp.Click(chromedp.CSS(fmt.Sprintf(`#delete-%s input[name="confirm"]`, boot))),
+		chromedp.Click(chromedp.CSS(fmt.Sprintf(`#delete-%s button[name="delete"]`, boot))))
+	st := status.Convert(apiErr)
+	eval(30*time.Second, `document.getElementById('result').textContent`, "refused: "+st.Code().String()+": "+st.Message())
+	shot("nodes-refused")
+
+	// Back as it was: the worker's role taken from the page, autopilot on.
+	do("take ConsensusMember from the worker", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#nodes tr[data-node=%q] button[name="take-cm"]`, worker))))
+	eval(30*time.Second, `document.getElementById('result').className`, "ok")
+	eval(3*time.Minute, membership(worker), "")
+	setSize(t, c, 3)
+	c.eventuallyAgree()
+
+	do("open the audit log", chromedp.Navigate(url+"/audit"))
+	// Newest first, and the page's own actions are there, by the admin.
+	eval(time.Minute, `(r => String(r.length > 1 && r.every((x, i) => i == 0 || +r[i-1] >= +x)))([...document.querySelectorAll('#audit tbody tr')].map(tr => tr.dataset.revision))`, "true")
+	eval(time.Minute, `String([...document.querySelectorAll('#audit tbody tr')].some(tr => tr.children[1].textContent === 'admin/admin' && tr.children[2].textContent === 'ROLES_UPDATE'))`, "true")
+	shot("audit")
+	t.Logf("screenshots in %s", shots)
+}
+
+// startDashboard runs curia-dashboard against the cluster, with the
+// admin's credentials of its env file, and returns its URL.
+func startDashboard(t *testing.T, c *cluster) string {
+	addr := proctest.FreeAddr(t)
+	p := proctest.New(t, "curia-dashboard", proctest.Build(t, "curia.dev/services/dashboard/cmd/curia-dashboard"),
+		"--ca", c.env["CURIA_CACERT"], "--cert", c.env["CURIA_ADMIN_CERT"], "--key", c.env["CURIA_ADMIN_KEY"],
+		"--listen", addr, "--curator", c.env["CURIA_CURATORS"], "--reconciler", c.env["CURIA_RECONCILERS"])
+	p.Start()
+	url := "http://" + addr
+	proctest.Eventually(t, 30*time.Second, func() error {
+		code, _, err := proctest.Get(url + "/")
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("GET /: %d", code)
+		}
+		return err
+	})
+	return url
+}
+
+func setSize(t *testing.T, c *cluster, size uint32) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.mgmt().UpdateClusterConfig(ctx, &curatorv1.UpdateClusterConfigRequest{
+		Config: &curatorv1.ClusterConfig{ControlPlaneSize: size}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"control_plane_size"}}, Reason: "e2e: the dashboard",
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// screenshotDir is the test's artifact directory with -artifacts (kept in
+// -outputdir), else a directory kept after the test.
+func screenshotDir(t *testing.T) string {
+	if f := flag.Lookup("test.artifacts"); f != nil && f.Value.String() == "true" {
+		return t.ArtifactDir()
+	}
+	dir, err := os.MkdirTemp("", "curia-e2e-dashboard-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
