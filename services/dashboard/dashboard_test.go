@@ -229,7 +229,7 @@ func TestDashboard(t *testing.T) {
 	t.Run("cluster", func(t *testing.T) {
 		e.eventually("/",
 			fmt.Sprintf(`id="leader">%s, term %d`, lead.LeaderName, lead.Term),
-			`id="reconciler">reconciler-1, lease held by reconciler-1/`,
+			`id="reconciler">reconciler-1, lease until `, `reconciler-1/`,
 			`id="voters">1 voters, 1 healthy, quorum 1`,
 			`id="tolerance" class="warn">survives 0 voter failures`,
 			`id="pending">none`,
