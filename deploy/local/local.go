@@ -61,6 +61,9 @@ type Config struct {
 	// it returns for the process's host (e.g. "ip netns exec <ns>", to run
 	// every host in its own network namespace).
 	Wrap func(host string) []string
+	// Dashboard starts the web dashboard (curia-dashboard, from Bin) on
+	// <Subnet>.1:7000.
+	Dashboard bool
 	// ExtraArgs are further flags for every process of a binary
 	// ("consensus", "curator", "reconciler", "roleserve").
 	ExtraArgs map[string][]string

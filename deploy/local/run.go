@@ -33,6 +33,7 @@ func (c *Cluster) Run(ctx context.Context) error {
 	}
 	defer c.Stop()
 	c.startAll(ctx)
+	dashboard := c.startDashboard(ctx)
 
 	admin, err := c.AdminConn()
 	if err != nil {
@@ -76,6 +77,7 @@ func (c *Cluster) Run(ctx context.Context) error {
 	fmt.Fprintf(c.cfg.Out, "curia: cluster ready in %v: roles and etcd membership agree\n\n", time.Since(begun).Round(100*time.Millisecond))
 	fmt.Fprintf(c.cfg.Out, "  source %s\n  grpcurl $CURIA_TLS $CURIA_CURATOR curia.curator.v1.Management/GetNodes\n\nCtrl-C stops the cluster; running it again starts it from %s.\n",
 		c.path("env"), c.cfg.State)
+	c.printDashboard(dashboard)
 	<-ctx.Done()
 	fmt.Fprintln(c.cfg.Out, "curia: stopping")
 	return nil

@@ -44,6 +44,7 @@ func run(args []string) error {
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "worker nodes (their consensus stays idle)")
 	fs.IntVar(&cfg.Curators, "curators", cfg.Curators, "curator replicas")
 	fs.IntVar(&cfg.Reconcilers, "reconcilers", cfg.Reconcilers, "reconciler replicas")
+	fs.BoolVar(&cfg.Dashboard, "dashboard", true, "start the web dashboard (curia-dashboard in --bin) on <subnet>.1:7000")
 	fresh := fs.Bool("fresh", false, "delete the state directory first and start a new cluster")
 	fs.BoolVar(&cfg.Compose, "compose", false, "lay the cluster out for deploy/compose (host names instead of loopback addresses)")
 	fs.StringVar(&cfg.Grpcurl, "grpcurl", "", "the grpcurl whose directory the env file puts first on PATH (make run: the pinned one)")
