@@ -17,6 +17,7 @@ import (
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
+	"curia.dev/platform/nodes"
 )
 
 //go:embed web
@@ -142,7 +143,7 @@ func (p *pages) live(ctx context.Context, page, filter string, st state) liveDat
 		if filter != "" {
 			ld.Filtered = true
 			ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			matched, err := listNodes(ctx, p.d.view.mgmt, filter)
+			matched, err := nodes.List(ctx, p.d.view.mgmt, filter)
 			cancel()
 			if err != nil {
 				ld.FilterErr = errText(err)

@@ -16,6 +16,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/backoff"
+	"curia.dev/platform/nodes"
 	"curia.dev/platform/run"
 )
 
@@ -349,32 +350,5 @@ func keepMap(now, last map[string]*curatorv1.Node) map[string]*curatorv1.Node {
 
 // heartbeats lists the nodes for their health and last heartbeat.
 func (v *view) heartbeats(ctx context.Context) (map[string]*curatorv1.Node, error) {
-	nodes, err := listNodes(ctx, v.mgmt, "")
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]*curatorv1.Node, len(nodes))
-	for _, n := range nodes {
-		out[n.Id] = n
-	}
-	return out, nil
-}
-
-// listNodes is GetNodes with a filter, every batch.
-func listNodes(ctx context.Context, m curatorv1.ManagementClient, filter string) ([]*curatorv1.Node, error) {
-	stream, err := m.GetNodes(ctx, &curatorv1.GetNodesRequest{Filter: filter})
-	if err != nil {
-		return nil, err
-	}
-	var out []*curatorv1.Node
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, resp.Nodes...)
-	}
+	return nodes.ByID(ctx, v.mgmt, "")
 }
