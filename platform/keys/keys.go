@@ -18,7 +18,9 @@
 //	├── tombstones/<node id>       a deleted node's id, never to register again
 //	├── cluster/register-ticket    the ticket nodes register with (raw bytes)
 //	├── cluster/config             the cluster configuration (autopilot's settings)
-//	└── pki/crl                    the cluster CA's revocation list (PEM)
+//	├── pki/crl                    the cluster CA's revocation list (PEM)
+//	├── recovery/reports/<time>    the report of a quorum-loss recovery
+//	└── recovery/superseded/<id>   a cluster id a recovery replaced (hex), and by what
 package keys
 
 import (
@@ -125,7 +127,27 @@ const (
 	// CRL is the cluster CA's current certificate revocation list (PEM),
 	// written by the curator when it revokes a node's certificate.
 	CRL = Prefix + "pki/crl"
+
+	// RecoveryReports holds one curia.consensus.v1.RecoveryReport per
+	// quorum-loss recovery, recovery/reports/<RFC 3339 nano time>, written
+	// by the consensus process that recovered, in its first transaction.
+	RecoveryReports = Prefix + "recovery/reports/"
+
+	// RecoverySuperseded names the clusters a recovery replaced:
+	// recovery/superseded/<old cluster id, hex>, value the new cluster's id
+	// (hex, plain text). A member of the old cluster holds data that no
+	// member of this cluster needs: its node may wipe it (Leave), although
+	// the answering cluster's id is not its own.
+	RecoverySuperseded = Prefix + "recovery/superseded/"
 )
+
+// RecoveryReport is the key of the report of a recovery finished at t.
+func RecoveryReport(t time.Time) string {
+	return RecoveryReports + t.UTC().Format(time.RFC3339Nano)
+}
+
+// Superseded is the key that says cluster id was replaced by a recovery.
+func Superseded(clusterID uint64) string { return RecoverySuperseded + fmt.Sprintf("%016x", clusterID) }
 
 // Lease is the key of the named lease.
 func Lease(name string) string { return LeasesPrefix + name }

@@ -13,6 +13,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 )
@@ -231,6 +232,7 @@ func (x *server) confirmNotMember(ctx context.Context) error {
 	}
 	var members []*consensusv1.Member
 	var clusterID uint64
+	superseded := false
 	err := fmt.Errorf("%w: the member certificate is revoked, etcd refuses it", errCannotConfirm)
 	if !m.id.memberRevoked() {
 		// Bounded, so that the curators are still asked before the
@@ -239,7 +241,7 @@ func (x *server) confirmNotMember(ctx context.Context) error {
 		// yet) or hangs is retried by etcd's client until the context
 		// ends.
 		ectx, cancel := context.WithTimeout(ctx, askEtcdTimeout)
-		members, clusterID, err = x.askEtcd(ectx, kept, id)
+		members, clusterID, superseded, err = x.askEtcd(ectx, kept, id)
 		cancel()
 	}
 	if err != nil && len(x.s.cfg.Curators) > 0 {
@@ -253,7 +255,7 @@ func (x *server) confirmNotMember(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if clusterID != kept.ClusterID && kept.ClusterID != 0 && clusterID != 0 {
+	if clusterID != kept.ClusterID && kept.ClusterID != 0 && clusterID != 0 && !superseded {
 		return fmt.Errorf("%w: the voters answering belong to cluster %s, not this member's %s; its data stays", errCannotConfirm, types.ID(clusterID), types.ID(kept.ClusterID))
 	}
 	for _, mem := range members {
@@ -275,35 +277,48 @@ const askEtcdTimeout = 5 * time.Second
 
 // askEtcd reads the member list with this member's certificate: through
 // the local client if etcd runs, else through the voters remembered on disk.
-func (x *server) askEtcd(ctx context.Context, kept persisted, id uint64) ([]*consensusv1.Member, uint64, error) {
+// When the answering cluster is another than this member's, it also says
+// whether a recovery superseded this member's cluster by it (recover.go):
+// then the member list answers for this member too.
+func (x *server) askEtcd(ctx context.Context, kept persisted, id uint64) (_ []*consensusv1.Member, _ uint64, superseded bool, _ error) {
 	m := x.s.member
 	var list *clientv3.MemberListResponse
+	var c *clientv3.Client
 	if e, cli, err := m.running(); err == nil {
+		c = cli
 		if list, err = cli.MemberList(ctx); err != nil {
 			// etcd may be stopping: it learned that its member was
 			// removed. Once it stopped, its state says whether it was.
 			m.awaitStop(ctx, e)
-			return nil, 0, fmt.Errorf("%w: ask the cluster whether member %s is gone: %v; its data stays", errCannotConfirm, types.ID(id), err)
+			return nil, 0, false, fmt.Errorf("%w: ask the cluster whether member %s is gone: %v; its data stays", errCannotConfirm, types.ID(id), err)
 		}
 	} else {
 		eps := slices.DeleteFunc(slices.Clone(kept.Endpoints), func(e string) bool { return e == x.s.cfg.AdvertiseClientURL })
 		if len(eps) == 0 {
-			return nil, 0, fmt.Errorf("%w: this node knows no other voter to confirm that member %s is gone; its data stays", errCannotConfirm, types.ID(id))
+			return nil, 0, false, fmt.Errorf("%w: this node knows no other voter to confirm that member %s is gone; its data stays", errCannotConfirm, types.ID(id))
 		}
 		cli, err := m.dial(eps)
 		if err != nil {
-			return nil, 0, fmt.Errorf("%w: %v", errCannotConfirm, err)
+			return nil, 0, false, fmt.Errorf("%w: %v", errCannotConfirm, err)
 		}
 		defer cli.Close()
+		c = cli
 		if list, err = cli.MemberList(ctx); err != nil {
-			return nil, 0, fmt.Errorf("%w: ask the voters %v whether member %s is gone: %v; its data stays", errCannotConfirm, eps, types.ID(id), err)
+			return nil, 0, false, fmt.Errorf("%w: ask the voters %v whether member %s is gone: %v; its data stays", errCannotConfirm, eps, types.ID(id), err)
 		}
 	}
 	var out []*consensusv1.Member
 	for _, mem := range list.Members {
 		out = append(out, &consensusv1.Member{Id: mem.ID, NodeId: mem.Name, PeerUrls: mem.PeerURLs})
 	}
-	return out, list.Header.ClusterId, nil
+	if kept.ClusterID != 0 && list.Header.ClusterId != kept.ClusterID {
+		resp, err := c.Get(ctx, keys.Superseded(kept.ClusterID))
+		if err != nil {
+			return nil, 0, false, fmt.Errorf("%w: cluster %s answers, not this member's %s, and whether a recovery superseded it is unknown: %v; its data stays", errCannotConfirm, types.ID(list.Header.ClusterId), types.ID(kept.ClusterID), err)
+		}
+		superseded = len(resp.Kvs) > 0
+	}
+	return out, list.Header.ClusterId, superseded, nil
 }
 
 // askCurators reads the member list through the curators, with this

@@ -419,9 +419,30 @@ func (s *Service) runMember(ctx context.Context, ready func()) error {
 		}
 	}
 	ready()
+	s.finishRecording(ctx)
 	<-ctx.Done()
 	s.member.stop()
 	return nil
+}
+
+// finishRecording records a recovery whose process stopped after the
+// swap and before the record (recovery.go), once the member runs.
+func (s *Service) finishRecording(ctx context.Context) {
+	for ctx.Err() == nil {
+		if _, err := os.Stat(s.member.recoveryPath()); err != nil {
+			return
+		}
+		if _, _, err := s.member.running(); err == nil {
+			rctx, cancel := context.WithTimeout(ctx, finishTimeout)
+			_, err := s.recordRecovery(rctx)
+			cancel()
+			if err == nil {
+				return
+			}
+			s.log.Warn("record the interrupted recovery; retrying", "err", err)
+		}
+		run.Sleep(ctx, time.Second)
+	}
 }
 
 // followCRL follows the cluster's revocation list in etcd while the local

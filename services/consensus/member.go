@@ -115,6 +115,12 @@ func newMember(cfg Config, revocations *crl.Watcher, log, etcdLog *slog.Logger) 
 			return nil, fmt.Errorf("read %s: %w", m.statePath(), err)
 		}
 	}
+	// A recovery interrupted between its restore and its start.
+	if kept, err := m.finishRecoveryOnDisk(); err != nil {
+		return nil, fmt.Errorf("finish the interrupted recovery: %w", err)
+	} else if kept != "" {
+		log.Warn("finished an interrupted recovery: the recovered data is in place", "old_data", kept)
+	}
 	return m, nil
 }
 
@@ -363,6 +369,15 @@ func (m *member) status() *consensusv1.StatusResponse {
 		PublicKey:   m.id.key.Public().(ed25519.PublicKey),
 	}
 	st.Certificate, st.MemberCertificate = m.id.pems()
+	if e := m.etcd; e != nil {
+		// Also while it starts, e.g. a restarted member that waits for
+		// its quorum: a recovery chooses its survivor by these.
+		srv := e.Server
+		st.LeaderId = srv.Lead()
+		st.RaftIndex = srv.AppliedIndex()
+		st.RaftTerm = srv.Term()
+		st.DbSize = srv.Backend().Size()
+	}
 	if e := m.etcd; e != nil && m.state == consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING {
 		srv := e.Server
 		st.MemberId = uint64(srv.MemberID())
@@ -373,11 +388,7 @@ func (m *member) status() *consensusv1.StatusResponse {
 		} else {
 			st.StateReason = "this member is no longer in the cluster; etcd is stopping"
 		}
-		st.LeaderId = srv.Lead()
 		st.Leader = srv.Lead() == uint64(srv.MemberID())
-		st.RaftIndex = srv.AppliedIndex()
-		st.RaftTerm = srv.Term()
-		st.DbSize = srv.Backend().Size()
 	}
 	return st
 }

@@ -18,6 +18,7 @@ import (
 //	AddNode, PromoteMember, RemoveMember
 //	               curator and reconciler, each with its own fence (checkFence)
 //	Start, Leave, SetCredentials   only this node's own agent (roleserve, node/<id>)
+//	Recover, RestoreSnapshot       only an admin (quorum-loss recovery)
 func policy(nodeID string) rpc.Policy {
 	onlySelf := func(_ context.Context, p pki.Principal, _ any) error {
 		if p.Kind == pki.KindNode && p.Name != nodeID {
@@ -38,6 +39,8 @@ func policy(nodeID string) rpc.Policy {
 		consensusv1.Consensus_Start_FullMethodName:           self,
 		consensusv1.Consensus_Leave_FullMethodName:           self,
 		consensusv1.Consensus_SetCredentials_FullMethodName:  self,
+		consensusv1.Consensus_Recover_FullMethodName:         {Allow: []pki.Kind{pki.KindAdmin}},
+		consensusv1.Consensus_RestoreSnapshot_FullMethodName: {Allow: []pki.Kind{pki.KindAdmin}},
 	}
 	if len(p) != len(consensusv1.Consensus_ServiceDesc.Methods)+len(consensusv1.Consensus_ServiceDesc.Streams) {
 		panic(fmt.Sprintf("consensus policy lists %d methods, the service has more", len(p)))

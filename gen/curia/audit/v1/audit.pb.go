@@ -57,6 +57,10 @@ const (
 	// An admin changed the cluster configuration (UpdateClusterConfig);
 	// reason says which fields changed, from what to what.
 	AuditAction_AUDIT_ACTION_CLUSTER_CONFIG_UPDATE AuditAction = 13
+	// An admin recovered the cluster from one member's data or a snapshot
+	// after a quorum loss (Consensus/Recover, Consensus/RestoreSnapshot);
+	// reason carries the recovery report in words.
+	AuditAction_AUDIT_ACTION_CLUSTER_RECOVER AuditAction = 14
 )
 
 // Enum value maps for AuditAction.
@@ -76,6 +80,7 @@ var (
 		11: "AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER",
 		12: "AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER",
 		13: "AUDIT_ACTION_CLUSTER_CONFIG_UPDATE",
+		14: "AUDIT_ACTION_CLUSTER_RECOVER",
 	}
 	AuditAction_value = map[string]int32{
 		"AUDIT_ACTION_UNSPECIFIED":                             0,
@@ -92,6 +97,7 @@ var (
 		"AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER":    11,
 		"AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER": 12,
 		"AUDIT_ACTION_CLUSTER_CONFIG_UPDATE":                   13,
+		"AUDIT_ACTION_CLUSTER_RECOVER":                         14,
 	}
 )
 
@@ -407,7 +413,7 @@ const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"\x05Roles\x12)\n" +
 	"\x10consensus_member\x18\x01 \x01(\bR\x0fconsensusMember\x123\n" +
 	"\x15kubernetes_controller\x18\x02 \x01(\bR\x14kubernetesController\x12+\n" +
-	"\x11kubernetes_worker\x18\x03 \x01(\bR\x10kubernetesWorker*\x8c\x04\n" +
+	"\x11kubernetes_worker\x18\x03 \x01(\bR\x10kubernetesWorker*\xae\x04\n" +
 	"\vAuditAction\x12\x1c\n" +
 	"\x18AUDIT_ACTION_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eAUDIT_ACTION_CLUSTER_BOOTSTRAP\x10\x01\x12\x1c\n" +
@@ -423,7 +429,8 @@ const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"\x125\n" +
 	"1AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER\x10\v\x128\n" +
 	"4AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER\x10\f\x12&\n" +
-	"\"AUDIT_ACTION_CLUSTER_CONFIG_UPDATE\x10\r*k\n" +
+	"\"AUDIT_ACTION_CLUSTER_CONFIG_UPDATE\x10\r\x12 \n" +
+	"\x1cAUDIT_ACTION_CLUSTER_RECOVER\x10\x0e*k\n" +
 	"\rChangeOutcome\x12\x1e\n" +
 	"\x1aCHANGE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CHANGE_OUTCOME_APPLIED\x10\x01\x12\x1e\n" +

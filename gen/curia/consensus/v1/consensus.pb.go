@@ -1855,6 +1855,515 @@ func (x *SetCredentialsResponse) GetStatus() *StatusResponse {
 	return nil
 }
 
+// RecoverRequest recovers from this node's member data.
+type RecoverRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// This node's member id (Status.member_id): the operator's consent to
+	// keep exactly this member's data, and nothing it has not seen.
+	MemberId uint64 `protobuf:"varint,1,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	// Why, for the report and the audit log.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// How far revisions jump forward (0: 1,000,000,000, as etcd's own
+	// disaster recovery advises): more than the survivor can have missed.
+	RevisionBump  uint64 `protobuf:"varint,3,opt,name=revision_bump,json=revisionBump,proto3" json:"revision_bump,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecoverRequest) Reset() {
+	*x = RecoverRequest{}
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecoverRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecoverRequest) ProtoMessage() {}
+
+func (x *RecoverRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecoverRequest.ProtoReflect.Descriptor instead.
+func (*RecoverRequest) Descriptor() ([]byte, []int) {
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RecoverRequest) GetMemberId() uint64 {
+	if x != nil {
+		return x.MemberId
+	}
+	return 0
+}
+
+func (x *RecoverRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RecoverRequest) GetRevisionBump() uint64 {
+	if x != nil {
+		return x.RevisionBump
+	}
+	return 0
+}
+
+// RestoreSnapshotRequest is one message of a RestoreSnapshot stream.
+type RestoreSnapshotRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The first message is the header, every later one a chunk.
+	//
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*RestoreSnapshotRequest_Header
+	//	*RestoreSnapshotRequest_Chunk
+	Msg           isRestoreSnapshotRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreSnapshotRequest) Reset() {
+	*x = RestoreSnapshotRequest{}
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreSnapshotRequest) ProtoMessage() {}
+
+func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *RestoreSnapshotRequest) GetMsg() isRestoreSnapshotRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *RestoreSnapshotRequest) GetHeader() *RestoreSnapshotHeader {
+	if x != nil {
+		if x, ok := x.Msg.(*RestoreSnapshotRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *RestoreSnapshotRequest) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*RestoreSnapshotRequest_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+type isRestoreSnapshotRequest_Msg interface {
+	isRestoreSnapshotRequest_Msg()
+}
+
+type RestoreSnapshotRequest_Header struct {
+	// What to restore, and the consent.
+	Header *RestoreSnapshotHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type RestoreSnapshotRequest_Chunk struct {
+	// The next bytes of the snapshot file.
+	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+func (*RestoreSnapshotRequest_Header) isRestoreSnapshotRequest_Msg() {}
+
+func (*RestoreSnapshotRequest_Chunk) isRestoreSnapshotRequest_Msg() {}
+
+// RestoreSnapshotHeader starts a RestoreSnapshot stream.
+type RestoreSnapshotHeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// This node's id: the operator's consent to make this node the cluster.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Why, for the report and the audit log.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The snapshot's name, for the report.
+	SnapshotName string `protobuf:"bytes,3,opt,name=snapshot_name,json=snapshotName,proto3" json:"snapshot_name,omitempty"`
+	// As in RecoverRequest.
+	RevisionBump  uint64 `protobuf:"varint,4,opt,name=revision_bump,json=revisionBump,proto3" json:"revision_bump,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreSnapshotHeader) Reset() {
+	*x = RestoreSnapshotHeader{}
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreSnapshotHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreSnapshotHeader) ProtoMessage() {}
+
+func (x *RestoreSnapshotHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreSnapshotHeader.ProtoReflect.Descriptor instead.
+func (*RestoreSnapshotHeader) Descriptor() ([]byte, []int) {
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *RestoreSnapshotHeader) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *RestoreSnapshotHeader) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RestoreSnapshotHeader) GetSnapshotName() string {
+	if x != nil {
+		return x.SnapshotName
+	}
+	return ""
+}
+
+func (x *RestoreSnapshotHeader) GetRevisionBump() uint64 {
+	if x != nil {
+		return x.RevisionBump
+	}
+	return 0
+}
+
+// RecoverResponse reports a recovery.
+type RecoverResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What happened, as stored in etcd.
+	Report        *RecoveryReport `protobuf:"bytes,1,opt,name=report,proto3" json:"report,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecoverResponse) Reset() {
+	*x = RecoverResponse{}
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecoverResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecoverResponse) ProtoMessage() {}
+
+func (x *RecoverResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecoverResponse.ProtoReflect.Descriptor instead.
+func (*RecoverResponse) Descriptor() ([]byte, []int) {
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RecoverResponse) GetReport() *RecoveryReport {
+	if x != nil {
+		return x.Report
+	}
+	return nil
+}
+
+// RestoreSnapshotResponse reports a restore.
+type RestoreSnapshotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What happened, as stored in etcd.
+	Report        *RecoveryReport `protobuf:"bytes,1,opt,name=report,proto3" json:"report,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreSnapshotResponse) Reset() {
+	*x = RestoreSnapshotResponse{}
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreSnapshotResponse) ProtoMessage() {}
+
+func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RestoreSnapshotResponse) GetReport() *RecoveryReport {
+	if x != nil {
+		return x.Report
+	}
+	return nil
+}
+
+// RecoveryReport says what a recovery kept and what it dropped.
+type RecoveryReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node whose member is the new cluster.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// "member data" or "snapshot <name>".
+	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// The member the data was of (0 for a snapshot restored on a node
+	// without a member).
+	OldMemberId uint64 `protobuf:"varint,3,opt,name=old_member_id,json=oldMemberId,proto3" json:"old_member_id,omitempty"`
+	// The cluster the data was of (0 as for old_member_id).
+	OldClusterId uint64 `protobuf:"varint,4,opt,name=old_cluster_id,json=oldClusterId,proto3" json:"old_cluster_id,omitempty"`
+	// The raft index the member had applied (member data only).
+	AppliedIndex uint64 `protobuf:"varint,5,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	// The member's raft term (member data only).
+	Term uint64 `protobuf:"varint,6,opt,name=term,proto3" json:"term,omitempty"`
+	// The data's last revision.
+	Revision int64 `protobuf:"varint,7,opt,name=revision,proto3" json:"revision,omitempty"`
+	// How far revisions were moved forward.
+	RevisionBump uint64 `protobuf:"varint,8,opt,name=revision_bump,json=revisionBump,proto3" json:"revision_bump,omitempty"`
+	// The revision the new cluster starts after: revision + revision_bump.
+	NewRevision int64 `protobuf:"varint,9,opt,name=new_revision,json=newRevision,proto3" json:"new_revision,omitempty"`
+	// The new cluster's only member.
+	NewMemberId uint64 `protobuf:"varint,10,opt,name=new_member_id,json=newMemberId,proto3" json:"new_member_id,omitempty"`
+	// The new cluster's id.
+	NewClusterId uint64 `protobuf:"varint,11,opt,name=new_cluster_id,json=newClusterId,proto3" json:"new_cluster_id,omitempty"`
+	// The members of the old cluster that are not in the new one.
+	DroppedMembers []*Member `protobuf:"bytes,12,rep,name=dropped_members,json=droppedMembers,proto3" json:"dropped_members,omitempty"`
+	// Where the old data was moved (empty when there was none).
+	KeptDataDir string `protobuf:"bytes,13,opt,name=kept_data_dir,json=keptDataDir,proto3" json:"kept_data_dir,omitempty"`
+	// Who asked (the caller's principal).
+	RecoveredBy string `protobuf:"bytes,14,opt,name=recovered_by,json=recoveredBy,proto3" json:"recovered_by,omitempty"`
+	// Why, as the caller said.
+	Reason string `protobuf:"bytes,15,opt,name=reason,proto3" json:"reason,omitempty"`
+	// When the recovery began.
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// When the new cluster ran and the recovery was recorded.
+	FinishedAt    *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecoveryReport) Reset() {
+	*x = RecoveryReport{}
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecoveryReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecoveryReport) ProtoMessage() {}
+
+func (x *RecoveryReport) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_consensus_v1_consensus_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecoveryReport.ProtoReflect.Descriptor instead.
+func (*RecoveryReport) Descriptor() ([]byte, []int) {
+	return file_curia_consensus_v1_consensus_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *RecoveryReport) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *RecoveryReport) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *RecoveryReport) GetOldMemberId() uint64 {
+	if x != nil {
+		return x.OldMemberId
+	}
+	return 0
+}
+
+func (x *RecoveryReport) GetOldClusterId() uint64 {
+	if x != nil {
+		return x.OldClusterId
+	}
+	return 0
+}
+
+func (x *RecoveryReport) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *RecoveryReport) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *RecoveryReport) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *RecoveryReport) GetRevisionBump() uint64 {
+	if x != nil {
+		return x.RevisionBump
+	}
+	return 0
+}
+
+func (x *RecoveryReport) GetNewRevision() int64 {
+	if x != nil {
+		return x.NewRevision
+	}
+	return 0
+}
+
+func (x *RecoveryReport) GetNewMemberId() uint64 {
+	if x != nil {
+		return x.NewMemberId
+	}
+	return 0
+}
+
+func (x *RecoveryReport) GetNewClusterId() uint64 {
+	if x != nil {
+		return x.NewClusterId
+	}
+	return 0
+}
+
+func (x *RecoveryReport) GetDroppedMembers() []*Member {
+	if x != nil {
+		return x.DroppedMembers
+	}
+	return nil
+}
+
+func (x *RecoveryReport) GetKeptDataDir() string {
+	if x != nil {
+		return x.KeptDataDir
+	}
+	return ""
+}
+
+func (x *RecoveryReport) GetRecoveredBy() string {
+	if x != nil {
+		return x.RecoveredBy
+	}
+	return ""
+}
+
+func (x *RecoveryReport) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RecoveryReport) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *RecoveryReport) GetFinishedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FinishedAt
+	}
+	return nil
+}
+
 var File_curia_consensus_v1_consensus_proto protoreflect.FileDescriptor
 
 const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
@@ -1977,7 +2486,47 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\vcertificate\x18\x01 \x01(\fR\vcertificate\x12-\n" +
 	"\x12member_certificate\x18\x02 \x01(\fR\x11memberCertificate\"T\n" +
 	"\x16SetCredentialsResponse\x12:\n" +
-	"\x06status\x18\x01 \x01(\v2\".curia.consensus.v1.StatusResponseR\x06status*\xbf\x01\n" +
+	"\x06status\x18\x01 \x01(\v2\".curia.consensus.v1.StatusResponseR\x06status\"\x7f\n" +
+	"\x0eRecoverRequest\x12$\n" +
+	"\tmember_id\x18\x01 \x01(\x04B\a\xbaH\x042\x02 \x00R\bmemberId\x12\"\n" +
+	"\x06reason\x18\x02 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01(\x80\bR\x06reason\x12#\n" +
+	"\rrevision_bump\x18\x03 \x01(\x04R\frevisionBump\"\x83\x01\n" +
+	"\x16RestoreSnapshotRequest\x12C\n" +
+	"\x06header\x18\x01 \x01(\v2).curia.consensus.v1.RestoreSnapshotHeaderH\x00R\x06header\x12\x16\n" +
+	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\f\n" +
+	"\x03msg\x12\x05\xbaH\x02\b\x01\"\xb3\x01\n" +
+	"\x15RestoreSnapshotHeader\x12\"\n" +
+	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x12\"\n" +
+	"\x06reason\x18\x02 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01(\x80\bR\x06reason\x12-\n" +
+	"\rsnapshot_name\x18\x03 \x01(\tB\b\xbaH\x05r\x03(\xfd\x01R\fsnapshotName\x12#\n" +
+	"\rrevision_bump\x18\x04 \x01(\x04R\frevisionBump\"M\n" +
+	"\x0fRecoverResponse\x12:\n" +
+	"\x06report\x18\x01 \x01(\v2\".curia.consensus.v1.RecoveryReportR\x06report\"U\n" +
+	"\x17RestoreSnapshotResponse\x12:\n" +
+	"\x06report\x18\x01 \x01(\v2\".curia.consensus.v1.RecoveryReportR\x06report\"\x8e\x05\n" +
+	"\x0eRecoveryReport\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\"\n" +
+	"\rold_member_id\x18\x03 \x01(\x04R\voldMemberId\x12$\n" +
+	"\x0eold_cluster_id\x18\x04 \x01(\x04R\foldClusterId\x12#\n" +
+	"\rapplied_index\x18\x05 \x01(\x04R\fappliedIndex\x12\x12\n" +
+	"\x04term\x18\x06 \x01(\x04R\x04term\x12\x1a\n" +
+	"\brevision\x18\a \x01(\x03R\brevision\x12#\n" +
+	"\rrevision_bump\x18\b \x01(\x04R\frevisionBump\x12!\n" +
+	"\fnew_revision\x18\t \x01(\x03R\vnewRevision\x12\"\n" +
+	"\rnew_member_id\x18\n" +
+	" \x01(\x04R\vnewMemberId\x12$\n" +
+	"\x0enew_cluster_id\x18\v \x01(\x04R\fnewClusterId\x12C\n" +
+	"\x0fdropped_members\x18\f \x03(\v2\x1a.curia.consensus.v1.MemberR\x0edroppedMembers\x12\"\n" +
+	"\rkept_data_dir\x18\r \x01(\tR\vkeptDataDir\x12!\n" +
+	"\frecovered_by\x18\x0e \x01(\tR\vrecoveredBy\x12\x16\n" +
+	"\x06reason\x18\x0f \x01(\tR\x06reason\x129\n" +
+	"\n" +
+	"started_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12;\n" +
+	"\vfinished_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"finishedAt*\xbf\x01\n" +
 	"\x0eLifecycleState\x12\x1f\n" +
 	"\x1bLIFECYCLE_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14LIFECYCLE_STATE_IDLE\x10\x01\x12\x1c\n" +
@@ -1989,7 +2538,7 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	" MEMBERSHIP_OPERATION_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18MEMBERSHIP_OPERATION_ADD\x10\x01\x12 \n" +
 	"\x1cMEMBERSHIP_OPERATION_PROMOTE\x10\x02\x12\x1f\n" +
-	"\x1bMEMBERSHIP_OPERATION_REMOVE\x10\x032\xdb\x06\n" +
+	"\x1bMEMBERSHIP_OPERATION_REMOVE\x10\x032\x9d\b\n" +
 	"\tConsensus\x12T\n" +
 	"\x06Status\x12!.curia.consensus.v1.StatusRequest\x1a\".curia.consensus.v1.StatusResponse\"\x03\x90\x02\x01\x12c\n" +
 	"\vListMembers\x12&.curia.consensus.v1.ListMembersRequest\x1a'.curia.consensus.v1.ListMembersResponse\"\x03\x90\x02\x01\x12q\n" +
@@ -1999,7 +2548,9 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\fRemoveMember\x12'.curia.consensus.v1.RemoveMemberRequest\x1a(.curia.consensus.v1.RemoveMemberResponse\x12L\n" +
 	"\x05Start\x12 .curia.consensus.v1.StartRequest\x1a!.curia.consensus.v1.StartResponse\x12L\n" +
 	"\x05Leave\x12 .curia.consensus.v1.LeaveRequest\x1a!.curia.consensus.v1.LeaveResponse\x12g\n" +
-	"\x0eSetCredentials\x12).curia.consensus.v1.SetCredentialsRequest\x1a*.curia.consensus.v1.SetCredentialsResponseB\xc0\x01\n" +
+	"\x0eSetCredentials\x12).curia.consensus.v1.SetCredentialsRequest\x1a*.curia.consensus.v1.SetCredentialsResponse\x12R\n" +
+	"\aRecover\x12\".curia.consensus.v1.RecoverRequest\x1a#.curia.consensus.v1.RecoverResponse\x12l\n" +
+	"\x0fRestoreSnapshot\x12*.curia.consensus.v1.RestoreSnapshotRequest\x1a+.curia.consensus.v1.RestoreSnapshotResponse(\x01B\xc0\x01\n" +
 	"\x16com.curia.consensus.v1B\x0eConsensusProtoP\x01Z,curia.dev/gen/curia/consensus/v1;consensusv1\xa2\x02\x03CCX\xaa\x02\x12Curia.Consensus.V1\xca\x02\x12Curia\\Consensus\\V1\xe2\x02\x1eCuria\\Consensus\\V1\\GPBMetadata\xea\x02\x14Curia::Consensus::V1b\x06proto3"
 
 var (
@@ -2015,7 +2566,7 @@ func file_curia_consensus_v1_consensus_proto_rawDescGZIP() []byte {
 }
 
 var file_curia_consensus_v1_consensus_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_curia_consensus_v1_consensus_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_curia_consensus_v1_consensus_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_curia_consensus_v1_consensus_proto_goTypes = []any{
 	(LifecycleState)(0),             // 0: curia.consensus.v1.LifecycleState
 	(MembershipOperation)(0),        // 1: curia.consensus.v1.MembershipOperation
@@ -2043,9 +2594,15 @@ var file_curia_consensus_v1_consensus_proto_goTypes = []any{
 	(*LeaveResponse)(nil),           // 23: curia.consensus.v1.LeaveResponse
 	(*SetCredentialsRequest)(nil),   // 24: curia.consensus.v1.SetCredentialsRequest
 	(*SetCredentialsResponse)(nil),  // 25: curia.consensus.v1.SetCredentialsResponse
-	(*timestamppb.Timestamp)(nil),   // 26: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 27: google.protobuf.Duration
-	(*v1.Fence)(nil),                // 28: curia.fence.v1.Fence
+	(*RecoverRequest)(nil),          // 26: curia.consensus.v1.RecoverRequest
+	(*RestoreSnapshotRequest)(nil),  // 27: curia.consensus.v1.RestoreSnapshotRequest
+	(*RestoreSnapshotHeader)(nil),   // 28: curia.consensus.v1.RestoreSnapshotHeader
+	(*RecoverResponse)(nil),         // 29: curia.consensus.v1.RecoverResponse
+	(*RestoreSnapshotResponse)(nil), // 30: curia.consensus.v1.RestoreSnapshotResponse
+	(*RecoveryReport)(nil),          // 31: curia.consensus.v1.RecoveryReport
+	(*timestamppb.Timestamp)(nil),   // 32: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 33: google.protobuf.Duration
+	(*v1.Fence)(nil),                // 34: curia.fence.v1.Fence
 }
 var file_curia_consensus_v1_consensus_proto_depIdxs = []int32{
 	0,  // 0: curia.consensus.v1.StatusResponse.state:type_name -> curia.consensus.v1.LifecycleState
@@ -2053,40 +2610,50 @@ var file_curia_consensus_v1_consensus_proto_depIdxs = []int32{
 	8,  // 2: curia.consensus.v1.ListMembersResponse.members:type_name -> curia.consensus.v1.Member
 	10, // 3: curia.consensus.v1.ListMembersResponse.pending:type_name -> curia.consensus.v1.PendingChange
 	1,  // 4: curia.consensus.v1.PendingChange.operation:type_name -> curia.consensus.v1.MembershipOperation
-	26, // 5: curia.consensus.v1.PendingChange.started:type_name -> google.protobuf.Timestamp
-	27, // 6: curia.consensus.v1.PendingChange.deadline:type_name -> google.protobuf.Duration
-	28, // 7: curia.consensus.v1.AddNodeRequest.fence:type_name -> curia.fence.v1.Fence
+	32, // 5: curia.consensus.v1.PendingChange.started:type_name -> google.protobuf.Timestamp
+	33, // 6: curia.consensus.v1.PendingChange.deadline:type_name -> google.protobuf.Duration
+	34, // 7: curia.consensus.v1.AddNodeRequest.fence:type_name -> curia.fence.v1.Fence
 	12, // 8: curia.consensus.v1.JoinParameters.voters:type_name -> curia.consensus.v1.Peer
 	13, // 9: curia.consensus.v1.AddNodeResponse.join:type_name -> curia.consensus.v1.JoinParameters
-	28, // 10: curia.consensus.v1.PromoteMemberRequest.fence:type_name -> curia.fence.v1.Fence
-	28, // 11: curia.consensus.v1.RemoveMemberRequest.fence:type_name -> curia.fence.v1.Fence
+	34, // 10: curia.consensus.v1.PromoteMemberRequest.fence:type_name -> curia.fence.v1.Fence
+	34, // 11: curia.consensus.v1.RemoveMemberRequest.fence:type_name -> curia.fence.v1.Fence
 	20, // 12: curia.consensus.v1.StartRequest.bootstrap:type_name -> curia.consensus.v1.Bootstrap
 	13, // 13: curia.consensus.v1.StartRequest.join:type_name -> curia.consensus.v1.JoinParameters
 	3,  // 14: curia.consensus.v1.StartResponse.status:type_name -> curia.consensus.v1.StatusResponse
 	3,  // 15: curia.consensus.v1.SetCredentialsResponse.status:type_name -> curia.consensus.v1.StatusResponse
-	2,  // 16: curia.consensus.v1.Consensus.Status:input_type -> curia.consensus.v1.StatusRequest
-	4,  // 17: curia.consensus.v1.Consensus.ListMembers:input_type -> curia.consensus.v1.ListMembersRequest
-	5,  // 18: curia.consensus.v1.Consensus.WatchMembership:input_type -> curia.consensus.v1.WatchMembershipRequest
-	11, // 19: curia.consensus.v1.Consensus.AddNode:input_type -> curia.consensus.v1.AddNodeRequest
-	15, // 20: curia.consensus.v1.Consensus.PromoteMember:input_type -> curia.consensus.v1.PromoteMemberRequest
-	17, // 21: curia.consensus.v1.Consensus.RemoveMember:input_type -> curia.consensus.v1.RemoveMemberRequest
-	19, // 22: curia.consensus.v1.Consensus.Start:input_type -> curia.consensus.v1.StartRequest
-	22, // 23: curia.consensus.v1.Consensus.Leave:input_type -> curia.consensus.v1.LeaveRequest
-	24, // 24: curia.consensus.v1.Consensus.SetCredentials:input_type -> curia.consensus.v1.SetCredentialsRequest
-	3,  // 25: curia.consensus.v1.Consensus.Status:output_type -> curia.consensus.v1.StatusResponse
-	9,  // 26: curia.consensus.v1.Consensus.ListMembers:output_type -> curia.consensus.v1.ListMembersResponse
-	6,  // 27: curia.consensus.v1.Consensus.WatchMembership:output_type -> curia.consensus.v1.WatchMembershipResponse
-	14, // 28: curia.consensus.v1.Consensus.AddNode:output_type -> curia.consensus.v1.AddNodeResponse
-	16, // 29: curia.consensus.v1.Consensus.PromoteMember:output_type -> curia.consensus.v1.PromoteMemberResponse
-	18, // 30: curia.consensus.v1.Consensus.RemoveMember:output_type -> curia.consensus.v1.RemoveMemberResponse
-	21, // 31: curia.consensus.v1.Consensus.Start:output_type -> curia.consensus.v1.StartResponse
-	23, // 32: curia.consensus.v1.Consensus.Leave:output_type -> curia.consensus.v1.LeaveResponse
-	25, // 33: curia.consensus.v1.Consensus.SetCredentials:output_type -> curia.consensus.v1.SetCredentialsResponse
-	25, // [25:34] is the sub-list for method output_type
-	16, // [16:25] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	28, // 16: curia.consensus.v1.RestoreSnapshotRequest.header:type_name -> curia.consensus.v1.RestoreSnapshotHeader
+	31, // 17: curia.consensus.v1.RecoverResponse.report:type_name -> curia.consensus.v1.RecoveryReport
+	31, // 18: curia.consensus.v1.RestoreSnapshotResponse.report:type_name -> curia.consensus.v1.RecoveryReport
+	8,  // 19: curia.consensus.v1.RecoveryReport.dropped_members:type_name -> curia.consensus.v1.Member
+	32, // 20: curia.consensus.v1.RecoveryReport.started_at:type_name -> google.protobuf.Timestamp
+	32, // 21: curia.consensus.v1.RecoveryReport.finished_at:type_name -> google.protobuf.Timestamp
+	2,  // 22: curia.consensus.v1.Consensus.Status:input_type -> curia.consensus.v1.StatusRequest
+	4,  // 23: curia.consensus.v1.Consensus.ListMembers:input_type -> curia.consensus.v1.ListMembersRequest
+	5,  // 24: curia.consensus.v1.Consensus.WatchMembership:input_type -> curia.consensus.v1.WatchMembershipRequest
+	11, // 25: curia.consensus.v1.Consensus.AddNode:input_type -> curia.consensus.v1.AddNodeRequest
+	15, // 26: curia.consensus.v1.Consensus.PromoteMember:input_type -> curia.consensus.v1.PromoteMemberRequest
+	17, // 27: curia.consensus.v1.Consensus.RemoveMember:input_type -> curia.consensus.v1.RemoveMemberRequest
+	19, // 28: curia.consensus.v1.Consensus.Start:input_type -> curia.consensus.v1.StartRequest
+	22, // 29: curia.consensus.v1.Consensus.Leave:input_type -> curia.consensus.v1.LeaveRequest
+	24, // 30: curia.consensus.v1.Consensus.SetCredentials:input_type -> curia.consensus.v1.SetCredentialsRequest
+	26, // 31: curia.consensus.v1.Consensus.Recover:input_type -> curia.consensus.v1.RecoverRequest
+	27, // 32: curia.consensus.v1.Consensus.RestoreSnapshot:input_type -> curia.consensus.v1.RestoreSnapshotRequest
+	3,  // 33: curia.consensus.v1.Consensus.Status:output_type -> curia.consensus.v1.StatusResponse
+	9,  // 34: curia.consensus.v1.Consensus.ListMembers:output_type -> curia.consensus.v1.ListMembersResponse
+	6,  // 35: curia.consensus.v1.Consensus.WatchMembership:output_type -> curia.consensus.v1.WatchMembershipResponse
+	14, // 36: curia.consensus.v1.Consensus.AddNode:output_type -> curia.consensus.v1.AddNodeResponse
+	16, // 37: curia.consensus.v1.Consensus.PromoteMember:output_type -> curia.consensus.v1.PromoteMemberResponse
+	18, // 38: curia.consensus.v1.Consensus.RemoveMember:output_type -> curia.consensus.v1.RemoveMemberResponse
+	21, // 39: curia.consensus.v1.Consensus.Start:output_type -> curia.consensus.v1.StartResponse
+	23, // 40: curia.consensus.v1.Consensus.Leave:output_type -> curia.consensus.v1.LeaveResponse
+	25, // 41: curia.consensus.v1.Consensus.SetCredentials:output_type -> curia.consensus.v1.SetCredentialsResponse
+	29, // 42: curia.consensus.v1.Consensus.Recover:output_type -> curia.consensus.v1.RecoverResponse
+	30, // 43: curia.consensus.v1.Consensus.RestoreSnapshot:output_type -> curia.consensus.v1.RestoreSnapshotResponse
+	33, // [33:44] is the sub-list for method output_type
+	22, // [22:33] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_curia_consensus_v1_consensus_proto_init() }
@@ -2102,13 +2669,17 @@ func file_curia_consensus_v1_consensus_proto_init() {
 		(*StartRequest_Bootstrap)(nil),
 		(*StartRequest_Join)(nil),
 	}
+	file_curia_consensus_v1_consensus_proto_msgTypes[25].OneofWrappers = []any{
+		(*RestoreSnapshotRequest_Header)(nil),
+		(*RestoreSnapshotRequest_Chunk)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_consensus_v1_consensus_proto_rawDesc), len(file_curia_consensus_v1_consensus_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   24,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

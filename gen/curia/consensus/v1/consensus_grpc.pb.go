@@ -28,6 +28,8 @@ const (
 	Consensus_Start_FullMethodName           = "/curia.consensus.v1.Consensus/Start"
 	Consensus_Leave_FullMethodName           = "/curia.consensus.v1.Consensus/Leave"
 	Consensus_SetCredentials_FullMethodName  = "/curia.consensus.v1.Consensus/SetCredentials"
+	Consensus_Recover_FullMethodName         = "/curia.consensus.v1.Consensus/Recover"
+	Consensus_RestoreSnapshot_FullMethodName = "/curia.consensus.v1.Consensus/RestoreSnapshot"
 )
 
 // ConsensusClient is the client API for Consensus service.
@@ -87,6 +89,27 @@ type ConsensusClient interface {
 	// cluster CA, valid, not revoked, for this node and of this process's key;
 	// new connections use it at once. Only the node itself may call it.
 	SetCredentials(ctx context.Context, in *SetCredentialsRequest, opts ...grpc.CallOption) (*SetCredentialsResponse, error)
+	// Recover makes this node's member the only member of a new cluster built
+	// from the data it holds, when a majority of the voters is gone for good
+	// (quorum loss). Admin only; the request names this node's member, as
+	// consent. It is refused while this member follows a leader, while it
+	// heard from one in the last three election timeouts, or while another
+	// voter it can reach has one: then a quorum is reachable (a partition or
+	// an election, not a loss). It stops etcd, moves the data aside (never
+	// deletes it), restores the data's database as a new cluster (a new
+	// cluster id, so old members cannot talk to it; revisions bumped and
+	// marked compacted, so no revision is ever reused), starts it, bumps the
+	// membership epoch, records the old cluster as superseded (the old
+	// members' agents may then wipe and rejoin as learners) and returns and
+	// stores the report. A call interrupted by a crash is finished by the
+	// next start of this process.
+	Recover(ctx context.Context, in *RecoverRequest, opts ...grpc.CallOption) (*RecoverResponse, error)
+	// RestoreSnapshot is Recover from a snapshot the caller streams (a
+	// Management/GetSnapshot file): the first message is the header, the
+	// rest are chunks. Its integrity hash is checked before anything
+	// changes. Refused, as Recover is, while a quorum is reachable; this
+	// node's own data, if any, is moved aside.
+	RestoreSnapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RestoreSnapshotRequest, RestoreSnapshotResponse], error)
 }
 
 type consensusClient struct {
@@ -196,6 +219,29 @@ func (c *consensusClient) SetCredentials(ctx context.Context, in *SetCredentials
 	return out, nil
 }
 
+func (c *consensusClient) Recover(ctx context.Context, in *RecoverRequest, opts ...grpc.CallOption) (*RecoverResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RecoverResponse)
+	err := c.cc.Invoke(ctx, Consensus_Recover_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *consensusClient) RestoreSnapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RestoreSnapshotRequest, RestoreSnapshotResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Consensus_ServiceDesc.Streams[1], Consensus_RestoreSnapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[RestoreSnapshotRequest, RestoreSnapshotResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Consensus_RestoreSnapshotClient = grpc.ClientStreamingClient[RestoreSnapshotRequest, RestoreSnapshotResponse]
+
 // ConsensusServer is the server API for Consensus service.
 // All implementations must embed UnimplementedConsensusServer
 // for forward compatibility.
@@ -253,6 +299,27 @@ type ConsensusServer interface {
 	// cluster CA, valid, not revoked, for this node and of this process's key;
 	// new connections use it at once. Only the node itself may call it.
 	SetCredentials(context.Context, *SetCredentialsRequest) (*SetCredentialsResponse, error)
+	// Recover makes this node's member the only member of a new cluster built
+	// from the data it holds, when a majority of the voters is gone for good
+	// (quorum loss). Admin only; the request names this node's member, as
+	// consent. It is refused while this member follows a leader, while it
+	// heard from one in the last three election timeouts, or while another
+	// voter it can reach has one: then a quorum is reachable (a partition or
+	// an election, not a loss). It stops etcd, moves the data aside (never
+	// deletes it), restores the data's database as a new cluster (a new
+	// cluster id, so old members cannot talk to it; revisions bumped and
+	// marked compacted, so no revision is ever reused), starts it, bumps the
+	// membership epoch, records the old cluster as superseded (the old
+	// members' agents may then wipe and rejoin as learners) and returns and
+	// stores the report. A call interrupted by a crash is finished by the
+	// next start of this process.
+	Recover(context.Context, *RecoverRequest) (*RecoverResponse, error)
+	// RestoreSnapshot is Recover from a snapshot the caller streams (a
+	// Management/GetSnapshot file): the first message is the header, the
+	// rest are chunks. Its integrity hash is checked before anything
+	// changes. Refused, as Recover is, while a quorum is reachable; this
+	// node's own data, if any, is moved aside.
+	RestoreSnapshot(grpc.ClientStreamingServer[RestoreSnapshotRequest, RestoreSnapshotResponse]) error
 	mustEmbedUnimplementedConsensusServer()
 }
 
@@ -289,6 +356,12 @@ func (UnimplementedConsensusServer) Leave(context.Context, *LeaveRequest) (*Leav
 }
 func (UnimplementedConsensusServer) SetCredentials(context.Context, *SetCredentialsRequest) (*SetCredentialsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetCredentials not implemented")
+}
+func (UnimplementedConsensusServer) Recover(context.Context, *RecoverRequest) (*RecoverResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Recover not implemented")
+}
+func (UnimplementedConsensusServer) RestoreSnapshot(grpc.ClientStreamingServer[RestoreSnapshotRequest, RestoreSnapshotResponse]) error {
+	return status.Error(codes.Unimplemented, "method RestoreSnapshot not implemented")
 }
 func (UnimplementedConsensusServer) mustEmbedUnimplementedConsensusServer() {}
 func (UnimplementedConsensusServer) testEmbeddedByValue()                   {}
@@ -466,6 +539,31 @@ func _Consensus_SetCredentials_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Consensus_Recover_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecoverRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ConsensusServer).Recover(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Consensus_Recover_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ConsensusServer).Recover(ctx, req.(*RecoverRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Consensus_RestoreSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ConsensusServer).RestoreSnapshot(&grpc.GenericServerStream[RestoreSnapshotRequest, RestoreSnapshotResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Consensus_RestoreSnapshotServer = grpc.ClientStreamingServer[RestoreSnapshotRequest, RestoreSnapshotResponse]
+
 // Consensus_ServiceDesc is the grpc.ServiceDesc for Consensus service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -505,12 +603,21 @@ var Consensus_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "SetCredentials",
 			Handler:    _Consensus_SetCredentials_Handler,
 		},
+		{
+			MethodName: "Recover",
+			Handler:    _Consensus_Recover_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "WatchMembership",
 			Handler:       _Consensus_WatchMembership_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "RestoreSnapshot",
+			Handler:       _Consensus_RestoreSnapshot_Handler,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "curia/consensus/v1/consensus.proto",

@@ -53,6 +53,11 @@ const (
 	// ConsensusSetCredentialsProcedure is the fully-qualified name of the Consensus's SetCredentials
 	// RPC.
 	ConsensusSetCredentialsProcedure = "/curia.consensus.v1.Consensus/SetCredentials"
+	// ConsensusRecoverProcedure is the fully-qualified name of the Consensus's Recover RPC.
+	ConsensusRecoverProcedure = "/curia.consensus.v1.Consensus/Recover"
+	// ConsensusRestoreSnapshotProcedure is the fully-qualified name of the Consensus's RestoreSnapshot
+	// RPC.
+	ConsensusRestoreSnapshotProcedure = "/curia.consensus.v1.Consensus/RestoreSnapshot"
 )
 
 // ConsensusClient is a client for the curia.consensus.v1.Consensus service.
@@ -95,6 +100,27 @@ type ConsensusClient interface {
 	// cluster CA, valid, not revoked, for this node and of this process's key;
 	// new connections use it at once. Only the node itself may call it.
 	SetCredentials(context.Context, *connect.Request[v1.SetCredentialsRequest]) (*connect.Response[v1.SetCredentialsResponse], error)
+	// Recover makes this node's member the only member of a new cluster built
+	// from the data it holds, when a majority of the voters is gone for good
+	// (quorum loss). Admin only; the request names this node's member, as
+	// consent. It is refused while this member follows a leader, while it
+	// heard from one in the last three election timeouts, or while another
+	// voter it can reach has one: then a quorum is reachable (a partition or
+	// an election, not a loss). It stops etcd, moves the data aside (never
+	// deletes it), restores the data's database as a new cluster (a new
+	// cluster id, so old members cannot talk to it; revisions bumped and
+	// marked compacted, so no revision is ever reused), starts it, bumps the
+	// membership epoch, records the old cluster as superseded (the old
+	// members' agents may then wipe and rejoin as learners) and returns and
+	// stores the report. A call interrupted by a crash is finished by the
+	// next start of this process.
+	Recover(context.Context, *connect.Request[v1.RecoverRequest]) (*connect.Response[v1.RecoverResponse], error)
+	// RestoreSnapshot is Recover from a snapshot the caller streams (a
+	// Management/GetSnapshot file): the first message is the header, the
+	// rest are chunks. Its integrity hash is checked before anything
+	// changes. Refused, as Recover is, while a quorum is reachable; this
+	// node's own data, if any, is moved aside.
+	RestoreSnapshot(context.Context) *connect.ClientStreamForClient[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse]
 }
 
 // NewConsensusClient constructs a client for the curia.consensus.v1.Consensus service. By default,
@@ -165,6 +191,18 @@ func NewConsensusClient(httpClient connect.HTTPClient, baseURL string, opts ...c
 			connect.WithSchema(consensusMethods.ByName("SetCredentials")),
 			connect.WithClientOptions(opts...),
 		),
+		recover: connect.NewClient[v1.RecoverRequest, v1.RecoverResponse](
+			httpClient,
+			baseURL+ConsensusRecoverProcedure,
+			connect.WithSchema(consensusMethods.ByName("Recover")),
+			connect.WithClientOptions(opts...),
+		),
+		restoreSnapshot: connect.NewClient[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse](
+			httpClient,
+			baseURL+ConsensusRestoreSnapshotProcedure,
+			connect.WithSchema(consensusMethods.ByName("RestoreSnapshot")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -179,6 +217,8 @@ type consensusClient struct {
 	start           *connect.Client[v1.StartRequest, v1.StartResponse]
 	leave           *connect.Client[v1.LeaveRequest, v1.LeaveResponse]
 	setCredentials  *connect.Client[v1.SetCredentialsRequest, v1.SetCredentialsResponse]
+	recover         *connect.Client[v1.RecoverRequest, v1.RecoverResponse]
+	restoreSnapshot *connect.Client[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse]
 }
 
 // Status calls curia.consensus.v1.Consensus.Status.
@@ -226,6 +266,16 @@ func (c *consensusClient) SetCredentials(ctx context.Context, req *connect.Reque
 	return c.setCredentials.CallUnary(ctx, req)
 }
 
+// Recover calls curia.consensus.v1.Consensus.Recover.
+func (c *consensusClient) Recover(ctx context.Context, req *connect.Request[v1.RecoverRequest]) (*connect.Response[v1.RecoverResponse], error) {
+	return c.recover.CallUnary(ctx, req)
+}
+
+// RestoreSnapshot calls curia.consensus.v1.Consensus.RestoreSnapshot.
+func (c *consensusClient) RestoreSnapshot(ctx context.Context) *connect.ClientStreamForClient[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse] {
+	return c.restoreSnapshot.CallClientStream(ctx)
+}
+
 // ConsensusHandler is an implementation of the curia.consensus.v1.Consensus service.
 type ConsensusHandler interface {
 	// Status reports this node's member: lifecycle, learner or voter, leader,
@@ -266,6 +316,27 @@ type ConsensusHandler interface {
 	// cluster CA, valid, not revoked, for this node and of this process's key;
 	// new connections use it at once. Only the node itself may call it.
 	SetCredentials(context.Context, *connect.Request[v1.SetCredentialsRequest]) (*connect.Response[v1.SetCredentialsResponse], error)
+	// Recover makes this node's member the only member of a new cluster built
+	// from the data it holds, when a majority of the voters is gone for good
+	// (quorum loss). Admin only; the request names this node's member, as
+	// consent. It is refused while this member follows a leader, while it
+	// heard from one in the last three election timeouts, or while another
+	// voter it can reach has one: then a quorum is reachable (a partition or
+	// an election, not a loss). It stops etcd, moves the data aside (never
+	// deletes it), restores the data's database as a new cluster (a new
+	// cluster id, so old members cannot talk to it; revisions bumped and
+	// marked compacted, so no revision is ever reused), starts it, bumps the
+	// membership epoch, records the old cluster as superseded (the old
+	// members' agents may then wipe and rejoin as learners) and returns and
+	// stores the report. A call interrupted by a crash is finished by the
+	// next start of this process.
+	Recover(context.Context, *connect.Request[v1.RecoverRequest]) (*connect.Response[v1.RecoverResponse], error)
+	// RestoreSnapshot is Recover from a snapshot the caller streams (a
+	// Management/GetSnapshot file): the first message is the header, the
+	// rest are chunks. Its integrity hash is checked before anything
+	// changes. Refused, as Recover is, while a quorum is reachable; this
+	// node's own data, if any, is moved aside.
+	RestoreSnapshot(context.Context, *connect.ClientStream[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
 }
 
 // NewConsensusHandler builds an HTTP handler from the service implementation. It returns the path
@@ -332,6 +403,18 @@ func NewConsensusHandler(svc ConsensusHandler, opts ...connect.HandlerOption) (s
 		connect.WithSchema(consensusMethods.ByName("SetCredentials")),
 		connect.WithHandlerOptions(opts...),
 	)
+	consensusRecoverHandler := connect.NewUnaryHandler(
+		ConsensusRecoverProcedure,
+		svc.Recover,
+		connect.WithSchema(consensusMethods.ByName("Recover")),
+		connect.WithHandlerOptions(opts...),
+	)
+	consensusRestoreSnapshotHandler := connect.NewClientStreamHandler(
+		ConsensusRestoreSnapshotProcedure,
+		svc.RestoreSnapshot,
+		connect.WithSchema(consensusMethods.ByName("RestoreSnapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/curia.consensus.v1.Consensus/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ConsensusStatusProcedure:
@@ -352,6 +435,10 @@ func NewConsensusHandler(svc ConsensusHandler, opts ...connect.HandlerOption) (s
 			consensusLeaveHandler.ServeHTTP(w, r)
 		case ConsensusSetCredentialsProcedure:
 			consensusSetCredentialsHandler.ServeHTTP(w, r)
+		case ConsensusRecoverProcedure:
+			consensusRecoverHandler.ServeHTTP(w, r)
+		case ConsensusRestoreSnapshotProcedure:
+			consensusRestoreSnapshotHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -395,4 +482,12 @@ func (UnimplementedConsensusHandler) Leave(context.Context, *connect.Request[v1.
 
 func (UnimplementedConsensusHandler) SetCredentials(context.Context, *connect.Request[v1.SetCredentialsRequest]) (*connect.Response[v1.SetCredentialsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.consensus.v1.Consensus.SetCredentials is not implemented"))
+}
+
+func (UnimplementedConsensusHandler) Recover(context.Context, *connect.Request[v1.RecoverRequest]) (*connect.Response[v1.RecoverResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.consensus.v1.Consensus.Recover is not implemented"))
+}
+
+func (UnimplementedConsensusHandler) RestoreSnapshot(context.Context, *connect.ClientStream[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.consensus.v1.Consensus.RestoreSnapshot is not implemented"))
 }

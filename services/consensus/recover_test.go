@@ -1,0 +1,317 @@
+package consensus_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/client/pkg/v3/types"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	auditv1 "curia.dev/gen/curia/audit/v1"
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/keys"
+	"curia.dev/platform/pki"
+	"curia.dev/platform/proctest"
+	ct "curia.dev/services/consensus/consensustest"
+)
+
+var recoverAdmin = pki.Principal{Kind: pki.KindAdmin, Name: "ops"}
+
+// writeKeys writes n keys under /curia/test/ and returns them as written.
+func writeKeys(t *testing.T, cli *clientv3.Client, n int) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for i := range n {
+		k, v := fmt.Sprintf("/curia/test/k%03d", i), fmt.Sprintf("v%d-%d", i, time.Now().UnixNano())
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := cli.Put(ctx, k, v)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// checkKeys fails unless every key has its value.
+func checkKeys(t *testing.T, cli *clientv3.Client, want map[string]string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, "/curia/test/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, kv := range resp.Kvs {
+		got[string(kv.Key)] = string(kv.Value)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("key %s = %q after the recovery, want %q (acknowledged before the loss)", k, got[k], v)
+		}
+	}
+}
+
+// leaderless waits until n's member has no leader.
+func leaderless(t *testing.T, n *ct.Node) {
+	t.Helper()
+	ct.Eventually(t, 30*time.Second, func() error {
+		if st := n.Status(); st.LeaderId != 0 {
+			return fmt.Errorf("%s still follows leader %s", n.ID, types.ID(st.LeaderId))
+		}
+		return nil
+	})
+}
+
+func code(err error) codes.Code { return status.Code(err) }
+
+// TestRecoverFromSurvivor: a 3-voter cluster loses two voters for good; the
+// survivor's data becomes a new single-voter cluster with every write
+// acknowledged before the loss, revisions moved forward, and the old
+// members fenced out: one that comes back with its data cannot join, and
+// its node may wipe it (Leave).
+func TestRecoverFromSurvivor(t *testing.T) {
+	proctest.SkipShort(t)
+	c := ct.NewCluster(t)
+	nodes, _ := c.Voters(3)
+	survivor, lost := nodes[0], nodes[1:]
+	cli := c.Etcd(survivor.ClientURL, lost[0].ClientURL, lost[1].ClientURL)
+	written := writeKeys(t, cli, 50)
+	before := survivor.Status()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	req := &consensusv1.RecoverRequest{MemberId: before.MemberId, Reason: "test: two voters lost"}
+	// A quorum is reachable: refused, nothing changed.
+	_, err := survivor.Consensus(recoverAdmin).Recover(ctx, req)
+	if code(err) != codes.FailedPrecondition {
+		t.Fatalf("Recover with a quorum reachable: %v, want FailedPrecondition", err)
+	}
+	t.Logf("refused with a quorum: %v", err)
+	if got := len(survivor.Members().Members); got != 3 {
+		t.Fatalf("%d members after a refused recovery, want 3", got)
+	}
+
+	for _, n := range lost {
+		n.Kill()
+	}
+	leaderless(t, survivor)
+
+	// Only an admin may; and only naming this node's member.
+	if _, err := survivor.Curator().Recover(ctx, req); code(err) != codes.PermissionDenied {
+		t.Fatalf("Recover as the curator: %v, want PermissionDenied", err)
+	}
+	wrong := proto.Clone(req).(*consensusv1.RecoverRequest)
+	wrong.MemberId = before.MemberId + 1
+	if _, err := survivor.Consensus(recoverAdmin).Recover(ctx, wrong); code(err) != codes.FailedPrecondition {
+		t.Fatalf("Recover naming another member: %v, want FailedPrecondition", err)
+	}
+
+	resp, err := survivor.Consensus(recoverAdmin).Recover(ctx, req)
+	if err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	r := resp.Report
+	t.Logf("report: %v", r)
+	if r.OldMemberId != before.MemberId || r.OldClusterId != before.ClusterId || r.NewClusterId == before.ClusterId || r.NewClusterId == 0 {
+		t.Errorf("report: member %s of cluster %s → cluster %s; want member %s of %s → a new cluster",
+			types.ID(r.OldMemberId), types.ID(r.OldClusterId), types.ID(r.NewClusterId), types.ID(before.MemberId), types.ID(before.ClusterId))
+	}
+	if len(r.DroppedMembers) != 2 || r.RecoveredBy != recoverAdmin.String() || r.AppliedIndex == 0 {
+		t.Errorf("report: dropped %v, by %q, applied index %d; want the 2 lost members, by %s, the survivor's index", r.DroppedMembers, r.RecoveredBy, r.AppliedIndex, recoverAdmin)
+	}
+	if _, err := os.Stat(r.KeptDataDir); err != nil {
+		t.Errorf("the old data is not kept where the report says: %v", err)
+	}
+
+	after := survivor.Status()
+	if after.State != consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING || !after.Leader || after.ClusterId != r.NewClusterId {
+		t.Fatalf("after the recovery: %v, want the running leader of cluster %s", after, types.ID(r.NewClusterId))
+	}
+	ms := survivor.Members()
+	if len(ms.Members) != 1 || ms.Members[0].Learner {
+		t.Fatalf("members after the recovery: %v, want this one voter", ms.Members)
+	}
+	newCli := c.Etcd(survivor.ClientURL)
+	checkKeys(t, newCli, written)
+	put, err := newCli.Put(ctx, "/curia/test/after", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if put.Header.Revision <= r.NewRevision {
+		t.Errorf("first write after the recovery at revision %d, want past %d + %d: revisions seen by the lost majority could be reused", put.Header.Revision, r.Revision, r.RevisionBump)
+	}
+	// The record: superseded old cluster, report, audit event.
+	sup, err := newCli.Get(ctx, keys.Superseded(before.ClusterId))
+	if err != nil || len(sup.Kvs) != 1 {
+		t.Fatalf("superseded record: %v %v", sup, err)
+	}
+	ev := lastAudit(t, newCli)
+	if ev.Action != auditv1.AuditAction_AUDIT_ACTION_CLUSTER_RECOVER || ev.Actor != recoverAdmin.String() {
+		t.Errorf("last audit event %v, want the recovery by %s", ev, recoverAdmin)
+	}
+
+	// An old member comes back with its data: it cannot join the new
+	// cluster, and its node may wipe it.
+	old := lost[0]
+	old.Start()
+	ct.Eventually(t, 30*time.Second, func() error {
+		_, err := old.Self().Leave(ctx, &consensusv1.LeaveRequest{})
+		return err
+	})
+	if got := len(survivor.Members().Members); got != 1 {
+		t.Errorf("%d members after an old member came back, want 1", got)
+	}
+	if st := old.Status(); st.State != consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE {
+		t.Errorf("the old member after Leave: %v, want IDLE (wiped)", st)
+	}
+}
+
+func lastAudit(t *testing.T, cli *clientv3.Client) *auditv1.Event {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), keys.AuditPrefix, clientv3.WithLastKey()...)
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatalf("audit log: %v", err)
+	}
+	ev := &auditv1.Event{}
+	if err := proto.Unmarshal(resp.Kvs[0].Value, ev); err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+// TestRestoreSnapshot: with every voter gone, a snapshot becomes a new
+// cluster on a node with no data; a damaged snapshot changes nothing; a
+// node whose member has a quorum refuses.
+func TestRestoreSnapshot(t *testing.T) {
+	proctest.SkipShort(t)
+	c := ct.NewCluster(t)
+	nodes, _ := c.Voters(1)
+	cli := c.Etcd(nodes[0].ClientURL)
+	written := writeKeys(t, cli, 20)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rc, err := cli.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	header := func(n *ct.Node) *consensusv1.RestoreSnapshotRequest {
+		return &consensusv1.RestoreSnapshotRequest{Msg: &consensusv1.RestoreSnapshotRequest_Header{Header: &consensusv1.RestoreSnapshotHeader{
+			NodeId: n.ID, Reason: "test: every voter lost", SnapshotName: "test",
+		}}}
+	}
+	send := func(n *ct.Node, data []byte) (*consensusv1.RestoreSnapshotResponse, error) {
+		s, err := n.Consensus(recoverAdmin).RestoreSnapshot(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.Send(header(n)); err != nil {
+			return nil, err
+		}
+		for b := range slices.Chunk(data, 64<<10) {
+			if err := s.Send(&consensusv1.RestoreSnapshotRequest{Msg: &consensusv1.RestoreSnapshotRequest_Chunk{Chunk: b}}); err != nil {
+				return nil, err
+			}
+		}
+		return s.CloseAndRecv()
+	}
+
+	// The live member has a quorum (its own): refused.
+	if _, err := send(nodes[0], snap); code(err) != codes.FailedPrecondition {
+		t.Fatalf("RestoreSnapshot on a member with a quorum: %v, want FailedPrecondition", err)
+	}
+	nodes[0].Kill()
+
+	fresh := c.NewNode()
+	damaged := bytes.Clone(snap)
+	damaged[len(damaged)/2] ^= 0xff
+	if _, err := send(fresh, damaged); code(err) != codes.InvalidArgument {
+		t.Fatalf("RestoreSnapshot of a damaged snapshot: %v, want InvalidArgument", err)
+	}
+	if st := fresh.Status(); st.State != consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE {
+		t.Fatalf("after a refused restore: %v, want IDLE", st)
+	}
+	if _, err := os.Stat(filepath.Join(fresh.DataDir, "etcd")); err == nil {
+		t.Fatal("a refused restore left etcd data")
+	}
+
+	resp, err := send(fresh, snap)
+	if err != nil {
+		t.Fatalf("RestoreSnapshot: %v", err)
+	}
+	t.Logf("report: %v", resp.Report)
+	if st := fresh.Status(); !st.Leader || st.ClusterId != resp.Report.NewClusterId {
+		t.Fatalf("after the restore: %v, want the leader of cluster %s", st, types.ID(resp.Report.NewClusterId))
+	}
+	checkKeys(t, c.Etcd(fresh.ClientURL), written)
+}
+
+// TestRecoverFinishesAfterCrash: a recovery whose process dies after the
+// restore (before the swap, or before the record) is finished by the
+// process's next start: the new cluster runs, with the record.
+func TestRecoverFinishesAfterCrash(t *testing.T) {
+	proctest.SkipShort(t)
+	for _, point := range []string{"recover-before-swap", "recover-before-record"} {
+		t.Run(point, func(t *testing.T) {
+			c := ct.NewCluster(t)
+			nodes, _ := c.Voters(3)
+			survivor := nodes[0]
+			written := writeKeys(t, c.Etcd(survivor.ClientURL), 10)
+			before := survivor.Status()
+			for _, n := range nodes[1:] {
+				n.Kill()
+			}
+			leaderless(t, survivor)
+			survivor.ArmCrash(point)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if _, err := survivor.Consensus(recoverAdmin).Recover(ctx, &consensusv1.RecoverRequest{MemberId: before.MemberId, Reason: "test: crash"}); err == nil {
+				t.Fatal("Recover succeeded through an armed crash")
+			}
+			ct.Eventually(t, 30*time.Second, func() error {
+				if survivor.Running() {
+					return errors.New("still running")
+				}
+				return nil
+			})
+			survivor.Start()
+			var cli *clientv3.Client
+			ct.Eventually(t, time.Minute, func() error {
+				st := survivor.Status()
+				if !st.Leader || st.ClusterId == before.ClusterId {
+					return fmt.Errorf("not yet the leader of a new cluster: %v", st)
+				}
+				if cli == nil {
+					cli = c.Etcd(survivor.ClientURL)
+				}
+				resp, err := cli.Get(ctx, keys.Superseded(before.ClusterId))
+				if err != nil || len(resp.Kvs) == 0 {
+					return fmt.Errorf("no superseded record yet (%v)", err)
+				}
+				return nil
+			})
+			checkKeys(t, cli, written)
+			if ev := lastAudit(t, cli); ev.Action != auditv1.AuditAction_AUDIT_ACTION_CLUSTER_RECOVER {
+				t.Errorf("last audit event %v, want the recovery", ev)
+			}
+		})
+	}
+}
