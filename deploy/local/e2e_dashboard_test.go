@@ -136,8 +136,11 @@ func dashboardScenario(t *testing.T, c *cluster) {
 		chromedp.Click(chromedp.CSS(fmt.Sprintf(`#delete-%s summary`, boot))),
 		chromedp.Click(chromedp.CSS(fmt.Sprintf(`#delete-%s input[name="confirm"]`, boot))),
 		chromedp.Click(chromedp.CSS(fmt.Sprintf(`#delete-%s button[name="delete"]`, boot))))
+	// The API's code and message, once each, as they are: no prefix of
+	// the page's own.
 	st := status.Convert(apiErr)
-	eval(30*time.Second, `document.getElementById('result').textContent`, "refused: "+st.Code().String()+": "+st.Message())
+	eval(30*time.Second, `document.getElementById('result').textContent`, st.Code().String()+": "+st.Message())
+	eval(5*time.Second, `document.getElementById('result').className`, "refused")
 	shot("nodes-refused")
 
 	// Back as it was: the worker's role taken from the page, autopilot on.

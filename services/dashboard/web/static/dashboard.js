@@ -35,10 +35,13 @@
     conn.className = "conn down";
   };
 
+  // The answer as the dashboard gave it: a refusal is the API's code and
+  // message as they are (its message may say "refused" itself); the
+  // class colours it.
   function show(ok, text) {
     result.hidden = false;
     result.className = ok ? "ok" : "refused";
-    result.textContent = (ok ? "" : "refused: ") + text;
+    result.textContent = text;
   }
 
   // Forms of class "action" post with fetch; the answer is text.
