@@ -221,16 +221,25 @@ images: build ## the compose (and Kubernetes) image: FROM scratch + bin/ (CURIA_
 		test -x $(BIN)/$$b || { echo "images: $(BIN)/$$b is missing (is it in CMDS?)" >&2; exit 1; }; done
 	docker build -t $(CURIA_IMAGE) -f deploy/compose/Dockerfile $(BIN)
 
+# make up's dashboard runs on the host, detached (curia-local dashboard, in
+# deploy/compose/up.sh); make down stops it by its pid file in
+# .curia-compose (CURIA_COMPOSE_OUT, as up.sh), before the cluster.
+COMPOSE_OUT    = $${CURIA_COMPOSE_OUT:-.curia-compose}
+STOP_DASHBOARD = if [ -x $(BIN)/curia-local ]; then $(BIN)/curia-local dashboard --stop --state $(COMPOSE_OUT); \
+	elif [ -f $(COMPOSE_OUT)/dashboard.pid ]; then echo "no $(BIN)/curia-local (make build): the dashboard of $(COMPOSE_OUT)/dashboard.pid still runs" >&2; fi
+
 .PHONY: up
-up: images $(GRPCURL) ## start the compose cluster, wait until ready, write .curia-compose/env (UP_ARGS="--scale curator=3")
-	COMPOSE='$(COMPOSE)' CURIA_IMAGE=$(CURIA_IMAGE) GRPCURL=$(abspath $(GRPCURL)) deploy/compose/up.sh $(UP_ARGS)
+up: images $(GRPCURL) ## start the compose cluster, wait until ready, write .curia-compose/env, start the dashboard (UP_ARGS="--scale curator=3")
+	COMPOSE='$(COMPOSE)' CURIA_IMAGE=$(CURIA_IMAGE) CURIA_BIN=$(BIN) GRPCURL=$(abspath $(GRPCURL)) deploy/compose/up.sh $(UP_ARGS)
 
 .PHONY: down
-down: ## stop the compose cluster; its volumes keep the data for the next `make up`
+down: ## stop the compose cluster and its dashboard; its volumes keep the data for the next `make up`
+	$(STOP_DASHBOARD)
 	$(COMPOSE_ENV) $(COMPOSE) down --remove-orphans
 
 .PHONY: down-volumes
-down-volumes: ## stop the compose cluster and delete its volumes and .curia-compose: the next `make up` starts over
+down-volumes: ## stop the compose cluster and its dashboard, delete its volumes and .curia-compose: the next `make up` starts over
+	$(STOP_DASHBOARD)
 	$(COMPOSE_ENV) $(COMPOSE) down --volumes --remove-orphans
 	rm -rf .curia-compose
 

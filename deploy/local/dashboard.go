@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,8 +18,8 @@ func (c *Cluster) dashboardAddr() string { return c.cfg.Subnet + ".1:7000" }
 
 // startDashboard starts the web dashboard with the admin's credentials,
 // when Config.Dashboard asks for it and --bin has it, and returns its URL
-// ("" when it does not run). Compose clusters have none here: their
-// curators are not on this machine's loopback.
+// ("" when it does not run). A compose cluster's is started by up.sh
+// (Detached, dashboard_detached.go), once the cluster is ready.
 func (c *Cluster) startDashboard(ctx context.Context) string {
 	if !c.cfg.Dashboard || c.cfg.Compose {
 		return ""
@@ -37,8 +38,12 @@ func (c *Cluster) startDashboard(ctx context.Context) string {
 }
 
 // printDashboard tells where the dashboard is, if it runs.
-func (c *Cluster) printDashboard(url string) {
+func (c *Cluster) printDashboard(url string) { PrintDashboard(c.cfg.Out, url) }
+
+// PrintDashboard tells where the dashboard is, if it runs (url not ""): the
+// last line make run and make up print.
+func PrintDashboard(w io.Writer, url string) {
 	if url != "" {
-		fmt.Fprintf(c.cfg.Out, "The dashboard (with the admin's credentials, on loopback only): %s\n", url)
+		fmt.Fprintf(w, "The dashboard (with the admin's credentials, on loopback only): %s\n", url)
 	}
 }

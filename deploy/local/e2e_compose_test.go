@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -25,9 +27,11 @@ import (
 
 // TestCompose brings the compose cluster up from nothing with the same
 // script `make up` runs, checks its shape through the published curator
-// port, has autopilot replace a paused voter, scales the curators and
-// reconcilers, and restarts it from its volumes. It needs Docker and the curia:dev image (make test-e2e builds
-// it); without Docker it is skipped.
+// port and on the dashboard up.sh starts on the host, has autopilot
+// replace a paused voter, scales the curators and reconcilers, restarts
+// it from its volumes, and stops it and its dashboard with `make down`.
+// It needs Docker, the curia:dev image and bin/ (make test-e2e builds
+// them); without Docker it is skipped.
 func TestCompose(t *testing.T) {
 	if err := exec.Command("docker", "info").Run(); err != nil {
 		t.Skip("no Docker here")
@@ -50,6 +54,12 @@ func TestCompose(t *testing.T) {
 		return string(b)
 	}
 	t.Cleanup(func() { compose("down", "--volumes", "--remove-orphans") })
+	// (Before the cluster goes: cleanups run last first.)
+	t.Cleanup(func() {
+		if b, err := exec.Command(filepath.Join("..", "..", "bin", "curia-local"), "dashboard", "--stop", "--state", out).CombinedOutput(); err != nil {
+			t.Errorf("stop the dashboard: %v\n%s", err, b)
+		}
+	})
 	up := func(args ...string) string {
 		t.Helper()
 		begun := time.Now()
@@ -111,6 +121,7 @@ func TestCompose(t *testing.T) {
 		return voters
 	}
 	first := check()
+	t.Run("dashboard", func(t *testing.T) { checkComposeDashboard(t, printed, out) })
 	t.Run("every container reads only its own keys", func(t *testing.T) { checkComposeSecrets(t, "curia-e2e") })
 	// up.sh prints `source <out>/env`: out is absolute here.
 	t.Run("the printed command in a fresh shell", func(t *testing.T) { checkPrintedCommands(t, printed, t.TempDir(), pinnedGrpcurl(t)) })
@@ -215,20 +226,76 @@ func TestCompose(t *testing.T) {
 		}
 	})
 
-	// More curators and reconcilers join as followers and standbys.
-	up("--scale", "curator=3", "--scale", "reconciler=2")
+	// More curators and reconcilers join as followers and standbys; the
+	// dashboard starts anew, with the published ports of all of them.
+	printed = up("--scale", "curator=3", "--scale", "reconciler=2")
 	if n := len(strings.Fields(compose("ps", "-q", "curator"))); n != 3 {
 		t.Fatalf("%d curator containers, want 3", n)
 	}
 	check()
+	checkComposeDashboard(t, printed, out)
 
 	// Down and up again: the same members, from the volumes.
 	compose("down")
-	up()
+	printed = up()
 	vars = readEnvFile(t, filepath.Join(out, "env"))
 	if again := check(); !maps.Equal(again, first) {
 		t.Fatalf("members before %v, after down/up %v", first, again)
 	}
+	url := checkComposeDashboard(t, printed, out)
+
+	// make down stops the cluster and the dashboard.
+	cmd := exec.Command("make", "-C", filepath.Join("..", ".."), "down")
+	cmd.Env = env
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make down: %v\n%s", err, b)
+	}
+	if ids := strings.Fields(compose("ps", "-q")); len(ids) > 0 {
+		t.Fatalf("containers after make down: %v", ids)
+	}
+	if _, _, err := proctest.Get(url + "/"); err == nil {
+		t.Fatalf("the dashboard %s answers after make down", url)
+	}
+	if _, err := os.Stat(filepath.Join(out, "dashboard.pid")); !os.IsNotExist(err) {
+		t.Fatalf("the dashboard's pid file after make down: %v", err)
+	}
+}
+
+// composeDashboardLine is how up.sh's last line begins (as make run's).
+const composeDashboardLine = "The dashboard (with the admin's credentials, on loopback only): "
+
+// checkComposeDashboard: the last line up.sh printed is the URL of the
+// dashboard it started on the host, on port 7001 of the loopback address
+// the cluster's ports are published on, and its cluster page shows the
+// three voters; it runs detached (its pid file in out names it). It
+// returns the URL.
+func checkComposeDashboard(t *testing.T, printed, out string) string {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(printed), "\n")
+	url, ok := strings.CutPrefix(lines[len(lines)-1], composeDashboardLine)
+	if !ok {
+		t.Fatalf("up.sh's last line is not the dashboard's URL:\n%s", printed)
+	}
+	if want := "http://127.0.0.3:7001"; url != want {
+		t.Fatalf("dashboard at %s, want %s (CURIA_HOST_IP's port 7001)", url, want)
+	}
+	if _, err := os.Stat(filepath.Join(out, "dashboard.pid")); err != nil {
+		t.Fatal(err)
+	}
+	voters := regexp.MustCompile(`id="voters">([^<]*)<`)
+	proctest.Eventually(t, 2*time.Minute, func() error {
+		code, body, err := proctest.Get(url + "/")
+		if err != nil {
+			return err
+		}
+		m := voters.FindStringSubmatch(body)
+		if code != http.StatusOK || m == nil || !strings.HasPrefix(m[1], "3 voters, 3 healthy") {
+			return fmt.Errorf("GET %s/: %d, voters %q", url, code, m)
+		}
+		return nil
+	})
+	t.Logf("the dashboard %s shows 3 voters", url)
+	return url
 }
 
 // checkComposeSecrets inspects every container of the compose project and

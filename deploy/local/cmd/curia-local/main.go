@@ -5,6 +5,9 @@
 //	curia-local pki     create the PKI only (compose's one-shot pki service)
 //	curia-local init    bring a running cluster to its shape and exit (compose's init service)
 //	curia-local pause   do nothing until SIGTERM: holds a compose node's network namespace
+//	curia-local dashboard [--stop]
+//	                    (re)start the compose cluster's dashboard on the host, detached, and
+//	                    print its URL (make up); or stop it (make down)
 package main
 
 import (
@@ -33,6 +36,9 @@ func run(args []string) error {
 	cmd := "run"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
+	}
+	if cmd == "dashboard" {
+		return dashboard(args)
 	}
 	fs := flag.NewFlagSet("curia-local "+cmd, flag.ContinueOnError)
 	cfg := local.Config{Cluster: "curia", ControlPlane: 3, Workers: 1, Curators: 2, Reconcilers: 2, Out: os.Stdout}
@@ -113,5 +119,35 @@ func run(args []string) error {
 		<-ctx.Done()
 		return nil
 	}
-	return fmt.Errorf("unknown command %q: want run, pki, init or pause", cmd)
+	return fmt.Errorf("unknown command %q: want run, pki, init, pause or dashboard", cmd)
+}
+
+// dashboard starts the compose cluster's dashboard, detached, against the
+// ports its env file names, or stops it (--stop): see
+// deploy/local/dashboard_detached.go.
+func dashboard(args []string) error {
+	fs := flag.NewFlagSet("curia-local dashboard", flag.ContinueOnError)
+	d := local.Detached{Cluster: "curia"}
+	fs.StringVar(&d.Dir, "state", ".curia-compose", "the compose cluster's directory on the host (make up's env file; the dashboard's pid file and log go there)")
+	fs.StringVar(&d.Bin, "bin", "bin", "directory with curia-dashboard")
+	fs.StringVar(&d.Cluster, "cluster", d.Cluster, "cluster name")
+	fs.StringVar(&d.Listen, "listen", "127.0.0.1:7001", "loopback address to serve the pages on")
+	stop := fs.Bool("stop", false, "stop the dashboard the pid file names, if it runs, and start none")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("dashboard: unexpected arguments %q", fs.Args())
+	}
+	if *stop {
+		return d.Stop()
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	url, err := d.Start(ctx)
+	if err != nil {
+		return err
+	}
+	local.PrintDashboard(os.Stdout, url)
+	return nil
 }
