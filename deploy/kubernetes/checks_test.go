@@ -46,6 +46,7 @@ var checks = []check{
 	{"bootstrap job", checkBootstrapJob},
 	{"env references", checkEnvRefs},
 	{"security context", checkSecurityContext},
+	{"zones", checkZones},
 }
 
 // The image every container runs: the one `make images` builds (as
@@ -921,4 +922,90 @@ func checkSecurityContext(m *manifests) []error {
 		}
 	}
 	return errs
+}
+
+// zoneKey is the well-known label of a Kubernetes node's zone, which the
+// API server copies onto a pod when it binds it (PodTopologyLabels).
+const zoneKey = "topology.kubernetes.io/zone"
+
+// checkZones: the node pods spread across zones, counting the pods of both
+// node StatefulSets, and each agent asks for the zone of the Kubernetes node
+// its pod runs on as its "zone" label (autopilot spreads the voters across
+// it): from the pod's own label, never a zone written into the manifests,
+// which every pod of the StatefulSet would claim wherever it runs.
+func checkZones(m *manifests) []error {
+	var errs []error
+	ws, err := m.workloads()
+	if err != nil {
+		return []error{err}
+	}
+	for _, name := range nodeSets {
+		s := m.statefulSets[name]
+		if s == nil {
+			errs = append(errs, fmt.Errorf("no StatefulSet/%s", name))
+			continue
+		}
+		pod := &s.Spec.Template
+		var spread *corev1.TopologySpreadConstraint
+		for i, c := range pod.Spec.TopologySpreadConstraints {
+			if c.TopologyKey == zoneKey {
+				spread = &pod.Spec.TopologySpreadConstraints[i]
+			}
+		}
+		if spread == nil {
+			errs = append(errs, fmt.Errorf("StatefulSet/%s: no topologySpreadConstraint on %s: its pods may all land in one zone", name, zoneKey))
+		} else {
+			if spread.MaxSkew != 1 {
+				errs = append(errs, fmt.Errorf("StatefulSet/%s: zone spread maxSkew %d, want 1", name, spread.MaxSkew))
+			}
+			// The skew is counted over the pods the selector matches:
+			// every node pod (both StatefulSets), and only those.
+			sel, err := metav1.LabelSelectorAsSelector(spread.LabelSelector)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("StatefulSet/%s: zone spread selector: %w", name, err))
+				continue
+			}
+			for _, w := range ws {
+				if node := w.kind == "StatefulSet" && slices.Contains(nodeSets, w.name); node != sel.Matches(labels.Set(w.pod.Labels)) {
+					errs = append(errs, fmt.Errorf("StatefulSet/%s: the zone spread's selector %v matches %s: %v, want every node pod and nothing else", name, sel, w, !node))
+				}
+			}
+		}
+		agent := container(pod, "roleserve")
+		if agent == nil {
+			errs = append(errs, fmt.Errorf("StatefulSet/%s: no container roleserve", name))
+			continue
+		}
+		f, err := flagArgs(agent.Args)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		zone := ""
+		for kv := range strings.SplitSeq(f["labels"], ",") {
+			if k, v, ok := strings.Cut(kv, "="); ok && k == "zone" {
+				zone = v
+			}
+		}
+		ref := envRef.FindStringSubmatch(zone)
+		if ref == nil || ref[0] != zone {
+			errs = append(errs, fmt.Errorf("StatefulSet/%s roleserve --labels=%s: want zone=$(VAR), VAR the pod's %s label (downward API), not a zone every pod of it would claim", name, f["labels"], zoneKey))
+			continue
+		}
+		want := fmt.Sprintf("metadata.labels['%s']", zoneKey)
+		if e := envVar(agent, ref[1]); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != want {
+			errs = append(errs, fmt.Errorf("StatefulSet/%s roleserve: $(%s) is %v, want the downward API's %s", name, ref[1], e, want))
+		}
+	}
+	return errs
+}
+
+// envVar is a container's environment variable, nil if it has none.
+func envVar(c *corev1.Container, name string) *corev1.EnvVar {
+	for i, e := range c.Env {
+		if e.Name == name {
+			return &c.Env[i]
+		}
+	}
+	return nil
 }

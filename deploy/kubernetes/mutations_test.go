@@ -296,6 +296,43 @@ func TestChecksCatchMutations(t *testing.T) {
 			},
 			want: "Deployment/curia-reconciler/reconciler: want a read-only root filesystem",
 		},
+		"every node pod claims one zone": {
+			check: "zones",
+			mutate: func(m *manifests) {
+				c := container(&m.statefulSets["curia-node"].Spec.Template, "roleserve")
+				c.Args = setArg(c.Args, "labels", "zone=zone-a")
+			},
+			want: "StatefulSet/curia-node roleserve --labels=zone=zone-a: want zone=$(VAR)",
+		},
+		"the agent's zone from another field": {
+			check: "zones",
+			mutate: func(m *manifests) {
+				e := envVar(container(&m.statefulSets["curia-seed"].Spec.Template, "roleserve"), "NODE_ZONE")
+				e.ValueFrom.FieldRef.FieldPath = "spec.nodeName"
+			},
+			want: "StatefulSet/curia-seed roleserve: $(NODE_ZONE) is",
+		},
+		"node pods not spread across zones": {
+			check: "zones",
+			mutate: func(m *manifests) {
+				spec := &m.statefulSets["curia-node"].Spec.Template.Spec
+				spec.TopologySpreadConstraints = slices.DeleteFunc(spec.TopologySpreadConstraints, func(c corev1.TopologySpreadConstraint) bool { return c.TopologyKey == zoneKey })
+			},
+			want: "StatefulSet/curia-node: no topologySpreadConstraint on topology.kubernetes.io/zone",
+		},
+		"the zone spread counts one StatefulSet only": {
+			check: "zones",
+			mutate: func(m *manifests) {
+				for i, c := range m.statefulSets["curia-seed"].Spec.Template.Spec.TopologySpreadConstraints {
+					if c.TopologyKey == zoneKey {
+						sel := c.LabelSelector.DeepCopy()
+						sel.MatchLabels["curia.dev/node-set"] = "seed"
+						m.statefulSets["curia-seed"].Spec.Template.Spec.TopologySpreadConstraints[i].LabelSelector = sel
+					}
+				}
+			},
+			want: "matches StatefulSet/curia-node: false, want every node pod",
+		},
 		"an unresolved $(POD_NAME)": {
 			check: "env references",
 			mutate: func(m *manifests) {
