@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/health/grpc_health_v1"
 
 	"curia.dev/platform/pki"
@@ -72,9 +74,13 @@ func TestProbe(t *testing.T) {
 		return code, out.String()
 	}
 
-	// A server starts NOT_SERVING until the service says it is ready.
+	// A server starts NOT_SERVING until the service says it is ready; it
+	// is alive all the same.
 	if code, out := probe(); code != 1 || !strings.Contains(out, "NOT_SERVING") {
 		t.Errorf("before ready: exit %d, %q; want 1 and NOT_SERVING", code, out)
+	}
+	if code, out := probe("--live"); code != 0 || !strings.Contains(out, "NOT_SERVING") {
+		t.Errorf("--live before ready: exit %d, %q; want 0 and NOT_SERVING", code, out)
 	}
 	srv.Health().SetServingStatus("", grpc_health_v1.HealthCheckResponse_SERVING)
 	if code, out := probe(); code != 0 || !strings.Contains(out, "SERVING") {
@@ -98,6 +104,10 @@ func TestProbe(t *testing.T) {
 	if code := run([]string{"--addr", addr, "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert, "--key", client.Key}, &out, &out); code != 1 {
 		t.Errorf("nothing listening: exit %d (%s), want 1", code, out.String())
 	}
+	out.Reset()
+	if code := run([]string{"--live", "--timeout", "1s", "--addr", addr, "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert, "--key", client.Key}, &out, &out); code != 1 {
+		t.Errorf("--live, nothing listening: exit %d (%s), want 1", code, out.String())
+	}
 
 	// Misconfigured probes exit 2.
 	for name, args := range map[string][]string{
@@ -110,5 +120,34 @@ func TestProbe(t *testing.T) {
 		if code := run(args, &out, &out); code != 2 {
 			t.Errorf("%s: exit %d (%s), want 2", name, code, out.String())
 		}
+	}
+}
+
+// TestProbeHTTP: --http asks /healthz (rpc.Healthz): 200 is SERVING, 503
+// is not, but with --live any answer is alive; no answer never is.
+func TestProbeHTTP(t *testing.T) {
+	h := health.NewServer()
+	h.SetServingStatus("", grpc_health_v1.HealthCheckResponse_NOT_SERVING)
+	srv := httptest.NewServer(rpc.Healthz(h))
+	defer srv.Close()
+	url := srv.URL + "/healthz"
+	probe := func(args ...string) (int, string) {
+		var out bytes.Buffer
+		code := run(args, &out, &out)
+		return code, out.String()
+	}
+	if code, out := probe("--http", url); code != 1 || !strings.Contains(out, "503") {
+		t.Errorf("NOT_SERVING: exit %d, %q; want 1 and 503", code, out)
+	}
+	if code, out := probe("--live", "--http", url); code != 0 || !strings.Contains(out, "503") {
+		t.Errorf("--live, NOT_SERVING: exit %d, %q; want 0 and 503", code, out)
+	}
+	h.SetServingStatus("", grpc_health_v1.HealthCheckResponse_SERVING)
+	if code, out := probe("--quiet", "--http", url); code != 0 || out != "" {
+		t.Errorf("SERVING: exit %d, %q; want 0 and no output", code, out)
+	}
+	srv.Close()
+	if code, out := probe("--live", "--timeout", "1s", "--http", url); code != 1 {
+		t.Errorf("--live, nothing listening: exit %d, %q; want 1", code, out)
 	}
 }
