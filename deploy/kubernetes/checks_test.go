@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -38,6 +39,7 @@ var checks = []check{
 	{"service account tokens", checkTokens},
 	{"disruption budgets", checkPDBs},
 	{"readiness", checkReadiness},
+	{"liveness", checkLiveness},
 	{"resource requests", checkRequests},
 	{"images", checkImages},
 	{"headless service", checkHeadless},
@@ -222,14 +224,33 @@ func containerPaths(c *corev1.Container) (map[string]string, error) {
 		}
 	}
 	add("--", flags)
-	if p := c.ReadinessProbe; p != nil && p.Exec != nil && len(p.Exec.Command) > 0 {
-		pf, err := flagArgs(p.Exec.Command[1:])
-		if err != nil {
-			return nil, fmt.Errorf("readiness probe: %w", err)
+	for _, kp := range probes(c) {
+		if p := kp.probe; p.Exec != nil && len(p.Exec.Command) > 0 {
+			pf, err := flagArgs(p.Exec.Command[1:])
+			if err != nil {
+				return nil, fmt.Errorf("%s probe: %w", kp.kind, err)
+			}
+			add(kp.kind+" probe --", pf)
 		}
-		add("probe --", pf)
 	}
 	return out, nil
+}
+
+// kindProbe is one of a container's probes, and which.
+type kindProbe struct {
+	kind  string // readiness, liveness, startup
+	probe *corev1.Probe
+}
+
+// probes are a container's probes.
+func probes(c *corev1.Container) []kindProbe {
+	var out []kindProbe
+	for _, kp := range []kindProbe{{"readiness", c.ReadinessProbe}, {"liveness", c.LivenessProbe}, {"startup", c.StartupProbe}} {
+		if kp.probe != nil {
+			out = append(out, kp)
+		}
+	}
+	return out
 }
 
 // mountOf is the mount holding path p in c (the longest mountPath).
@@ -455,59 +476,130 @@ func checkReadiness(m *manifests) []error {
 		for i := range w.pod.Spec.Containers {
 			c := &w.pod.Spec.Containers[i]
 			id := w.String() + "/" + c.Name
-			p := c.ReadinessProbe
-			switch {
-			case p == nil:
-				errs = append(errs, fmt.Errorf("%s has no readiness probe", id))
-				continue
-			case p.GRPC != nil || p.HTTPGet != nil || p.TCPSocket != nil:
-				// The kubelet's gRPC probe speaks plaintext; curia serves
-				// mutual TLS only. An open port is not health.
-				errs = append(errs, fmt.Errorf("%s: readiness by %v, want gRPC health over mTLS: exec /bin/curia-probe", id, p.ProbeHandler))
-				continue
-			case p.Exec == nil || len(p.Exec.Command) == 0 || p.Exec.Command[0] != "/bin/curia-probe":
-				errs = append(errs, fmt.Errorf("%s: readiness probe %v, want exec /bin/curia-probe", id, p.Exec))
-				continue
+			pf, perrs := checkProbe(id, "readiness", c, c.ReadinessProbe)
+			errs = append(errs, perrs...)
+			// Ready is SERVING: a process that is merely alive cannot
+			// do its job yet.
+			if pf["live"] == "true" {
+				errs = append(errs, fmt.Errorf("%s: readiness probe with --live: traffic would reach a process that cannot serve it yet", id))
 			}
-			if p.TimeoutSeconds <= probeTimeout {
-				errs = append(errs, fmt.Errorf("%s: readiness timeoutSeconds %d: the kubelet kills curia-probe before its own %ds timeout", id, p.TimeoutSeconds, probeTimeout))
+		}
+	}
+	return errs
+}
+
+// checkProbe checks one probe of container c (id names it): exec
+// /bin/curia-probe, given time enough, asking the container's own port
+// on loopback: its gRPC API's health over mTLS (--addr, with
+// certificates), or its plain-HTTP /healthz (--http, for a process that
+// may hold no certificate). It returns the probe's flags.
+func checkProbe(id, kind string, c *corev1.Container, p *corev1.Probe) (map[string]string, []error) {
+	var errs []error
+	switch {
+	case p == nil:
+		return nil, []error{fmt.Errorf("%s has no %s probe", id, kind)}
+	case p.GRPC != nil || p.HTTPGet != nil || p.TCPSocket != nil:
+		// The kubelet's gRPC probe speaks plaintext; curia serves
+		// mutual TLS only. An open port is not health, and a 503 of
+		// /healthz is no sign of a dead process.
+		return nil, []error{fmt.Errorf("%s: %s by %v, want gRPC health over mTLS: exec /bin/curia-probe", id, kind, p.ProbeHandler)}
+	case p.Exec == nil || len(p.Exec.Command) == 0 || p.Exec.Command[0] != "/bin/curia-probe":
+		return nil, []error{fmt.Errorf("%s: %s probe %v, want exec /bin/curia-probe", id, kind, p.Exec)}
+	}
+	if p.TimeoutSeconds <= probeTimeout {
+		errs = append(errs, fmt.Errorf("%s: %s timeoutSeconds %d: the kubelet kills curia-probe before its own %ds timeout", id, kind, p.TimeoutSeconds, probeTimeout))
+	}
+	pf, err := flagArgs(p.Exec.Command[1:])
+	if err != nil {
+		return nil, append(errs, fmt.Errorf("%s: %s probe: %w", id, kind, err))
+	}
+	ports, err := listenPorts(c)
+	if err != nil {
+		return pf, append(errs, fmt.Errorf("%s: %w", id, err))
+	}
+	// Which of its own ports the probe asks: the gRPC API's (health
+	// over mTLS, with certificates it holds), or for consensus, which
+	// may hold none, its plain-HTTP /healthz on loopback.
+	var flag, target string
+	switch {
+	case pf["addr"] != "":
+		flag, target = "listen", pf["addr"]
+		for _, f := range []string{"ca", "cert", "key"} {
+			if pf[f] == "" {
+				errs = append(errs, fmt.Errorf("%s: %s probe without --%s: no mutual TLS", id, kind, f))
 			}
-			pf, err := flagArgs(p.Exec.Command[1:])
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: readiness probe: %w", id, err))
-				continue
-			}
-			ports, err := listenPorts(c)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", id, err))
-				continue
-			}
-			// Which of its own ports the probe asks: the gRPC API's (health
-			// over mTLS, with certificates it holds), or for consensus,
-			// which may hold none, its plain-HTTP /healthz on loopback.
-			var flag, target string
-			switch {
-			case pf["addr"] != "":
-				flag, target = "listen", pf["addr"]
-				for _, f := range []string{"ca", "cert", "key"} {
-					if pf[f] == "" {
-						errs = append(errs, fmt.Errorf("%s: readiness probe without --%s: no mutual TLS", id, f))
-					}
+		}
+	case pf["http"] != "":
+		u, err := url.Parse(pf["http"])
+		if err != nil || u.Path != "/healthz" {
+			return pf, append(errs, fmt.Errorf("%s: %s probe --http=%s, want http://127.0.0.1:<metrics port>/healthz", id, kind, pf["http"]))
+		}
+		flag, target = "listen-metrics", u.Host
+	default:
+		return pf, append(errs, fmt.Errorf("%s: %s probe asks nothing (--addr or --http)", id, kind))
+	}
+	host, port, err := net.SplitHostPort(target)
+	if err != nil || host != "127.0.0.1" || port != strconv.Itoa(ports[flag]) {
+		errs = append(errs, fmt.Errorf("%s: %s probe asks %s, want 127.0.0.1 and the --%s port %d", id, kind, target, flag, ports[flag]))
+	}
+	return pf, errs
+}
+
+// The least time a probe gives a process before the kubelet restarts it,
+// failureThreshold × periodSeconds: a start (etcd replaying its log, or
+// waiting for its peers' pods to be scheduled) and, once started, a
+// stall (a long GC or disk pause).
+const (
+	minStartupSeconds  = 300
+	minLivenessSeconds = 30
+)
+
+// checkLiveness: every process is restarted when it stops answering, and
+// only then. A startup probe holds the liveness probe back while the
+// process starts; both ask with --live, so that a process waiting for
+// etcd, its quorum or its approval (NOT_SERVING, which can last as long
+// as another part of the cluster is away) is not restarted, which would
+// only delay it; and they ask with certificates the container has from
+// the start, not ones it is given later.
+func checkLiveness(m *manifests) []error {
+	var errs []error
+	ws, err := m.workloads()
+	if err != nil {
+		return []error{err}
+	}
+	for _, w := range ws {
+		if w.kind == "Job" {
+			continue // it runs to completion, under activeDeadlineSeconds
+		}
+		vols := podSecretVolumes(w.pod)
+		for i := range w.pod.Spec.Containers {
+			c := &w.pod.Spec.Containers[i]
+			id := w.String() + "/" + c.Name
+			for _, kind := range []string{"startup", "liveness"} {
+				p, least := c.StartupProbe, minStartupSeconds
+				if kind == "liveness" {
+					p, least = c.LivenessProbe, minLivenessSeconds
 				}
-			case pf["http"] != "":
-				u, err := url.Parse(pf["http"])
-				if err != nil || u.Path != "/healthz" {
-					errs = append(errs, fmt.Errorf("%s: readiness probe --http=%s, want http://127.0.0.1:<metrics port>/healthz", id, pf["http"]))
+				pf, perrs := checkProbe(id, kind, c, p)
+				errs = append(errs, perrs...)
+				if pf == nil {
 					continue
 				}
-				flag, target = "listen-metrics", u.Host
-			default:
-				errs = append(errs, fmt.Errorf("%s: readiness probe asks nothing (--addr or --http)", id))
-				continue
-			}
-			host, port, err := net.SplitHostPort(target)
-			if err != nil || host != "127.0.0.1" || port != strconv.Itoa(ports[flag]) {
-				errs = append(errs, fmt.Errorf("%s: readiness probe asks %s, want 127.0.0.1 and the --%s port %d", id, target, flag, ports[flag]))
+				if pf["live"] != "true" {
+					errs = append(errs, fmt.Errorf("%s: %s probe without --live: it would restart a process that waits, NOT_SERVING, for etcd, its quorum or its approval", id, kind))
+				}
+				// (0: the API server's defaults, 3 and 10.)
+				if got := cmp.Or(p.FailureThreshold, 3) * cmp.Or(p.PeriodSeconds, 10); got < int32(least) {
+					errs = append(errs, fmt.Errorf("%s: %s probe gives up after %ds (failureThreshold × periodSeconds), want at least %ds", id, kind, got, least))
+				}
+				for _, f := range []string{"cert", "key"} {
+					if pf[f] == "" {
+						continue
+					}
+					if vm := mountOf(c, pf[f]); vm == nil || vols[vm.Name] == nil {
+						errs = append(errs, fmt.Errorf("%s: %s probe --%s=%s is on no Secret volume: a file the process makes later (at enrolment) fails the probe until then", id, kind, f, pf[f]))
+					}
+				}
 			}
 		}
 	}
@@ -570,8 +662,10 @@ func checkImages(m *manifests) []error {
 				errs = append(errs, fmt.Errorf("%s: imagePullPolicy %q: the image is loaded into the nodes, there is no registry (IfNotPresent or Never)", id, c.ImagePullPolicy))
 			}
 			cmds := [][]string{c.Command}
-			if p := c.ReadinessProbe; p != nil && p.Exec != nil {
-				cmds = append(cmds, p.Exec.Command)
+			for _, kp := range probes(c) {
+				if kp.probe.Exec != nil {
+					cmds = append(cmds, kp.probe.Exec.Command)
+				}
 			}
 			for _, cmd := range cmds {
 				if len(cmd) == 0 || !slices.Contains(bins, cmd[0]) {
@@ -885,8 +979,10 @@ func checkEnvRefs(m *manifests) []error {
 				}
 			}
 			// ... but not in a probe's command.
-			if p := c.ReadinessProbe; p != nil && p.Exec != nil && envRef.MatchString(strings.Join(p.Exec.Command, " ")) {
-				errs = append(errs, fmt.Errorf("%s: the readiness probe's command refers to $(...), which the kubelet does not expand there", id))
+			for _, kp := range probes(c) {
+				if p := kp.probe; p.Exec != nil && envRef.MatchString(strings.Join(p.Exec.Command, " ")) {
+					errs = append(errs, fmt.Errorf("%s: the %s probe's command refers to $(...), which the kubelet does not expand there", id, kp.kind))
+				}
 			}
 		}
 	}

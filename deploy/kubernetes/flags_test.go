@@ -86,7 +86,7 @@ func countFlags(fs *flag.FlagSet) int {
 }
 
 // TestManifestFlags parses every container's arguments, and every
-// readiness probe's command, with the flags the binary it runs has (built
+// probe's command, with the flags the binary it runs has (built
 // from this tree, as `make images` would, and asked with -h): a flag a
 // binary does not know, or a value missing, fails here instead of in a
 // crash loop.
@@ -113,8 +113,10 @@ func TestManifestFlags(t *testing.T) {
 				}
 				n := min(len(c.Command), 2) // curia-kube takes its subcommand first
 				lines = append(lines, cmdline{c.Command[:n], append(slices.Clone(c.Command[n:]), c.Args...), where})
-				if p := c.ReadinessProbe; p != nil && p.Exec != nil && len(p.Exec.Command) > 0 {
-					lines = append(lines, cmdline{p.Exec.Command[:1], p.Exec.Command[1:], where + " readiness probe"})
+				for _, kp := range probes(c) {
+					if p := kp.probe; p.Exec != nil && len(p.Exec.Command) > 0 {
+						lines = append(lines, cmdline{p.Exec.Command[:1], p.Exec.Command[1:], where + " " + kp.kind + " probe"})
+					}
 				}
 			}
 		}

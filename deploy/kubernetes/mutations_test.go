@@ -126,6 +126,53 @@ func TestChecksCatchMutations(t *testing.T) {
 			},
 			want: "the kubelet kills curia-probe",
 		},
+		"ready when merely alive": {
+			check: "readiness",
+			mutate: func(m *manifests) {
+				p := m.deployments["curia-reconciler"].Spec.Template.Spec.Containers[0].ReadinessProbe
+				p.Exec.Command = append(p.Exec.Command, "--live")
+			},
+			want: "Deployment/curia-reconciler/reconciler: readiness probe with --live",
+		},
+		"the seed's consensus has no startup probe": {
+			check: "liveness",
+			mutate: func(m *manifests) {
+				container(&m.statefulSets["curia-seed"].Spec.Template, "consensus").StartupProbe = nil
+			},
+			want: "StatefulSet/curia-seed/consensus has no startup probe",
+		},
+		"a liveness probe that restarts a member waiting for its quorum": {
+			check: "liveness",
+			mutate: func(m *manifests) {
+				p := container(&m.statefulSets["curia-node"].Spec.Template, "consensus").LivenessProbe
+				p.Exec.Command = slices.DeleteFunc(p.Exec.Command, func(a string) bool { return a == "--live" })
+			},
+			want: "StatefulSet/curia-node/consensus: liveness probe without --live",
+		},
+		"the kubelet's HTTP liveness probe, for which 503 is dead": {
+			check: "liveness",
+			mutate: func(m *manifests) {
+				p := container(&m.statefulSets["curia-node"].Spec.Template, "roleserve").LivenessProbe
+				p.Exec, p.HTTPGet = nil, &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(9400)}
+			},
+			want: "StatefulSet/curia-node/roleserve: liveness by",
+		},
+		"a startup probe that gives a start 15 s": {
+			check: "liveness",
+			mutate: func(m *manifests) {
+				p := m.deployments["curia-curator"].Spec.Template.Spec.Containers[0].StartupProbe
+				p.FailureThreshold = 3
+			},
+			want: "Deployment/curia-curator/curator: startup probe gives up after 15s",
+		},
+		"the agent's liveness asks with the certificate of its enrolment": {
+			check: "liveness",
+			mutate: func(m *manifests) {
+				p := container(&m.statefulSets["curia-node"].Spec.Template, "roleserve").LivenessProbe
+				p.Exec.Command = []string{"/bin/curia-probe", "--quiet", "--live", "--addr=127.0.0.1:7400", "--ca=/public/ca.crt", "--cert=/data/agent/node.crt", "--key=/data/agent/node.key"}
+			},
+			want: "liveness probe --cert=/data/agent/node.crt is on no Secret volume",
+		},
 		"consensus requests no memory": {
 			check: "resource requests",
 			mutate: func(m *manifests) {
