@@ -41,6 +41,7 @@ var checks = []check{
 	{"readiness", checkReadiness},
 	{"liveness", checkLiveness},
 	{"resource requests", checkRequests},
+	{"resource limits", checkLimits},
 	{"images", checkImages},
 	{"headless service", checkHeadless},
 	{"services", checkServices},
@@ -618,6 +619,37 @@ func checkRequests(m *manifests) []error {
 				if q, ok := c.Resources.Requests[r]; !ok || q.Sign() <= 0 {
 					errs = append(errs, fmt.Errorf("%s/%s requests no %s: the scheduler would place it anywhere", w, c.Name, r))
 				}
+			}
+		}
+	}
+	return errs
+}
+
+// checkLimits: every container has a memory limit, at least its request,
+// so that a leak fails its own pod and not the Kubernetes node under
+// every pod; no container has a CPU limit: CFS quota stops a process for
+// the rest of a 100 ms period once it spent its quota, longer than etcd's
+// heartbeat interval, and curia's processes time heartbeats and leases.
+// The CPU request is their share when the node is busy.
+func checkLimits(m *manifests) []error {
+	var errs []error
+	ws, err := m.workloads()
+	if err != nil {
+		return []error{err}
+	}
+	for _, w := range ws {
+		for _, c := range containers(w.pod) {
+			id := w.String() + "/" + c.Name
+			limit, ok := c.Resources.Limits[corev1.ResourceMemory]
+			request := c.Resources.Requests[corev1.ResourceMemory]
+			switch {
+			case !ok || limit.Sign() <= 0:
+				errs = append(errs, fmt.Errorf("%s has no memory limit: a leak would take the Kubernetes node's memory", id))
+			case limit.Cmp(request) < 0:
+				errs = append(errs, fmt.Errorf("%s: memory limit %s below its request %s", id, limit.String(), request.String()))
+			}
+			if q, ok := c.Resources.Limits[corev1.ResourceCPU]; ok {
+				errs = append(errs, fmt.Errorf("%s: CPU limit %s: CFS throttling would stall it past etcd's heartbeats and curia's leases; give it a request", id, q.String()))
 			}
 		}
 	}

@@ -187,6 +187,27 @@ func TestChecksCatchMutations(t *testing.T) {
 			},
 			want: "StatefulSet/curia-node/node-key requests no cpu",
 		},
+		"consensus without a memory limit": {
+			check: "resource limits",
+			mutate: func(m *manifests) {
+				delete(container(&m.statefulSets["curia-seed"].Spec.Template, "consensus").Resources.Limits, corev1.ResourceMemory)
+			},
+			want: "StatefulSet/curia-seed/consensus has no memory limit",
+		},
+		"a memory limit below the request": {
+			check: "resource limits",
+			mutate: func(m *manifests) {
+				m.deployments["curia-curator"].Spec.Template.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory] = resource.MustParse("64Mi")
+			},
+			want: "Deployment/curia-curator/curator: memory limit 64Mi below its request 128Mi",
+		},
+		"a CPU limit on consensus": {
+			check: "resource limits",
+			mutate: func(m *manifests) {
+				container(&m.statefulSets["curia-node"].Spec.Template, "consensus").Resources.Limits[corev1.ResourceCPU] = resource.MustParse("500m")
+			},
+			want: "StatefulSet/curia-node/consensus: CPU limit 500m: CFS throttling",
+		},
 		"an image from a registry that does not exist": {
 			check: "images",
 			mutate: func(m *manifests) {
