@@ -50,6 +50,7 @@ var checks = []check{
 	{"env references", checkEnvRefs},
 	{"security context", checkSecurityContext},
 	{"zones", checkZones},
+	{"network policies", checkNetworkPolicies},
 }
 
 // The image every container runs: the one `make images` builds (as

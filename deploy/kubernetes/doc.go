@@ -9,6 +9,7 @@
 //	curia-curator (Deployment, N)    ── curia-curator (headless Service: every ready replica)
 //	curia-reconciler (Deployment, N) ── curia-reconciler (headless Service)
 //	curia-bootstrap (Job)            PKI into Secrets, then the cluster's first shape
+//	NetworkPolicies (network.yaml)   ingress denied but what each process needs
 //
 // One identity, one Secret (DESIGN §2), each mounted only by the container
 // that is that identity:

@@ -8,7 +8,9 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -400,6 +402,70 @@ func TestChecksCatchMutations(t *testing.T) {
 				}
 			},
 			want: "matches StatefulSet/curia-node: false, want every node pod",
+		},
+		"the curators may join etcd's peers": {
+			check: "network policies",
+			mutate: func(m *manifests) {
+				r := &m.networkPolicies["curia-node"].Spec.Ingress[0]
+				r.From = append(r.From, networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/component": "curator"}}})
+			},
+			want: "Deployment/curia-curator can reach StatefulSet/curia-node port etcd-peer (2380), which it has no business with",
+		},
+		"the reconcilers cannot reach the consensus API": {
+			check: "network policies",
+			mutate: func(m *manifests) {
+				for i, r := range m.networkPolicies["curia-node"].Spec.Ingress {
+					if r.Ports[0].Port.StrVal == "consensus" {
+						m.networkPolicies["curia-node"].Spec.Ingress[i].From = r.From[:2]
+					}
+				}
+			},
+			want: "Deployment/curia-reconciler cannot reach StatefulSet/curia-seed port consensus (7100), which it needs",
+		},
+		"metrics open to every namespace": {
+			check: "network policies",
+			mutate: func(m *manifests) {
+				for _, r := range m.networkPolicies["curia-reconciler"].Spec.Ingress {
+					r.From[0].NamespaceSelector = &metav1.LabelSelector{}
+				}
+			},
+			want: "a pod of namespace other can reach Deployment/curia-reconciler port metrics (9300)",
+		},
+		"etcd's clients from any namespace that has curator pods": {
+			check: "network policies",
+			mutate: func(m *manifests) {
+				r := &m.networkPolicies["curia-node"].Spec.Ingress[1]
+				r.From[1].NamespaceSelector = &metav1.LabelSelector{}
+			},
+			want: "a curator-labelled pod of namespace other can reach StatefulSet/curia-node port etcd-client (2379)",
+		},
+		"the agents cannot reach the curators": {
+			check: "network policies",
+			mutate: func(m *manifests) {
+				r := &m.networkPolicies["curia-curator"].Spec.Ingress[0]
+				r.From[0].PodSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/component": "curator"}}
+			},
+			want: "StatefulSet/curia-node cannot reach Deployment/curia-curator port grpc (7200), which it needs",
+		},
+		"no default deny": {
+			check:  "network policies",
+			mutate: func(m *manifests) { delete(m.networkPolicies, "curia-default-deny") },
+			want:   "no default deny",
+		},
+		"a port the policies were not told about": {
+			check: "network policies",
+			mutate: func(m *manifests) {
+				c := &m.deployments["curia-reconciler"].Spec.Template.Spec.Containers[0]
+				c.Ports = append(c.Ports, corev1.ContainerPort{Name: "debug", ContainerPort: 6060})
+			},
+			want: "Deployment/curia-reconciler port debug (6060): the check does not say who needs it",
+		},
+		"a rule for every port of the node pods": {
+			check: "network policies",
+			mutate: func(m *manifests) {
+				m.networkPolicies["curia-node"].Spec.Ingress[0].Ports = nil
+			},
+			want: "StatefulSet/curia-node can reach StatefulSet/curia-seed port roleserve (7400)",
 		},
 		"an unresolved $(POD_NAME)": {
 			check: "env references",

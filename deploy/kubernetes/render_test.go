@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,6 +36,7 @@ type manifests struct {
 	pdbs            map[string]*policyv1.PodDisruptionBudget
 	roles           map[string]*rbacv1.Role
 	roleBindings    map[string]*rbacv1.RoleBinding
+	networkPolicies map[string]*networkingv1.NetworkPolicy
 }
 
 // decodeStrict decodes one manifest into a new T; a field T does not have
@@ -83,7 +85,7 @@ func decodeAll(rs []*resource.Resource) (*manifests, error) {
 		serviceAccounts: map[string]*corev1.ServiceAccount{}, statefulSets: map[string]*appsv1.StatefulSet{},
 		deployments: map[string]*appsv1.Deployment{}, jobs: map[string]*batchv1.Job{},
 		pdbs: map[string]*policyv1.PodDisruptionBudget{}, roles: map[string]*rbacv1.Role{},
-		roleBindings: map[string]*rbacv1.RoleBinding{},
+		roleBindings: map[string]*rbacv1.RoleBinding{}, networkPolicies: map[string]*networkingv1.NetworkPolicy{},
 	}
 	namespaces := map[string]bool{}
 	for _, r := range rs {
@@ -117,6 +119,8 @@ func decodeAll(rs []*resource.Resource) (*manifests, error) {
 			err = put(m.roles, name, b)
 		case "rbac.authorization.k8s.io/v1/RoleBinding":
 			err = put(m.roleBindings, name, b)
+		case "networking.k8s.io/v1/NetworkPolicy":
+			err = put(m.networkPolicies, name, b)
 		default:
 			err = errors.New("a kind this test does not know: add it to decodeAll")
 		}
