@@ -185,7 +185,7 @@ test-e2e: build $(GRPCURL) ## end-to-end tests: the process cluster (and every g
 # FAULT_SEED (a number or random), FAULT_DURATION (default 3m) and
 # FAULT_NEMESES (comma-separated kinds) for longer runs by hand.
 test-faults: ## the fault suite: a cluster in network namespaces under kill, pause, partitions and membership faults (root)
-	go test -tags faults -count=1 -timeout 90m -v -run 'TestFaults$$' ./deploy/faults/
+	go test -tags faults -count=1 -timeout 90m -v -run 'TestFaults$$|TestRecoveryRefusedInPartition' ./deploy/faults/
 
 .PHONY: test-faults-mutations
 test-faults-mutations: ## show the fault suite fails when a safety mechanism is switched off (root)
@@ -207,6 +207,11 @@ tidy: ## go mod tidy every module (each on its own, as CI's clean clone sees it)
 # the command printed at the end works in a fresh shell.
 run: build $(GRPCURL) ## start a local cluster as processes (state in .curia; FRESH=1 starts over)
 	$(BIN)/curia-local --state .curia --bin $(BIN) --grpcurl $(abspath $(GRPCURL)) $(if $(FRESH),--fresh)
+
+.PHONY: recover
+recover: ## after a quorum loss of the local cluster: say what recovery would do; CONFIRM=<node> does it (SNAPSHOT=<file> restores a snapshot on that node instead)
+	@test -x $(BIN)/curia-local || $(MAKE) --no-print-directory build
+	$(BIN)/curia-local recover --state .curia $(if $(CONFIRM),--confirm $(CONFIRM)) $(if $(SNAPSHOT),--snapshot $(SNAPSHOT))
 
 # The docker compose cluster (deploy/compose): one FROM scratch image of bin/,
 # run with compose v2 (`docker compose`) or, where only that is installed,

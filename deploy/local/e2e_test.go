@@ -46,6 +46,11 @@ type cluster struct {
 	// frozen and deleted are the nodes the scenarios froze (and thawed)
 	// and deleted, for the audit invariant.
 	frozen, deleted string
+	// nodes is the node count; bin holds the binaries; layout are
+	// curia-local's flags that say where the cluster is.
+	nodes  int
+	bin    string
+	layout []string
 }
 
 // nodeCount is the cluster's size: 3 control-plane nodes and 2 workers, so
@@ -68,12 +73,18 @@ func buildAll(t *testing.T) string {
 	return dir
 }
 
-func start(t *testing.T) *cluster {
+func start(t *testing.T) *cluster { return startOn(t, "127.0.99", nodeCount) }
+
+// startOn starts a cluster of nodes nodes (3 control-plane, the rest
+// workers) on the loopback /24 subnet.
+func startOn(t *testing.T, subnet string, nodes int) *cluster {
 	t.Helper()
 	bin := buildAll(t)
-	c := &cluster{t: t, state: filepath.Join(t.TempDir(), "state")}
-	c.proc = proctest.New(t, "curia-local", filepath.Join(bin, "curia-local"), "--state", c.state, "--bin", bin, "--subnet", "127.0.99", "--workers", strconv.Itoa(nodeCount-3), "--log-level", "debug",
-		"--grpcurl", pinnedGrpcurl(t))
+	c := &cluster{t: t, state: filepath.Join(t.TempDir(), "state"), nodes: nodes, bin: bin,
+		layout: []string{"--state", "", "--bin", bin, "--subnet", subnet, "--workers", strconv.Itoa(nodes - 3)}}
+	c.layout[1] = c.state
+	c.proc = proctest.New(t, "curia-local", filepath.Join(bin, "curia-local"), append(slices.Clone(c.layout), "--log-level", "debug",
+		"--grpcurl", pinnedGrpcurl(t))...)
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
@@ -123,8 +134,8 @@ func (c *cluster) readEnv() {
 	c.env = readEnvFile(t, filepath.Join(c.state, "env"))
 	c.ids, c.names = map[string]string{}, map[string]string{}
 	files, err := filepath.Glob(filepath.Join(c.state, "public", "node-*.id"))
-	if err != nil || len(files) != nodeCount {
-		t.Fatalf("node id files %v (%v), want %d", files, err, nodeCount)
+	if err != nil || len(files) != c.nodes {
+		t.Fatalf("node id files %v (%v), want %d", files, err, c.nodes)
 	}
 	for _, f := range files {
 		b, err := os.ReadFile(f)

@@ -86,6 +86,9 @@ func (x *server) Recover(ctx context.Context, req *consensusv1.RecoverRequest) (
 	if req.GetMemberId() != st.GetMemberId() {
 		return nil, fmt.Errorf("%w: this node holds member %s, not %s: name the member whose data you mean to keep (Status member_id)", errRefused, types.ID(st.GetMemberId()), types.ID(req.GetMemberId()))
 	}
+	if err := x.checkMemberCert(); err != nil {
+		return nil, err
+	}
 	if err := x.checkQuorumLost(ctx); err != nil {
 		return nil, err
 	}
@@ -124,6 +127,10 @@ func (x *server) RestoreSnapshot(stream consensusv1.Consensus_RestoreSnapshotSer
 		return fmt.Errorf("%w: this is node %s, not %s: name the node that is to become the cluster", errRefused, x.s.cfg.nodeID, h.GetNodeId())
 	}
 	m := x.s.member
+	// The new member starts with this process's member certificate.
+	if err := x.checkMemberCert(); err != nil {
+		return err
+	}
 	// The upload first, outside the lock: it may take long.
 	upload := filepath.Join(m.cfg.DataDir, "restore-upload.db")
 	defer os.Remove(upload)

@@ -8,6 +8,9 @@
 //	curia-local dashboard [--stop]
 //	                    (re)start the compose cluster's dashboard on the host, detached, and
 //	                    print its URL (make up); or stop it (make down)
+//	curia-local recover rebuild a cluster that lost a majority of its voters for good
+//	                    (from the most up-to-date survivor, or --snapshot FILE); it says
+//	                    what it would do, and does it with --confirm <node>
 package main
 
 import (
@@ -19,6 +22,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"curia.dev/deploy/local"
 	"curia.dev/platform/logging"
@@ -61,6 +65,14 @@ func run(args []string) error {
 		cfg.SANs = append(cfg.SANs, s)
 		return nil
 	})
+	var ro local.RecoverOptions
+	if cmd == "recover" {
+		fs.StringVar(&ro.Confirm, "confirm", "", "consent: the node whose data becomes the cluster (the survivor recover names, or the node to restore --snapshot on)")
+		fs.StringVar(&ro.Snapshot, "snapshot", "", "restore this snapshot file (Management/GetSnapshot's, or <state>/snapshots/*.db) instead of a survivor's data")
+		fs.StringVar(&ro.Reason, "reason", "", "why, for the report and the audit log")
+		fs.DurationVar(&ro.Wait, "wait", 5*time.Minute, "how long to wait for the control plane to grow back (0: do not wait)")
+		fs.DurationVar(&ro.Settle, "settle", 10*time.Second, "how long the survivors may take to notice the loss before a leader seen means a quorum is reachable")
+	}
 	lc := logging.DefaultConfig()
 	lc.AddFlags(fs)
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -112,6 +124,16 @@ func run(args []string) error {
 		}
 		fmt.Println("curia-local: cluster ready")
 		return nil
+	case "recover":
+		if err := c.ReadIDs(); err != nil {
+			return err
+		}
+		_, err := c.Recover(ctx, ro)
+		if errors.Is(err, local.ErrNoConsent) {
+			fmt.Fprintln(os.Stderr, "curia-local:", err)
+			os.Exit(2)
+		}
+		return err
 	case "pause":
 		// A node's consensus and roleserve containers join this one's
 		// network namespace; it never crashes, so they can restart on
@@ -119,7 +141,7 @@ func run(args []string) error {
 		<-ctx.Done()
 		return nil
 	}
-	return fmt.Errorf("unknown command %q: want run, pki, init, pause or dashboard", cmd)
+	return fmt.Errorf("unknown command %q: want run, pki, init, recover, pause or dashboard", cmd)
 }
 
 // dashboard starts the compose cluster's dashboard, detached, against the
