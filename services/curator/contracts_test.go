@@ -82,6 +82,15 @@ func TestRequestContracts(t *testing.T) {
 			}
 			return err
 		}},
+		// Refused by the follower as it receives the request, not
+		// forwarded: the caller hears why, not that it was cancelled.
+		"audit log through a follower: resume with a backlog": {code: codes.InvalidArgument, field: "", rule: "audit.resume", call: func() error {
+			stream, err := curatorv1.NewManagementClient(c.Conn(follower, cut.Admin)).WatchAuditLog(ctx, &curatorv1.WatchAuditLogRequest{StartRevision: 5, Backlog: 1})
+			if err == nil {
+				_, err = stream.Recv()
+			}
+			return err
+		}},
 		"cluster config: size 2":       {call: clusterConfig(&curatorv1.ClusterConfig{ControlPlaneSize: 2}, "control_plane_size"), code: codes.InvalidArgument, field: "config.control_plane_size", rule: "uint32.in"},
 		"cluster config: size 9":       {call: clusterConfig(&curatorv1.ClusterConfig{ControlPlaneSize: 9}, "control_plane_size"), code: codes.InvalidArgument, field: "config.control_plane_size", rule: "uint32.in"},
 		"cluster config: threshold 1s": {call: clusterConfig(&curatorv1.ClusterConfig{DeadNodeThreshold: durationpb.New(time.Second)}, "dead_node_threshold"), code: codes.InvalidArgument, field: "config.dead_node_threshold", rule: "duration.gte_lte"},

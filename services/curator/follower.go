@@ -130,6 +130,16 @@ func (l *leadership) forwardStream(srv any, ss grpc.ServerStream, info *grpc.Str
 	for {
 		m := out.New().Interface()
 		if err := cs.RecvMsg(m); err != nil {
+			// The caller's side failed first (this replica's validation
+			// refused a request as it was received, then cancelled the
+			// leader's stream): that is the answer, not the cancellation.
+			select {
+			case uerr := <-upErr:
+				if uerr != nil {
+					return uerr
+				}
+			default:
+			}
 			ss.SetTrailer(cs.Trailer())
 			if errors.Is(err, io.EOF) {
 				return nil
