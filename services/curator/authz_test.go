@@ -122,9 +122,30 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"/curia.curator.v1.Leases/KeepAlive", &curatorv1.KeepAliveRequest{}, false, []string{"reconciler"}},
 		{"/curia.curator.v1.Leases/Release", &curatorv1.ReleaseRequest{}, false, []string{"reconciler"}},
 		{"/curia.curator.v1.Reconciliation/ReconcileNodeRoles", &curatorv1.ReconcileNodeRolesRequest{NodeId: self.ID}, false, []string{"reconciler"}},
+		{"/curia.curator.v1.Curator/IssueCertificates", &curatorv1.IssueCertificatesRequest{}, false, []string{"node itself", "another node"}},
+		{"/curia.curator.v1.Curator/GetMembership", &curatorv1.GetMembershipRequest{}, false, nil}, // consensus processes only
 		// Last: committing again revokes the certificate the rows above
 		// use as "node itself".
 		{"/curia.curator.v1.Curator/CommitNode", &curatorv1.CommitNodeRequest{}, false, []string{"enrolling node"}},
+	}
+	// Every method of every curator service is in the table.
+	listed := map[string]bool{}
+	for _, m := range methods {
+		listed[m.method] = true
+	}
+	for _, sd := range []grpc.ServiceDesc{curatorv1.Curator_ServiceDesc, curatorv1.Management_ServiceDesc, curatorv1.Leases_ServiceDesc, curatorv1.Reconciliation_ServiceDesc} {
+		var names []string
+		for _, m := range sd.Methods {
+			names = append(names, m.MethodName)
+		}
+		for _, m := range sd.Streams {
+			names = append(names, m.StreamName)
+		}
+		for _, n := range names {
+			if full := "/" + sd.ServiceName + "/" + n; !listed[full] {
+				t.Errorf("%s is not in the matrix: add it", full)
+			}
+		}
 	}
 	for _, m := range methods {
 		for _, who := range callers {
