@@ -118,6 +118,9 @@ var (
 	// LeaseHeld: another holder has the lease; metadata "holder" and
 	// "expires" (RFC 3339), RetryInfo until then.
 	LeaseHeld = &Kind{code: codes.FailedPrecondition, reason: "LEASE_HELD", text: "lease held"}
+	// SnapshotsOff: the curators take no etcd snapshots (they run
+	// without --snapshot-dir); nothing to retry.
+	SnapshotsOff = &Kind{code: codes.FailedPrecondition, reason: "SNAPSHOTS_OFF", text: "snapshots are off"}
 )
 
 // detailed carries ErrorInfo metadata and a retry delay with an error.

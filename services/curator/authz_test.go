@@ -118,6 +118,10 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"/curia.curator.v1.Management/GetClusterConfig", &curatorv1.GetClusterConfigRequest{}, false, []string{"admin", "reconciler"}},
 		// Without a mask: the admin's call fails on its contract, and writes nothing.
 		{"/curia.curator.v1.Management/UpdateClusterConfig", &curatorv1.UpdateClusterConfigRequest{}, false, []string{"admin"}},
+		// Snapshots are off here: the allowed get FailedPrecondition.
+		{"/curia.curator.v1.Management/TakeSnapshot", &curatorv1.TakeSnapshotRequest{}, false, []string{"admin", "reconciler"}},
+		{"/curia.curator.v1.Management/ListSnapshots", &curatorv1.ListSnapshotsRequest{}, false, []string{"admin"}},
+		{"/curia.curator.v1.Management/GetSnapshot", &curatorv1.GetSnapshotRequest{Name: "snapshot-20260101T000000Z-rev1"}, true, []string{"admin"}},
 		{"/curia.curator.v1.Leases/Acquire", &curatorv1.AcquireRequest{}, false, []string{"reconciler"}},
 		{"/curia.curator.v1.Leases/KeepAlive", &curatorv1.KeepAliveRequest{}, false, []string{"reconciler"}},
 		{"/curia.curator.v1.Leases/Release", &curatorv1.ReleaseRequest{}, false, []string{"reconciler"}},

@@ -16,6 +16,7 @@
 // (roles, delete, cluster info), leader_nodes.go and filter.go (GetNodes
 // with CEL filters), heartbeat.go (heartbeats and health),
 // leader_consensus_status.go, leader_audit.go, leader_leases.go (leases),
+// leader_snapshots.go and snapshot_take.go (etcd snapshots),
 // leader_reconcile.go (the reconciler's fenced role writes, the
 // Reconciliation service), watch.go (one etcd watch fanned out
 // to every Watch stream), consensus.go (calls to the consensus services),
@@ -90,6 +91,9 @@ type Config struct {
 	CertValidity time.Duration
 	// Audit bounds the audit log (audit_retention.go).
 	Audit AuditRetention
+	// Snapshots configures the leader's etcd snapshots
+	// (leader_snapshots.go).
+	Snapshots SnapshotConfig
 }
 
 // DefaultConfig returns the defaults.
@@ -106,6 +110,7 @@ func DefaultConfig() Config {
 		EnrolmentBurst:    40,
 		CertValidity:      30 * 24 * time.Hour,
 		Audit:             AuditRetention{MaxAge: 90 * 24 * time.Hour, MaxEvents: 100000, Every: 10 * time.Minute},
+		Snapshots:         SnapshotConfig{Interval: 10 * time.Minute, Keep: 24, MaxAge: 7 * 24 * time.Hour, ReuseWithin: 30 * time.Second},
 	}
 }
 
@@ -131,6 +136,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Audit.Every, "audit-prune-interval", c.Audit.Every, "how often the leader applies --audit-max-age and --audit-max-events")
 	fs.DurationVar(&c.CertValidity, "cert-validity", c.CertValidity, "validity of the certificates issued to nodes (node, consensus, member); their agents renew them after two thirds")
 	c.Watch.AddFlags(fs)
+	c.Snapshots.AddFlags(fs)
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -172,7 +178,7 @@ func (c *Config) Validate() error {
 	if c.HeartbeatInterval <= 0 || c.HeartbeatTimeout <= c.HeartbeatInterval {
 		return fmt.Errorf("--heartbeat-timeout (%v) must exceed --heartbeat-interval (%v)", c.HeartbeatTimeout, c.HeartbeatInterval)
 	}
-	return nil
+	return c.Snapshots.Validate()
 }
 
 // advertiseAddr is where other replicas reach one listening on listen: the
@@ -214,6 +220,7 @@ type Service struct {
 	consensus *consensusPool
 	watch     *watchHub
 	crl       *crl.Watcher
+	snaps     *snapshotter
 }
 
 // New prepares a replica; nothing listens until Run.
@@ -263,6 +270,10 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	s.lead = newLeadership(cli, creds, log, leaderValue{Name: cfg.Name, Address: cfg.Advertise}, cfg.SessionTTL, s.becameLeader)
 	s.consensus = newConsensusPool(cfg.Consensus, cli, creds)
 	s.watch = newWatchHub(s)
+	if s.snaps, err = newSnapshotter(s, cfg.Snapshots, log.With("part", "snapshots")); err != nil {
+		cli.Close()
+		return nil, err
+	}
 	limit := newEnrolmentLimit(cfg.EnrolmentRate, cfg.EnrolmentBurst)
 	srv, err := rpc.NewServer(rpc.ServerConfig{
 		Credentials:        creds,
@@ -315,6 +326,9 @@ func (s *Service) Run(ctx context.Context) error {
 	g.AddReady("etcd-endpoints", s.probeEndpoints)
 	g.AddReady("crl", func(ctx context.Context) error { return s.crl.Run(ctx, s.etcd) })
 	g.AddReady("audit-retention", s.pruneAuditLog)
+	if s.cfg.Snapshots.Dir != "" {
+		g.AddReady("snapshots", s.snaps.run)
+	}
 	if s.cfg.ListenHTTP != "" {
 		hl, err := net.Listen("tcp", s.cfg.ListenHTTP)
 		if err != nil {

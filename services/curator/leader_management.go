@@ -433,6 +433,7 @@ func (x *managementServer) GetClusterInfo(ctx context.Context, _ *curatorv1.GetC
 		LeaderName:    cur.Name,
 		Term:          cur.Term,
 		NodesByState:  map[string]int64{},
+		Snapshots:     s.snaps.status(),
 	}
 	err := s.eachNode(ctx, func(n *curatorv1.Node) error {
 		info.NodesByState[n.State.String()]++

@@ -36,5 +36,10 @@ func (s *Service) registerMetrics(reg *prometheus.Registry) error {
 			return fmt.Errorf("register curator metrics: %w", err)
 		}
 	}
+	for _, c := range s.snaps.metrics() {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("register curator metrics: %w", err)
+		}
+	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	_ "curia.dev/gen/curia/validate/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -24,6 +25,63 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// SnapshotTrigger is why a snapshot was taken.
+type SnapshotTrigger int32
+
+const (
+	// Unknown.
+	SnapshotTrigger_SNAPSHOT_TRIGGER_UNSPECIFIED SnapshotTrigger = 0
+	// The leader's schedule (--snapshot-interval).
+	SnapshotTrigger_SNAPSHOT_TRIGGER_SCHEDULED SnapshotTrigger = 1
+	// TakeSnapshot, on demand.
+	SnapshotTrigger_SNAPSHOT_TRIGGER_ON_DEMAND SnapshotTrigger = 2
+	// TakeSnapshot before a membership change (before_membership_change).
+	SnapshotTrigger_SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE SnapshotTrigger = 3
+)
+
+// Enum value maps for SnapshotTrigger.
+var (
+	SnapshotTrigger_name = map[int32]string{
+		0: "SNAPSHOT_TRIGGER_UNSPECIFIED",
+		1: "SNAPSHOT_TRIGGER_SCHEDULED",
+		2: "SNAPSHOT_TRIGGER_ON_DEMAND",
+		3: "SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE",
+	}
+	SnapshotTrigger_value = map[string]int32{
+		"SNAPSHOT_TRIGGER_UNSPECIFIED":              0,
+		"SNAPSHOT_TRIGGER_SCHEDULED":                1,
+		"SNAPSHOT_TRIGGER_ON_DEMAND":                2,
+		"SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE": 3,
+	}
+)
+
+func (x SnapshotTrigger) Enum() *SnapshotTrigger {
+	p := new(SnapshotTrigger)
+	*p = x
+	return p
+}
+
+func (x SnapshotTrigger) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SnapshotTrigger) Descriptor() protoreflect.EnumDescriptor {
+	return file_curia_curator_v1_management_proto_enumTypes[0].Descriptor()
+}
+
+func (SnapshotTrigger) Type() protoreflect.EnumType {
+	return &file_curia_curator_v1_management_proto_enumTypes[0]
+}
+
+func (x SnapshotTrigger) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SnapshotTrigger.Descriptor instead.
+func (SnapshotTrigger) EnumDescriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{0}
+}
 
 // GetNodesRequest filters nodes.
 type GetNodesRequest struct {
@@ -508,7 +566,9 @@ type GetClusterInfoResponse struct {
 	// The leader's term.
 	Term int64 `protobuf:"varint,4,opt,name=term,proto3" json:"term,omitempty"`
 	// Number of nodes per state name.
-	NodesByState  map[string]int64 `protobuf:"bytes,5,rep,name=nodes_by_state,json=nodesByState,proto3" json:"nodes_by_state,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	NodesByState map[string]int64 `protobuf:"bytes,5,rep,name=nodes_by_state,json=nodesByState,proto3" json:"nodes_by_state,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The etcd snapshots, as the leader knows them.
+	Snapshots     *SnapshotStatus `protobuf:"bytes,6,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -578,6 +638,654 @@ func (x *GetClusterInfoResponse) GetNodesByState() map[string]int64 {
 	return nil
 }
 
+func (x *GetClusterInfoResponse) GetSnapshots() *SnapshotStatus {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+// SnapshotStatus is the state of the etcd snapshots.
+type SnapshotStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the curators take snapshots (they run with --snapshot-dir).
+	Enabled bool `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	// The snapshot directory, as the leader sees it.
+	Directory string `protobuf:"bytes,2,opt,name=directory,proto3" json:"directory,omitempty"`
+	// How often the leader takes one (--snapshot-interval; 0: only on
+	// demand and before membership changes).
+	Interval *durationpb.Duration `protobuf:"bytes,3,opt,name=interval,proto3" json:"interval,omitempty"`
+	// The newest snapshot of the directory that verified.
+	LastGood *SnapshotMetadata `protobuf:"bytes,4,opt,name=last_good,json=lastGood,proto3" json:"last_good,omitempty"`
+	// Why the leader's last attempt failed, when it did (empty when its
+	// last attempt succeeded, or it made none since it leads).
+	LastFailure string `protobuf:"bytes,5,opt,name=last_failure,json=lastFailure,proto3" json:"last_failure,omitempty"`
+	// When that attempt failed.
+	LastFailureTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_failure_time,json=lastFailureTime,proto3" json:"last_failure_time,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *SnapshotStatus) Reset() {
+	*x = SnapshotStatus{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotStatus) ProtoMessage() {}
+
+func (x *SnapshotStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotStatus.ProtoReflect.Descriptor instead.
+func (*SnapshotStatus) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SnapshotStatus) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *SnapshotStatus) GetDirectory() string {
+	if x != nil {
+		return x.Directory
+	}
+	return ""
+}
+
+func (x *SnapshotStatus) GetInterval() *durationpb.Duration {
+	if x != nil {
+		return x.Interval
+	}
+	return nil
+}
+
+func (x *SnapshotStatus) GetLastGood() *SnapshotMetadata {
+	if x != nil {
+		return x.LastGood
+	}
+	return nil
+}
+
+func (x *SnapshotStatus) GetLastFailure() string {
+	if x != nil {
+		return x.LastFailure
+	}
+	return ""
+}
+
+func (x *SnapshotStatus) GetLastFailureTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastFailureTime
+	}
+	return nil
+}
+
+// SnapshotMember is an etcd member as a snapshot records it.
+type SnapshotMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// etcd member id.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The member's name: its node's id (empty for a learner that never
+	// started and that no joining record names).
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Peer URLs.
+	PeerUrls []string `protobuf:"bytes,3,rep,name=peer_urls,json=peerUrls,proto3" json:"peer_urls,omitempty"`
+	// Learner or voter.
+	Learner       bool `protobuf:"varint,4,opt,name=learner,proto3" json:"learner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotMember) Reset() {
+	*x = SnapshotMember{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotMember) ProtoMessage() {}
+
+func (x *SnapshotMember) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotMember.ProtoReflect.Descriptor instead.
+func (*SnapshotMember) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SnapshotMember) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SnapshotMember) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SnapshotMember) GetPeerUrls() []string {
+	if x != nil {
+		return x.PeerUrls
+	}
+	return nil
+}
+
+func (x *SnapshotMember) GetLearner() bool {
+	if x != nil {
+		return x.Learner
+	}
+	return false
+}
+
+// SnapshotMetadata describes one snapshot: what <name>.json beside
+// <name>.db in the snapshot directory holds.
+type SnapshotMetadata struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// snapshot-<UTC yyyymmddThhmmssZ>-rev<revision>.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// When the snapshot was asked of etcd.
+	TakenAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=taken_at,json=takenAt,proto3" json:"taken_at,omitempty"`
+	// The etcd revision it holds.
+	Revision int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The member it was read from.
+	Source *SnapshotMember `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
+	// etcd's member list when it was taken.
+	Members []*SnapshotMember `protobuf:"bytes,5,rep,name=members,proto3" json:"members,omitempty"`
+	// Size of the .db file in bytes.
+	Size int64 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
+	// sha256 of the whole .db file (hex), its trailer included.
+	Sha256 string `protobuf:"bytes,7,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// etcd's hash of the database (etcdutl snapshot status).
+	EtcdHash uint32 `protobuf:"varint,8,opt,name=etcd_hash,json=etcdHash,proto3" json:"etcd_hash,omitempty"`
+	// How many keys it holds.
+	TotalKeys int64 `protobuf:"varint,9,opt,name=total_keys,json=totalKeys,proto3" json:"total_keys,omitempty"`
+	// etcd's storage version of the database.
+	StorageVersion string `protobuf:"bytes,10,opt,name=storage_version,json=storageVersion,proto3" json:"storage_version,omitempty"`
+	// Why it was taken.
+	Trigger SnapshotTrigger `protobuf:"varint,11,opt,name=trigger,proto3,enum=curia.curator.v1.SnapshotTrigger" json:"trigger,omitempty"`
+	// Why, in words: "scheduled", "on demand by <identity>: <reason>",
+	// "before membership change: <what>".
+	Reason string `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Who asked (empty for a scheduled snapshot).
+	RequestedBy string `protobuf:"bytes,13,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	// The curator replica that took it.
+	TakenBy       string `protobuf:"bytes,14,opt,name=taken_by,json=takenBy,proto3" json:"taken_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotMetadata) Reset() {
+	*x = SnapshotMetadata{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotMetadata) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotMetadata) ProtoMessage() {}
+
+func (x *SnapshotMetadata) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotMetadata.ProtoReflect.Descriptor instead.
+func (*SnapshotMetadata) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SnapshotMetadata) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SnapshotMetadata) GetTakenAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TakenAt
+	}
+	return nil
+}
+
+func (x *SnapshotMetadata) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *SnapshotMetadata) GetSource() *SnapshotMember {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *SnapshotMetadata) GetMembers() []*SnapshotMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *SnapshotMetadata) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *SnapshotMetadata) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *SnapshotMetadata) GetEtcdHash() uint32 {
+	if x != nil {
+		return x.EtcdHash
+	}
+	return 0
+}
+
+func (x *SnapshotMetadata) GetTotalKeys() int64 {
+	if x != nil {
+		return x.TotalKeys
+	}
+	return 0
+}
+
+func (x *SnapshotMetadata) GetStorageVersion() string {
+	if x != nil {
+		return x.StorageVersion
+	}
+	return ""
+}
+
+func (x *SnapshotMetadata) GetTrigger() SnapshotTrigger {
+	if x != nil {
+		return x.Trigger
+	}
+	return SnapshotTrigger_SNAPSHOT_TRIGGER_UNSPECIFIED
+}
+
+func (x *SnapshotMetadata) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SnapshotMetadata) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
+}
+
+func (x *SnapshotMetadata) GetTakenBy() string {
+	if x != nil {
+		return x.TakenBy
+	}
+	return ""
+}
+
+// TakeSnapshotRequest asks for a snapshot.
+type TakeSnapshotRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why, for the metadata and the audit log. At most 1024 bytes.
+	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The membership change this snapshot comes before, in words (e.g.
+	// "remove member 8e9e05c52164694d of node node-…"), set by automation:
+	// it allows a recent snapshot instead of a new one (TakeSnapshot's
+	// rule). At most 1024 bytes.
+	BeforeMembershipChange string `protobuf:"bytes,2,opt,name=before_membership_change,json=beforeMembershipChange,proto3" json:"before_membership_change,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
+}
+
+func (x *TakeSnapshotRequest) Reset() {
+	*x = TakeSnapshotRequest{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TakeSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TakeSnapshotRequest) ProtoMessage() {}
+
+func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TakeSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*TakeSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *TakeSnapshotRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *TakeSnapshotRequest) GetBeforeMembershipChange() string {
+	if x != nil {
+		return x.BeforeMembershipChange
+	}
+	return ""
+}
+
+// TakeSnapshotResponse is the snapshot.
+type TakeSnapshotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its metadata.
+	Snapshot *SnapshotMetadata `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// The snapshot was not taken for this call: it is one taken less than
+	// --snapshot-reuse-within before (TakeSnapshot's rule).
+	Reused        bool `protobuf:"varint,2,opt,name=reused,proto3" json:"reused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TakeSnapshotResponse) Reset() {
+	*x = TakeSnapshotResponse{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TakeSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TakeSnapshotResponse) ProtoMessage() {}
+
+func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TakeSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*TakeSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *TakeSnapshotResponse) GetSnapshot() *SnapshotMetadata {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+func (x *TakeSnapshotResponse) GetReused() bool {
+	if x != nil {
+		return x.Reused
+	}
+	return false
+}
+
+// ListSnapshotsRequest asks for the snapshots.
+type ListSnapshotsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsRequest) Reset() {
+	*x = ListSnapshotsRequest{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsRequest) ProtoMessage() {}
+
+func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{15}
+}
+
+// ListSnapshotsResponse lists the snapshots.
+type ListSnapshotsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every snapshot of the directory, newest first.
+	Snapshots []*SnapshotMetadata `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	// The snapshot directory, as the leader sees it.
+	Directory     string `protobuf:"bytes,2,opt,name=directory,proto3" json:"directory,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsResponse) Reset() {
+	*x = ListSnapshotsResponse{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsResponse) ProtoMessage() {}
+
+func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotMetadata {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+func (x *ListSnapshotsResponse) GetDirectory() string {
+	if x != nil {
+		return x.Directory
+	}
+	return ""
+}
+
+// GetSnapshotRequest names a snapshot.
+type GetSnapshotRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its name, as ListSnapshots returns it.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSnapshotRequest) Reset() {
+	*x = GetSnapshotRequest{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSnapshotRequest) ProtoMessage() {}
+
+func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *GetSnapshotRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// GetSnapshotResponse is one message of the stream.
+type GetSnapshotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The first message only: the snapshot's metadata.
+	Snapshot *SnapshotMetadata `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// Every message after the first: the next bytes of the .db file. Each
+	// but the last is a multiple of 3 bytes, so that the base64 of the
+	// chunks (JSON) concatenates to the base64 of the file.
+	Chunk         []byte `protobuf:"bytes,2,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSnapshotResponse) Reset() {
+	*x = GetSnapshotResponse{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSnapshotResponse) ProtoMessage() {}
+
+func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GetSnapshotResponse) GetSnapshot() *SnapshotMetadata {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+func (x *GetSnapshotResponse) GetChunk() []byte {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
 // GetConsensusStatusRequest asks for etcd membership.
 type GetConsensusStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -587,7 +1295,7 @@ type GetConsensusStatusRequest struct {
 
 func (x *GetConsensusStatusRequest) Reset() {
 	*x = GetConsensusStatusRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +1307,7 @@ func (x *GetConsensusStatusRequest) String() string {
 func (*GetConsensusStatusRequest) ProtoMessage() {}
 
 func (x *GetConsensusStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +1320,7 @@ func (x *GetConsensusStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsensusStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetConsensusStatusRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{10}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{19}
 }
 
 // ConsensusMemberStatus is one etcd member and its node.
@@ -651,7 +1359,7 @@ type ConsensusMemberStatus struct {
 
 func (x *ConsensusMemberStatus) Reset() {
 	*x = ConsensusMemberStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +1371,7 @@ func (x *ConsensusMemberStatus) String() string {
 func (*ConsensusMemberStatus) ProtoMessage() {}
 
 func (x *ConsensusMemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +1384,7 @@ func (x *ConsensusMemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsensusMemberStatus.ProtoReflect.Descriptor instead.
 func (*ConsensusMemberStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{11}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ConsensusMemberStatus) GetMemberId() uint64 {
@@ -794,7 +1502,7 @@ type GetConsensusStatusResponse struct {
 
 func (x *GetConsensusStatusResponse) Reset() {
 	*x = GetConsensusStatusResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +1514,7 @@ func (x *GetConsensusStatusResponse) String() string {
 func (*GetConsensusStatusResponse) ProtoMessage() {}
 
 func (x *GetConsensusStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +1527,7 @@ func (x *GetConsensusStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsensusStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetConsensusStatusResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{12}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetConsensusStatusResponse) GetMembers() []*ConsensusMemberStatus {
@@ -880,7 +1588,7 @@ type GetRegisterTicketRequest struct {
 
 func (x *GetRegisterTicketRequest) Reset() {
 	*x = GetRegisterTicketRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -892,7 +1600,7 @@ func (x *GetRegisterTicketRequest) String() string {
 func (*GetRegisterTicketRequest) ProtoMessage() {}
 
 func (x *GetRegisterTicketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -905,7 +1613,7 @@ func (x *GetRegisterTicketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegisterTicketRequest.ProtoReflect.Descriptor instead.
 func (*GetRegisterTicketRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{13}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{22}
 }
 
 // GetRegisterTicketResponse carries the ticket.
@@ -919,7 +1627,7 @@ type GetRegisterTicketResponse struct {
 
 func (x *GetRegisterTicketResponse) Reset() {
 	*x = GetRegisterTicketResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -931,7 +1639,7 @@ func (x *GetRegisterTicketResponse) String() string {
 func (*GetRegisterTicketResponse) ProtoMessage() {}
 
 func (x *GetRegisterTicketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -944,7 +1652,7 @@ func (x *GetRegisterTicketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegisterTicketResponse.ProtoReflect.Descriptor instead.
 func (*GetRegisterTicketResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{14}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetRegisterTicketResponse) GetTicket() []byte {
@@ -973,7 +1681,7 @@ type WatchAuditLogRequest struct {
 
 func (x *WatchAuditLogRequest) Reset() {
 	*x = WatchAuditLogRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +1693,7 @@ func (x *WatchAuditLogRequest) String() string {
 func (*WatchAuditLogRequest) ProtoMessage() {}
 
 func (x *WatchAuditLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +1706,7 @@ func (x *WatchAuditLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAuditLogRequest.ProtoReflect.Descriptor instead.
 func (*WatchAuditLogRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{15}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchAuditLogRequest) GetBacklog() int64 {
@@ -1035,7 +1743,7 @@ type WatchAuditLogResponse struct {
 
 func (x *WatchAuditLogResponse) Reset() {
 	*x = WatchAuditLogResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1755,7 @@ func (x *WatchAuditLogResponse) String() string {
 func (*WatchAuditLogResponse) ProtoMessage() {}
 
 func (x *WatchAuditLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1768,7 @@ func (x *WatchAuditLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAuditLogResponse.ProtoReflect.Descriptor instead.
 func (*WatchAuditLogResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{16}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchAuditLogResponse) GetEvent() *v1.Event {
@@ -1081,7 +1789,7 @@ var File_curia_curator_v1_management_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\n" +
-	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/audit/v1/audit.proto\x1a%curia/curator/v1/cluster_config.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"3\n" +
+	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/audit/v1/audit.proto\x1a%curia/curator/v1/cluster_config.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"3\n" +
 	"\x0fGetNodesRequest\x12 \n" +
 	"\x06filter\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06filter\"@\n" +
 	"\x10GetNodesResponse\x12,\n" +
@@ -1108,17 +1816,63 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x12DeleteNodeResponse\x12%\n" +
 	"\x0erevoked_serial\x18\x01 \x01(\tR\rrevokedSerial\x12'\n" +
 	"\x0frevoked_serials\x18\x02 \x03(\tR\x0erevokedSerials\"\x17\n" +
-	"\x15GetClusterInfoRequest\"\xba\x02\n" +
+	"\x15GetClusterInfoRequest\"\xfa\x02\n" +
 	"\x16GetClusterInfoResponse\x12!\n" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12%\n" +
 	"\x0eca_certificate\x18\x02 \x01(\fR\rcaCertificate\x12\x1f\n" +
 	"\vleader_name\x18\x03 \x01(\tR\n" +
 	"leaderName\x12\x12\n" +
 	"\x04term\x18\x04 \x01(\x03R\x04term\x12`\n" +
-	"\x0enodes_by_state\x18\x05 \x03(\v2:.curia.curator.v1.GetClusterInfoResponse.NodesByStateEntryR\fnodesByState\x1a?\n" +
+	"\x0enodes_by_state\x18\x05 \x03(\v2:.curia.curator.v1.GetClusterInfoResponse.NodesByStateEntryR\fnodesByState\x12>\n" +
+	"\tsnapshots\x18\x06 \x01(\v2 .curia.curator.v1.SnapshotStatusR\tsnapshots\x1a?\n" +
 	"\x11NodesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x1b\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xab\x02\n" +
+	"\x0eSnapshotStatus\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1c\n" +
+	"\tdirectory\x18\x02 \x01(\tR\tdirectory\x125\n" +
+	"\binterval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\binterval\x12?\n" +
+	"\tlast_good\x18\x04 \x01(\v2\".curia.curator.v1.SnapshotMetadataR\blastGood\x12!\n" +
+	"\flast_failure\x18\x05 \x01(\tR\vlastFailure\x12F\n" +
+	"\x11last_failure_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastFailureTime\"k\n" +
+	"\x0eSnapshotMember\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1b\n" +
+	"\tpeer_urls\x18\x03 \x03(\tR\bpeerUrls\x12\x18\n" +
+	"\alearner\x18\x04 \x01(\bR\alearner\"\x93\x04\n" +
+	"\x10SnapshotMetadata\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x125\n" +
+	"\btaken_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\atakenAt\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\x128\n" +
+	"\x06source\x18\x04 \x01(\v2 .curia.curator.v1.SnapshotMemberR\x06source\x12:\n" +
+	"\amembers\x18\x05 \x03(\v2 .curia.curator.v1.SnapshotMemberR\amembers\x12\x12\n" +
+	"\x04size\x18\x06 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06sha256\x18\a \x01(\tR\x06sha256\x12\x1b\n" +
+	"\tetcd_hash\x18\b \x01(\rR\betcdHash\x12\x1d\n" +
+	"\n" +
+	"total_keys\x18\t \x01(\x03R\ttotalKeys\x12'\n" +
+	"\x0fstorage_version\x18\n" +
+	" \x01(\tR\x0estorageVersion\x12;\n" +
+	"\atrigger\x18\v \x01(\x0e2!.curia.curator.v1.SnapshotTriggerR\atrigger\x12\x16\n" +
+	"\x06reason\x18\f \x01(\tR\x06reason\x12!\n" +
+	"\frequested_by\x18\r \x01(\tR\vrequestedBy\x12\x19\n" +
+	"\btaken_by\x18\x0e \x01(\tR\atakenBy\"\x83\x01\n" +
+	"\x13TakeSnapshotRequest\x12$\n" +
+	"\x06reason\x18\x01 \x01(\tB\f\xbaH\tr\a\xe0\xd5\"\x01(\x80\bR\x06reason\x12F\n" +
+	"\x18before_membership_change\x18\x02 \x01(\tB\f\xbaH\tr\a\xe0\xd5\"\x01(\x80\bR\x16beforeMembershipChange\"n\n" +
+	"\x14TakeSnapshotResponse\x12>\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\".curia.curator.v1.SnapshotMetadataR\bsnapshot\x12\x16\n" +
+	"\x06reused\x18\x02 \x01(\bR\x06reused\"\x16\n" +
+	"\x14ListSnapshotsRequest\"w\n" +
+	"\x15ListSnapshotsResponse\x12@\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\".curia.curator.v1.SnapshotMetadataR\tsnapshots\x12\x1c\n" +
+	"\tdirectory\x18\x02 \x01(\tR\tdirectory\"\x89\x02\n" +
+	"\x12GetSnapshotRequest\x12\xf2\x01\n" +
+	"\x04name\x18\x01 \x01(\tB\xdd\x01\xbaH\xd9\x01\xba\x01\xd5\x01\n" +
+	"\rsnapshot.name\x12\x80\x01must be a snapshot's name as ListSnapshots returns it: snapshot-<UTC yyyymmddThhmmssZ>-rev<revision>, no directory, no extension\x1aAthis.matches('^snapshot-[0-9]{8}T[0-9]{6}Z-rev[1-9][0-9]{0,18}$')R\x04name\"k\n" +
+	"\x13GetSnapshotResponse\x12>\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\".curia.curator.v1.SnapshotMetadataR\bsnapshot\x12\x14\n" +
+	"\x05chunk\x18\x02 \x01(\fR\x05chunk\"\x1b\n" +
 	"\x19GetConsensusStatusRequest\"\xbf\x03\n" +
 	"\x15ConsensusMemberStatus\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\x04R\bmemberId\x12\x17\n" +
@@ -1156,7 +1910,13 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\faudit.resume\x12Gstart_revision resumes a stream: it takes neither backlog nor no_follow\x1aBthis.start_revision == 0 || (this.backlog == 0 && !this.no_follow)\"`\n" +
 	"\x15WatchAuditLogResponse\x12+\n" +
 	"\x05event\x18\x01 \x01(\v2\x15.curia.audit.v1.EventR\x05event\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision2\xa3\b\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision*\xa2\x01\n" +
+	"\x0fSnapshotTrigger\x12 \n" +
+	"\x1cSNAPSHOT_TRIGGER_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aSNAPSHOT_TRIGGER_SCHEDULED\x10\x01\x12\x1e\n" +
+	"\x1aSNAPSHOT_TRIGGER_ON_DEMAND\x10\x02\x12-\n" +
+	")SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE\x10\x032\xcc\n" +
+	"\n" +
 	"\n" +
 	"Management\x12X\n" +
 	"\bGetNodes\x12!.curia.curator.v1.GetNodesRequest\x1a\".curia.curator.v1.GetNodesResponse\"\x03\x90\x02\x010\x01\x12Z\n" +
@@ -1169,7 +1929,10 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x11GetRegisterTicket\x12*.curia.curator.v1.GetRegisterTicketRequest\x1a+.curia.curator.v1.GetRegisterTicketResponse\"\x03\x90\x02\x01\x12n\n" +
 	"\x10GetClusterConfig\x12).curia.curator.v1.GetClusterConfigRequest\x1a*.curia.curator.v1.GetClusterConfigResponse\"\x03\x90\x02\x01\x12r\n" +
 	"\x13UpdateClusterConfig\x12,.curia.curator.v1.UpdateClusterConfigRequest\x1a-.curia.curator.v1.UpdateClusterConfigResponse\x12g\n" +
-	"\rWatchAuditLog\x12&.curia.curator.v1.WatchAuditLogRequest\x1a'.curia.curator.v1.WatchAuditLogResponse\"\x03\x90\x02\x010\x01B\xb3\x01\n" +
+	"\rWatchAuditLog\x12&.curia.curator.v1.WatchAuditLogRequest\x1a'.curia.curator.v1.WatchAuditLogResponse\"\x03\x90\x02\x010\x01\x12]\n" +
+	"\fTakeSnapshot\x12%.curia.curator.v1.TakeSnapshotRequest\x1a&.curia.curator.v1.TakeSnapshotResponse\x12e\n" +
+	"\rListSnapshots\x12&.curia.curator.v1.ListSnapshotsRequest\x1a'.curia.curator.v1.ListSnapshotsResponse\"\x03\x90\x02\x01\x12a\n" +
+	"\vGetSnapshot\x12$.curia.curator.v1.GetSnapshotRequest\x1a%.curia.curator.v1.GetSnapshotResponse\"\x03\x90\x02\x010\x01B\xb3\x01\n" +
 	"\x14com.curia.curator.v1B\x0fManagementProtoP\x01Z(curia.dev/gen/curia/curator/v1;curatorv1\xa2\x02\x03CCX\xaa\x02\x10Curia.Curator.V1\xca\x02\x10Curia\\Curator\\V1\xe2\x02\x1cCuria\\Curator\\V1\\GPBMetadata\xea\x02\x12Curia::Curator::V1b\x06proto3"
 
 var (
@@ -1184,69 +1947,98 @@ func file_curia_curator_v1_management_proto_rawDescGZIP() []byte {
 	return file_curia_curator_v1_management_proto_rawDescData
 }
 
-var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_curia_curator_v1_management_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_curia_curator_v1_management_proto_goTypes = []any{
-	(*GetNodesRequest)(nil),             // 0: curia.curator.v1.GetNodesRequest
-	(*GetNodesResponse)(nil),            // 1: curia.curator.v1.GetNodesResponse
-	(*ApproveNodeRequest)(nil),          // 2: curia.curator.v1.ApproveNodeRequest
-	(*ApproveNodeResponse)(nil),         // 3: curia.curator.v1.ApproveNodeResponse
-	(*UpdateNodeRolesRequest)(nil),      // 4: curia.curator.v1.UpdateNodeRolesRequest
-	(*UpdateNodeRolesResponse)(nil),     // 5: curia.curator.v1.UpdateNodeRolesResponse
-	(*DeleteNodeRequest)(nil),           // 6: curia.curator.v1.DeleteNodeRequest
-	(*DeleteNodeResponse)(nil),          // 7: curia.curator.v1.DeleteNodeResponse
-	(*GetClusterInfoRequest)(nil),       // 8: curia.curator.v1.GetClusterInfoRequest
-	(*GetClusterInfoResponse)(nil),      // 9: curia.curator.v1.GetClusterInfoResponse
-	(*GetConsensusStatusRequest)(nil),   // 10: curia.curator.v1.GetConsensusStatusRequest
-	(*ConsensusMemberStatus)(nil),       // 11: curia.curator.v1.ConsensusMemberStatus
-	(*GetConsensusStatusResponse)(nil),  // 12: curia.curator.v1.GetConsensusStatusResponse
-	(*GetRegisterTicketRequest)(nil),    // 13: curia.curator.v1.GetRegisterTicketRequest
-	(*GetRegisterTicketResponse)(nil),   // 14: curia.curator.v1.GetRegisterTicketResponse
-	(*WatchAuditLogRequest)(nil),        // 15: curia.curator.v1.WatchAuditLogRequest
-	(*WatchAuditLogResponse)(nil),       // 16: curia.curator.v1.WatchAuditLogResponse
-	nil,                                 // 17: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	(*Node)(nil),                        // 18: curia.curator.v1.Node
-	(NodeHealth)(0),                     // 19: curia.curator.v1.NodeHealth
-	(*timestamppb.Timestamp)(nil),       // 20: google.protobuf.Timestamp
-	(*v1.Event)(nil),                    // 21: curia.audit.v1.Event
-	(*GetClusterConfigRequest)(nil),     // 22: curia.curator.v1.GetClusterConfigRequest
-	(*UpdateClusterConfigRequest)(nil),  // 23: curia.curator.v1.UpdateClusterConfigRequest
-	(*GetClusterConfigResponse)(nil),    // 24: curia.curator.v1.GetClusterConfigResponse
-	(*UpdateClusterConfigResponse)(nil), // 25: curia.curator.v1.UpdateClusterConfigResponse
+	(SnapshotTrigger)(0),                // 0: curia.curator.v1.SnapshotTrigger
+	(*GetNodesRequest)(nil),             // 1: curia.curator.v1.GetNodesRequest
+	(*GetNodesResponse)(nil),            // 2: curia.curator.v1.GetNodesResponse
+	(*ApproveNodeRequest)(nil),          // 3: curia.curator.v1.ApproveNodeRequest
+	(*ApproveNodeResponse)(nil),         // 4: curia.curator.v1.ApproveNodeResponse
+	(*UpdateNodeRolesRequest)(nil),      // 5: curia.curator.v1.UpdateNodeRolesRequest
+	(*UpdateNodeRolesResponse)(nil),     // 6: curia.curator.v1.UpdateNodeRolesResponse
+	(*DeleteNodeRequest)(nil),           // 7: curia.curator.v1.DeleteNodeRequest
+	(*DeleteNodeResponse)(nil),          // 8: curia.curator.v1.DeleteNodeResponse
+	(*GetClusterInfoRequest)(nil),       // 9: curia.curator.v1.GetClusterInfoRequest
+	(*GetClusterInfoResponse)(nil),      // 10: curia.curator.v1.GetClusterInfoResponse
+	(*SnapshotStatus)(nil),              // 11: curia.curator.v1.SnapshotStatus
+	(*SnapshotMember)(nil),              // 12: curia.curator.v1.SnapshotMember
+	(*SnapshotMetadata)(nil),            // 13: curia.curator.v1.SnapshotMetadata
+	(*TakeSnapshotRequest)(nil),         // 14: curia.curator.v1.TakeSnapshotRequest
+	(*TakeSnapshotResponse)(nil),        // 15: curia.curator.v1.TakeSnapshotResponse
+	(*ListSnapshotsRequest)(nil),        // 16: curia.curator.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),       // 17: curia.curator.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),          // 18: curia.curator.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),         // 19: curia.curator.v1.GetSnapshotResponse
+	(*GetConsensusStatusRequest)(nil),   // 20: curia.curator.v1.GetConsensusStatusRequest
+	(*ConsensusMemberStatus)(nil),       // 21: curia.curator.v1.ConsensusMemberStatus
+	(*GetConsensusStatusResponse)(nil),  // 22: curia.curator.v1.GetConsensusStatusResponse
+	(*GetRegisterTicketRequest)(nil),    // 23: curia.curator.v1.GetRegisterTicketRequest
+	(*GetRegisterTicketResponse)(nil),   // 24: curia.curator.v1.GetRegisterTicketResponse
+	(*WatchAuditLogRequest)(nil),        // 25: curia.curator.v1.WatchAuditLogRequest
+	(*WatchAuditLogResponse)(nil),       // 26: curia.curator.v1.WatchAuditLogResponse
+	nil,                                 // 27: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	(*Node)(nil),                        // 28: curia.curator.v1.Node
+	(*durationpb.Duration)(nil),         // 29: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),       // 30: google.protobuf.Timestamp
+	(NodeHealth)(0),                     // 31: curia.curator.v1.NodeHealth
+	(*v1.Event)(nil),                    // 32: curia.audit.v1.Event
+	(*GetClusterConfigRequest)(nil),     // 33: curia.curator.v1.GetClusterConfigRequest
+	(*UpdateClusterConfigRequest)(nil),  // 34: curia.curator.v1.UpdateClusterConfigRequest
+	(*GetClusterConfigResponse)(nil),    // 35: curia.curator.v1.GetClusterConfigResponse
+	(*UpdateClusterConfigResponse)(nil), // 36: curia.curator.v1.UpdateClusterConfigResponse
 }
 var file_curia_curator_v1_management_proto_depIdxs = []int32{
-	18, // 0: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
-	18, // 1: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
-	18, // 2: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
-	17, // 3: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	19, // 4: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
-	20, // 5: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	11, // 6: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
-	21, // 7: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
-	0,  // 8: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
-	2,  // 9: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
-	4,  // 10: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
-	6,  // 11: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
-	8,  // 12: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
-	10, // 13: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
-	13, // 14: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
-	22, // 15: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
-	23, // 16: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
-	15, // 17: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
-	1,  // 18: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
-	3,  // 19: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
-	5,  // 20: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
-	7,  // 21: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
-	9,  // 22: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
-	12, // 23: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
-	14, // 24: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
-	24, // 25: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
-	25, // 26: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
-	16, // 27: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
-	18, // [18:28] is the sub-list for method output_type
-	8,  // [8:18] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	28, // 0: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
+	28, // 1: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
+	28, // 2: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
+	27, // 3: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	11, // 4: curia.curator.v1.GetClusterInfoResponse.snapshots:type_name -> curia.curator.v1.SnapshotStatus
+	29, // 5: curia.curator.v1.SnapshotStatus.interval:type_name -> google.protobuf.Duration
+	13, // 6: curia.curator.v1.SnapshotStatus.last_good:type_name -> curia.curator.v1.SnapshotMetadata
+	30, // 7: curia.curator.v1.SnapshotStatus.last_failure_time:type_name -> google.protobuf.Timestamp
+	30, // 8: curia.curator.v1.SnapshotMetadata.taken_at:type_name -> google.protobuf.Timestamp
+	12, // 9: curia.curator.v1.SnapshotMetadata.source:type_name -> curia.curator.v1.SnapshotMember
+	12, // 10: curia.curator.v1.SnapshotMetadata.members:type_name -> curia.curator.v1.SnapshotMember
+	0,  // 11: curia.curator.v1.SnapshotMetadata.trigger:type_name -> curia.curator.v1.SnapshotTrigger
+	13, // 12: curia.curator.v1.TakeSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	13, // 13: curia.curator.v1.ListSnapshotsResponse.snapshots:type_name -> curia.curator.v1.SnapshotMetadata
+	13, // 14: curia.curator.v1.GetSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	31, // 15: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
+	30, // 16: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	21, // 17: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
+	32, // 18: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
+	1,  // 19: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
+	3,  // 20: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
+	5,  // 21: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
+	7,  // 22: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
+	9,  // 23: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
+	20, // 24: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
+	23, // 25: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
+	33, // 26: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
+	34, // 27: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
+	25, // 28: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
+	14, // 29: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
+	16, // 30: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
+	18, // 31: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
+	2,  // 32: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
+	4,  // 33: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
+	6,  // 34: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
+	8,  // 35: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
+	10, // 36: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
+	22, // 37: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
+	24, // 38: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
+	35, // 39: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
+	36, // 40: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
+	26, // 41: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
+	15, // 42: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
+	17, // 43: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
+	19, // 44: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
+	32, // [32:45] is the sub-list for method output_type
+	19, // [19:32] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_management_proto_init() }
@@ -1262,13 +2054,14 @@ func file_curia_curator_v1_management_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_management_proto_rawDesc), len(file_curia_curator_v1_management_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   18,
+			NumEnums:      1,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_curia_curator_v1_management_proto_goTypes,
 		DependencyIndexes: file_curia_curator_v1_management_proto_depIdxs,
+		EnumInfos:         file_curia_curator_v1_management_proto_enumTypes,
 		MessageInfos:      file_curia_curator_v1_management_proto_msgTypes,
 	}.Build()
 	File_curia_curator_v1_management_proto = out.File

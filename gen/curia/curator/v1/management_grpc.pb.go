@@ -29,6 +29,9 @@ const (
 	Management_GetClusterConfig_FullMethodName    = "/curia.curator.v1.Management/GetClusterConfig"
 	Management_UpdateClusterConfig_FullMethodName = "/curia.curator.v1.Management/UpdateClusterConfig"
 	Management_WatchAuditLog_FullMethodName       = "/curia.curator.v1.Management/WatchAuditLog"
+	Management_TakeSnapshot_FullMethodName        = "/curia.curator.v1.Management/TakeSnapshot"
+	Management_ListSnapshots_FullMethodName       = "/curia.curator.v1.Management/ListSnapshots"
+	Management_GetSnapshot_FullMethodName         = "/curia.curator.v1.Management/GetSnapshot"
 )
 
 // ManagementClient is the client API for Management service.
@@ -36,7 +39,7 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // Management is the operator's API (admin identity only; the reconciler
-// also reads the cluster configuration).
+// also reads the cluster configuration and takes snapshots).
 type ManagementClient interface {
 	// GetNodes streams the nodes matching a filter, sorted by id, as of a
 	// moment within the call (a linearizable read, served from the replica's
@@ -65,6 +68,38 @@ type ManagementClient interface {
 	// after a revision), then every new event. The log keeps events for
 	// --audit-max-age and at most --audit-max-events of them.
 	WatchAuditLog(ctx context.Context, in *WatchAuditLogRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchAuditLogResponse], error)
+	// TakeSnapshot takes an etcd snapshot into the curators' snapshot
+	// directory (--snapshot-dir), verifies it and returns its metadata; the
+	// retention (--snapshot-keep, --snapshot-max-age) runs after it. Admins
+	// call it on demand; the reconciler calls it before each membership
+	// change it makes. Every call is recorded in the audit log.
+	//
+	// The rule for a snapshot before a membership change
+	// (before_membership_change set): when the newest snapshot was taken
+	// less than --snapshot-reuse-within (default 30 s) ago, that one is
+	// returned with reused = true and none is taken, so that a change that
+	// follows another (a learner's promotion after its addition) waits for
+	// no second snapshot. Any snapshot taken before the call was made is
+	// before the change. A snapshot on demand is always a new one.
+	//
+	// FAILED_PRECONDITION (reason SNAPSHOTS_OFF) when the curators run
+	// without --snapshot-dir.
+	TakeSnapshot(ctx context.Context, in *TakeSnapshotRequest, opts ...grpc.CallOption) (*TakeSnapshotResponse, error)
+	// ListSnapshots lists the snapshots of the snapshot directory, newest
+	// first.
+	ListSnapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsResponse, error)
+	// GetSnapshot streams one snapshot: the first message carries its
+	// metadata, the others the bytes of its .db file in order (chunk), so
+	// that an operator copies it off the machine:
+	//
+	//	grpcurl ... -d '{"name": "<name>"}' HOST curia.curator.v1.Management/GetSnapshot \
+	//	  | jq -r '.chunk // empty' | base64 -d > <name>.db
+	//
+	// The file is etcd's snapshot stream as is (its sha256 trailer
+	// included): `etcdutl snapshot restore` takes it without
+	// --skip-hash-check. NOT_FOUND for a name that is no snapshot of the
+	// directory.
+	GetSnapshot(ctx context.Context, in *GetSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetSnapshotResponse], error)
 }
 
 type managementClient struct {
@@ -193,12 +228,51 @@ func (c *managementClient) WatchAuditLog(ctx context.Context, in *WatchAuditLogR
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Management_WatchAuditLogClient = grpc.ServerStreamingClient[WatchAuditLogResponse]
 
+func (c *managementClient) TakeSnapshot(ctx context.Context, in *TakeSnapshotRequest, opts ...grpc.CallOption) (*TakeSnapshotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TakeSnapshotResponse)
+	err := c.cc.Invoke(ctx, Management_TakeSnapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *managementClient) ListSnapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSnapshotsResponse)
+	err := c.cc.Invoke(ctx, Management_ListSnapshots_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *managementClient) GetSnapshot(ctx context.Context, in *GetSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetSnapshotResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Management_ServiceDesc.Streams[2], Management_GetSnapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[GetSnapshotRequest, GetSnapshotResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Management_GetSnapshotClient = grpc.ServerStreamingClient[GetSnapshotResponse]
+
 // ManagementServer is the server API for Management service.
 // All implementations must embed UnimplementedManagementServer
 // for forward compatibility.
 //
 // Management is the operator's API (admin identity only; the reconciler
-// also reads the cluster configuration).
+// also reads the cluster configuration and takes snapshots).
 type ManagementServer interface {
 	// GetNodes streams the nodes matching a filter, sorted by id, as of a
 	// moment within the call (a linearizable read, served from the replica's
@@ -227,6 +301,38 @@ type ManagementServer interface {
 	// after a revision), then every new event. The log keeps events for
 	// --audit-max-age and at most --audit-max-events of them.
 	WatchAuditLog(*WatchAuditLogRequest, grpc.ServerStreamingServer[WatchAuditLogResponse]) error
+	// TakeSnapshot takes an etcd snapshot into the curators' snapshot
+	// directory (--snapshot-dir), verifies it and returns its metadata; the
+	// retention (--snapshot-keep, --snapshot-max-age) runs after it. Admins
+	// call it on demand; the reconciler calls it before each membership
+	// change it makes. Every call is recorded in the audit log.
+	//
+	// The rule for a snapshot before a membership change
+	// (before_membership_change set): when the newest snapshot was taken
+	// less than --snapshot-reuse-within (default 30 s) ago, that one is
+	// returned with reused = true and none is taken, so that a change that
+	// follows another (a learner's promotion after its addition) waits for
+	// no second snapshot. Any snapshot taken before the call was made is
+	// before the change. A snapshot on demand is always a new one.
+	//
+	// FAILED_PRECONDITION (reason SNAPSHOTS_OFF) when the curators run
+	// without --snapshot-dir.
+	TakeSnapshot(context.Context, *TakeSnapshotRequest) (*TakeSnapshotResponse, error)
+	// ListSnapshots lists the snapshots of the snapshot directory, newest
+	// first.
+	ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error)
+	// GetSnapshot streams one snapshot: the first message carries its
+	// metadata, the others the bytes of its .db file in order (chunk), so
+	// that an operator copies it off the machine:
+	//
+	//	grpcurl ... -d '{"name": "<name>"}' HOST curia.curator.v1.Management/GetSnapshot \
+	//	  | jq -r '.chunk // empty' | base64 -d > <name>.db
+	//
+	// The file is etcd's snapshot stream as is (its sha256 trailer
+	// included): `etcdutl snapshot restore` takes it without
+	// --skip-hash-check. NOT_FOUND for a name that is no snapshot of the
+	// directory.
+	GetSnapshot(*GetSnapshotRequest, grpc.ServerStreamingServer[GetSnapshotResponse]) error
 	mustEmbedUnimplementedManagementServer()
 }
 
@@ -266,6 +372,15 @@ func (UnimplementedManagementServer) UpdateClusterConfig(context.Context, *Updat
 }
 func (UnimplementedManagementServer) WatchAuditLog(*WatchAuditLogRequest, grpc.ServerStreamingServer[WatchAuditLogResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchAuditLog not implemented")
+}
+func (UnimplementedManagementServer) TakeSnapshot(context.Context, *TakeSnapshotRequest) (*TakeSnapshotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TakeSnapshot not implemented")
+}
+func (UnimplementedManagementServer) ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSnapshots not implemented")
+}
+func (UnimplementedManagementServer) GetSnapshot(*GetSnapshotRequest, grpc.ServerStreamingServer[GetSnapshotResponse]) error {
+	return status.Error(codes.Unimplemented, "method GetSnapshot not implemented")
 }
 func (UnimplementedManagementServer) mustEmbedUnimplementedManagementServer() {}
 func (UnimplementedManagementServer) testEmbeddedByValue()                    {}
@@ -454,6 +569,53 @@ func _Management_WatchAuditLog_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Management_WatchAuditLogServer = grpc.ServerStreamingServer[WatchAuditLogResponse]
 
+func _Management_TakeSnapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TakeSnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ManagementServer).TakeSnapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Management_TakeSnapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ManagementServer).TakeSnapshot(ctx, req.(*TakeSnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Management_ListSnapshots_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSnapshotsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ManagementServer).ListSnapshots(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Management_ListSnapshots_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ManagementServer).ListSnapshots(ctx, req.(*ListSnapshotsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Management_GetSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(GetSnapshotRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ManagementServer).GetSnapshot(m, &grpc.GenericServerStream[GetSnapshotRequest, GetSnapshotResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Management_GetSnapshotServer = grpc.ServerStreamingServer[GetSnapshotResponse]
+
 // Management_ServiceDesc is the grpc.ServiceDesc for Management service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -493,6 +655,14 @@ var Management_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "UpdateClusterConfig",
 			Handler:    _Management_UpdateClusterConfig_Handler,
 		},
+		{
+			MethodName: "TakeSnapshot",
+			Handler:    _Management_TakeSnapshot_Handler,
+		},
+		{
+			MethodName: "ListSnapshots",
+			Handler:    _Management_ListSnapshots_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -503,6 +673,11 @@ var Management_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchAuditLog",
 			Handler:       _Management_WatchAuditLog_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "GetSnapshot",
+			Handler:       _Management_GetSnapshot_Handler,
 			ServerStreams: true,
 		},
 	},

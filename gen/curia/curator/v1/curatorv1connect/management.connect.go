@@ -60,6 +60,13 @@ const (
 	// ManagementWatchAuditLogProcedure is the fully-qualified name of the Management's WatchAuditLog
 	// RPC.
 	ManagementWatchAuditLogProcedure = "/curia.curator.v1.Management/WatchAuditLog"
+	// ManagementTakeSnapshotProcedure is the fully-qualified name of the Management's TakeSnapshot RPC.
+	ManagementTakeSnapshotProcedure = "/curia.curator.v1.Management/TakeSnapshot"
+	// ManagementListSnapshotsProcedure is the fully-qualified name of the Management's ListSnapshots
+	// RPC.
+	ManagementListSnapshotsProcedure = "/curia.curator.v1.Management/ListSnapshots"
+	// ManagementGetSnapshotProcedure is the fully-qualified name of the Management's GetSnapshot RPC.
+	ManagementGetSnapshotProcedure = "/curia.curator.v1.Management/GetSnapshot"
 )
 
 // ManagementClient is a client for the curia.curator.v1.Management service.
@@ -91,6 +98,38 @@ type ManagementClient interface {
 	// after a revision), then every new event. The log keeps events for
 	// --audit-max-age and at most --audit-max-events of them.
 	WatchAuditLog(context.Context, *connect.Request[v1.WatchAuditLogRequest]) (*connect.ServerStreamForClient[v1.WatchAuditLogResponse], error)
+	// TakeSnapshot takes an etcd snapshot into the curators' snapshot
+	// directory (--snapshot-dir), verifies it and returns its metadata; the
+	// retention (--snapshot-keep, --snapshot-max-age) runs after it. Admins
+	// call it on demand; the reconciler calls it before each membership
+	// change it makes. Every call is recorded in the audit log.
+	//
+	// The rule for a snapshot before a membership change
+	// (before_membership_change set): when the newest snapshot was taken
+	// less than --snapshot-reuse-within (default 30 s) ago, that one is
+	// returned with reused = true and none is taken, so that a change that
+	// follows another (a learner's promotion after its addition) waits for
+	// no second snapshot. Any snapshot taken before the call was made is
+	// before the change. A snapshot on demand is always a new one.
+	//
+	// FAILED_PRECONDITION (reason SNAPSHOTS_OFF) when the curators run
+	// without --snapshot-dir.
+	TakeSnapshot(context.Context, *connect.Request[v1.TakeSnapshotRequest]) (*connect.Response[v1.TakeSnapshotResponse], error)
+	// ListSnapshots lists the snapshots of the snapshot directory, newest
+	// first.
+	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
+	// GetSnapshot streams one snapshot: the first message carries its
+	// metadata, the others the bytes of its .db file in order (chunk), so
+	// that an operator copies it off the machine:
+	//
+	//	grpcurl ... -d '{"name": "<name>"}' HOST curia.curator.v1.Management/GetSnapshot \
+	//	  | jq -r '.chunk // empty' | base64 -d > <name>.db
+	//
+	// The file is etcd's snapshot stream as is (its sha256 trailer
+	// included): `etcdutl snapshot restore` takes it without
+	// --skip-hash-check. NOT_FOUND for a name that is no snapshot of the
+	// directory.
+	GetSnapshot(context.Context, *connect.Request[v1.GetSnapshotRequest]) (*connect.ServerStreamForClient[v1.GetSnapshotResponse], error)
 }
 
 // NewManagementClient constructs a client for the curia.curator.v1.Management service. By default,
@@ -170,6 +209,26 @@ func NewManagementClient(httpClient connect.HTTPClient, baseURL string, opts ...
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		takeSnapshot: connect.NewClient[v1.TakeSnapshotRequest, v1.TakeSnapshotResponse](
+			httpClient,
+			baseURL+ManagementTakeSnapshotProcedure,
+			connect.WithSchema(managementMethods.ByName("TakeSnapshot")),
+			connect.WithClientOptions(opts...),
+		),
+		listSnapshots: connect.NewClient[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse](
+			httpClient,
+			baseURL+ManagementListSnapshotsProcedure,
+			connect.WithSchema(managementMethods.ByName("ListSnapshots")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		getSnapshot: connect.NewClient[v1.GetSnapshotRequest, v1.GetSnapshotResponse](
+			httpClient,
+			baseURL+ManagementGetSnapshotProcedure,
+			connect.WithSchema(managementMethods.ByName("GetSnapshot")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -185,6 +244,9 @@ type managementClient struct {
 	getClusterConfig    *connect.Client[v1.GetClusterConfigRequest, v1.GetClusterConfigResponse]
 	updateClusterConfig *connect.Client[v1.UpdateClusterConfigRequest, v1.UpdateClusterConfigResponse]
 	watchAuditLog       *connect.Client[v1.WatchAuditLogRequest, v1.WatchAuditLogResponse]
+	takeSnapshot        *connect.Client[v1.TakeSnapshotRequest, v1.TakeSnapshotResponse]
+	listSnapshots       *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
+	getSnapshot         *connect.Client[v1.GetSnapshotRequest, v1.GetSnapshotResponse]
 }
 
 // GetNodes calls curia.curator.v1.Management.GetNodes.
@@ -237,6 +299,21 @@ func (c *managementClient) WatchAuditLog(ctx context.Context, req *connect.Reque
 	return c.watchAuditLog.CallServerStream(ctx, req)
 }
 
+// TakeSnapshot calls curia.curator.v1.Management.TakeSnapshot.
+func (c *managementClient) TakeSnapshot(ctx context.Context, req *connect.Request[v1.TakeSnapshotRequest]) (*connect.Response[v1.TakeSnapshotResponse], error) {
+	return c.takeSnapshot.CallUnary(ctx, req)
+}
+
+// ListSnapshots calls curia.curator.v1.Management.ListSnapshots.
+func (c *managementClient) ListSnapshots(ctx context.Context, req *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error) {
+	return c.listSnapshots.CallUnary(ctx, req)
+}
+
+// GetSnapshot calls curia.curator.v1.Management.GetSnapshot.
+func (c *managementClient) GetSnapshot(ctx context.Context, req *connect.Request[v1.GetSnapshotRequest]) (*connect.ServerStreamForClient[v1.GetSnapshotResponse], error) {
+	return c.getSnapshot.CallServerStream(ctx, req)
+}
+
 // ManagementHandler is an implementation of the curia.curator.v1.Management service.
 type ManagementHandler interface {
 	// GetNodes streams the nodes matching a filter, sorted by id, as of a
@@ -266,6 +343,38 @@ type ManagementHandler interface {
 	// after a revision), then every new event. The log keeps events for
 	// --audit-max-age and at most --audit-max-events of them.
 	WatchAuditLog(context.Context, *connect.Request[v1.WatchAuditLogRequest], *connect.ServerStream[v1.WatchAuditLogResponse]) error
+	// TakeSnapshot takes an etcd snapshot into the curators' snapshot
+	// directory (--snapshot-dir), verifies it and returns its metadata; the
+	// retention (--snapshot-keep, --snapshot-max-age) runs after it. Admins
+	// call it on demand; the reconciler calls it before each membership
+	// change it makes. Every call is recorded in the audit log.
+	//
+	// The rule for a snapshot before a membership change
+	// (before_membership_change set): when the newest snapshot was taken
+	// less than --snapshot-reuse-within (default 30 s) ago, that one is
+	// returned with reused = true and none is taken, so that a change that
+	// follows another (a learner's promotion after its addition) waits for
+	// no second snapshot. Any snapshot taken before the call was made is
+	// before the change. A snapshot on demand is always a new one.
+	//
+	// FAILED_PRECONDITION (reason SNAPSHOTS_OFF) when the curators run
+	// without --snapshot-dir.
+	TakeSnapshot(context.Context, *connect.Request[v1.TakeSnapshotRequest]) (*connect.Response[v1.TakeSnapshotResponse], error)
+	// ListSnapshots lists the snapshots of the snapshot directory, newest
+	// first.
+	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
+	// GetSnapshot streams one snapshot: the first message carries its
+	// metadata, the others the bytes of its .db file in order (chunk), so
+	// that an operator copies it off the machine:
+	//
+	//	grpcurl ... -d '{"name": "<name>"}' HOST curia.curator.v1.Management/GetSnapshot \
+	//	  | jq -r '.chunk // empty' | base64 -d > <name>.db
+	//
+	// The file is etcd's snapshot stream as is (its sha256 trailer
+	// included): `etcdutl snapshot restore` takes it without
+	// --skip-hash-check. NOT_FOUND for a name that is no snapshot of the
+	// directory.
+	GetSnapshot(context.Context, *connect.Request[v1.GetSnapshotRequest], *connect.ServerStream[v1.GetSnapshotResponse]) error
 }
 
 // NewManagementHandler builds an HTTP handler from the service implementation. It returns the path
@@ -341,6 +450,26 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	managementTakeSnapshotHandler := connect.NewUnaryHandler(
+		ManagementTakeSnapshotProcedure,
+		svc.TakeSnapshot,
+		connect.WithSchema(managementMethods.ByName("TakeSnapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
+	managementListSnapshotsHandler := connect.NewUnaryHandler(
+		ManagementListSnapshotsProcedure,
+		svc.ListSnapshots,
+		connect.WithSchema(managementMethods.ByName("ListSnapshots")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	managementGetSnapshotHandler := connect.NewServerStreamHandler(
+		ManagementGetSnapshotProcedure,
+		svc.GetSnapshot,
+		connect.WithSchema(managementMethods.ByName("GetSnapshot")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/curia.curator.v1.Management/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ManagementGetNodesProcedure:
@@ -363,6 +492,12 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 			managementUpdateClusterConfigHandler.ServeHTTP(w, r)
 		case ManagementWatchAuditLogProcedure:
 			managementWatchAuditLogHandler.ServeHTTP(w, r)
+		case ManagementTakeSnapshotProcedure:
+			managementTakeSnapshotHandler.ServeHTTP(w, r)
+		case ManagementListSnapshotsProcedure:
+			managementListSnapshotsHandler.ServeHTTP(w, r)
+		case ManagementGetSnapshotProcedure:
+			managementGetSnapshotHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -410,4 +545,16 @@ func (UnimplementedManagementHandler) UpdateClusterConfig(context.Context, *conn
 
 func (UnimplementedManagementHandler) WatchAuditLog(context.Context, *connect.Request[v1.WatchAuditLogRequest], *connect.ServerStream[v1.WatchAuditLogResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.WatchAuditLog is not implemented"))
+}
+
+func (UnimplementedManagementHandler) TakeSnapshot(context.Context, *connect.Request[v1.TakeSnapshotRequest]) (*connect.Response[v1.TakeSnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.TakeSnapshot is not implemented"))
+}
+
+func (UnimplementedManagementHandler) ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.ListSnapshots is not implemented"))
+}
+
+func (UnimplementedManagementHandler) GetSnapshot(context.Context, *connect.Request[v1.GetSnapshotRequest], *connect.ServerStream[v1.GetSnapshotResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.GetSnapshot is not implemented"))
 }
