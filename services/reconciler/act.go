@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -68,7 +69,9 @@ func (r *Reconciler) pass(ctx context.Context) (acted bool, recheck time.Time) {
 		return false, recheck
 	}
 	failpoint.Hold("before-act")
-	// The lease may have ended while we observed: stop within this pass.
+	r.snapshotBefore(ctx, a)
+	// The lease may have ended while we observed (or the snapshot was
+	// taken): stop within this pass.
 	lease := r.lease.current()
 	if lease == nil {
 		r.finish(reconcilerv1.PassResult_PASS_RESULT_STANDBY, "lost the lease before acting", &a, nil)
@@ -86,6 +89,74 @@ func (r *Reconciler) pass(ctx context.Context) (acted bool, recheck time.Time) {
 	r.metrics.actions.WithLabelValues(a.Kind.String(), "ok").Inc()
 	r.finish(reconcilerv1.PassResult_PASS_RESULT_ACTED, a.String(), &a, &a)
 	return true, time.Time{}
+}
+
+// snapshotBefore asks the curators for an etcd snapshot before an action
+// that changes etcd membership (add a learner, promote, remove a member),
+// so that the state before every change made by automation can be
+// restored. It is best effort: it waits at most SnapshotTimeout, and at
+// most half of what is left of the pass, and whatever the answer, the
+// change goes on — a snapshot never blocks a repair; a failure is logged
+// and counted (curia_reconciler_snapshots_before_change_total{result=
+// "failed"}). Whether a recent snapshot will do is the curator's decision
+// (TakeSnapshot's rule): a promotion right after its learner's addition
+// reuses the addition's.
+func (r *Reconciler) snapshotBefore(ctx context.Context, a plan.Action) {
+	change := membershipChange(a)
+	if change == "" || r.cfg.SnapshotTimeout <= 0 {
+		return
+	}
+	wait := r.cfg.SnapshotTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl)/2)
+	}
+	sctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	begun := time.Now()
+	resp, err := curatorv1.NewManagementClient(r.curator).TakeSnapshot(sctx, &curatorv1.TakeSnapshotRequest{
+		BeforeMembershipChange: change, Reason: truncate("reconciler: "+a.Reason, 1024),
+	})
+	switch {
+	case rpcerr.Is(err, rpcerr.SnapshotsOff):
+		r.metrics.snapshots.WithLabelValues("off").Inc()
+		r.log.Debug("no snapshot before a membership change: the curators take none", "change", change)
+	case err != nil:
+		r.metrics.snapshots.WithLabelValues("failed").Inc()
+		r.log.Warn("no snapshot before a membership change; changing membership anyway", "change", change, "waited", time.Since(begun).Round(time.Millisecond), "err", err)
+	case resp.GetReused():
+		r.metrics.snapshots.WithLabelValues("reused").Inc()
+		r.log.Info("snapshot before a membership change: a recent one", "change", change, "snapshot", resp.GetSnapshot().GetName())
+	default:
+		r.metrics.snapshots.WithLabelValues("taken").Inc()
+		r.log.Info("snapshot before a membership change", "change", change, "snapshot", resp.GetSnapshot().GetName(), "took", time.Since(begun).Round(time.Millisecond))
+	}
+}
+
+// membershipChange is the etcd membership change a makes, in words; ""
+// for an action that changes none (a role write, AddNode of a member that
+// is one already).
+func membershipChange(a plan.Action) string {
+	node := a.NodeID
+	if node == "" {
+		node = "none"
+	}
+	switch a.Kind {
+	case plan.RemoveMember:
+		return fmt.Sprintf("remove member %x (node %s)", a.MemberID, node)
+	case plan.Promote:
+		return fmt.Sprintf("promote learner %x (node %s)", a.MemberID, node)
+	case plan.AddMember:
+		return fmt.Sprintf("add node %s as a learner (peer %s)", node, a.PeerURL)
+	}
+	return ""
+}
+
+// truncate cuts s to at most n bytes, on a character boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "")
 }
 
 // afterFailure reacts to why an action was refused, by its reason rather

@@ -14,6 +14,10 @@ type metrics struct {
 	// included), and observed how many nodes it saw.
 	pass     prometheus.Histogram
 	observed prometheus.Gauge
+	// snapshots counts the snapshots asked for before membership changes,
+	// by result: taken, reused (a recent one), failed, off (the curators
+	// take none).
+	snapshots *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -41,7 +45,13 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		observed: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "curia_reconciler_observed_nodes", Help: "Nodes the last pass observed.",
 		}),
+		snapshots: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "curia_reconciler_snapshots_before_change_total", Help: "etcd snapshots asked of the curators before membership changes, by result: taken, reused (a recent one), failed (the change went on without), off (the curators take none).",
+		}, []string{"result"}),
 	}
-	reg.MustRegister(m.passes, m.actions, m.refusals, m.convergence, m.active, m.pass, m.observed)
+	for _, result := range []string{"taken", "reused", "failed", "off"} {
+		m.snapshots.WithLabelValues(result)
+	}
+	reg.MustRegister(m.passes, m.actions, m.refusals, m.convergence, m.active, m.pass, m.observed, m.snapshots)
 	return m
 }

@@ -14,7 +14,8 @@
 //	plan.Plan(observed) → one action (pure, package plan)
 //	   │
 //	   ▼
-//	act ── consensus RemoveMember / PromoteMember / AddNode  (fence + epoch)
+//	act ── curator Management.TakeSnapshot before a membership change (bounded, best effort)
+//	    ├─ consensus RemoveMember / PromoteMember / AddNode  (fence + epoch)
 //	    └─ curator Reconciliation.ReconcileNodeRoles         (fence + epoch + node revision)
 //
 // Files: reconciler.go (config, run), lease.go (holding the lease),
@@ -78,6 +79,10 @@ type Config struct {
 	VoterFloor          int
 	Stabilization       time.Duration
 	LearnerStartTimeout time.Duration
+	// SnapshotTimeout bounds the wait for the curators' etcd snapshot
+	// before each membership change (0: ask for none); the change goes on
+	// without one when it passes (act.go, snapshotBefore).
+	SnapshotTimeout time.Duration
 }
 
 // DefaultConfig returns the defaults.
@@ -91,6 +96,7 @@ func DefaultConfig() Config {
 		Tick:                5 * time.Second,
 		VoterFloor:          1,
 		LearnerStartTimeout: 2 * time.Minute,
+		SnapshotTimeout:     5 * time.Second,
 	}
 }
 
@@ -108,6 +114,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.VoterFloor, "voter-floor", c.VoterFloor, "voters no automated removal goes below (at least 1; the cluster configuration's min_quorum raises it)")
 	fs.DurationVar(&c.Stabilization, "stabilization", c.Stabilization, "how long a learner stays caught up before promotion; when set, overrides the cluster configuration's stabilization")
 	fs.DurationVar(&c.LearnerStartTimeout, "learner-start-timeout", c.LearnerStartTimeout, "how long a learner may stay unstarted before it is removed")
+	fs.DurationVar(&c.SnapshotTimeout, "snapshot-timeout", c.SnapshotTimeout, "how long to wait for the curators' etcd snapshot before each membership change; the change goes on without one after that (0: ask for none)")
 }
 
 // Validate checks the configuration.
@@ -130,8 +137,8 @@ func (c *Config) Validate() error {
 	if c.LeaseTTL < 2*time.Second || c.LeaseTTL > time.Minute {
 		return fmt.Errorf("--lease-ttl %v: between 2s and 60s", c.LeaseTTL)
 	}
-	if c.Tick <= 0 || c.Stabilization < 0 || c.LearnerStartTimeout <= 0 {
-		return errors.New("--tick and --learner-start-timeout must be positive, --stabilization not negative")
+	if c.Tick <= 0 || c.Stabilization < 0 || c.LearnerStartTimeout <= 0 || c.SnapshotTimeout < 0 {
+		return errors.New("--tick and --learner-start-timeout must be positive, --stabilization and --snapshot-timeout not negative")
 	}
 	if c.VoterFloor < 1 {
 		return fmt.Errorf("--voter-floor %d: at least 1 (the last voter is never removed)", c.VoterFloor)
