@@ -267,7 +267,7 @@ func mountOf(c *corev1.Container, p string) *corev1.VolumeMount {
 }
 
 // writes are the flags naming what a process writes: on a writable volume.
-var writes = map[string]bool{"--data-dir": true, "--id-file": true}
+var writes = map[string]bool{"--data-dir": true, "--id-file": true, "--snapshot-dir": true}
 
 func checkFiles(m *manifests) []error {
 	var errs []error

@@ -68,6 +68,18 @@ func TestChecksCatchMutations(t *testing.T) {
 			},
 			want: "does not mount its secret curia-curator",
 		},
+		"the curators' snapshots on a read-only mount": {
+			check: "files on volumes",
+			mutate: func(m *manifests) {
+				c := &m.deployments["curia-curator"].Spec.Template.Spec.Containers[0]
+				for i := range c.VolumeMounts {
+					if c.VolumeMounts[i].MountPath == "/snapshots" {
+						c.VolumeMounts[i].ReadOnly = true
+					}
+				}
+			},
+			want: "--snapshot-dir=/snapshots is on a read-only mount",
+		},
 		"two node budgets of one each": {
 			check: "disruption budgets",
 			mutate: func(m *manifests) {

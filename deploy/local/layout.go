@@ -32,6 +32,8 @@ import (
 //	                             certificates from the curator, through its agent: the member
 //	                             certificate only with ConsensusMember.
 //	ticket/ticket                the register ticket, written by init for the agents
+//	snapshots/                   the curators' etcd snapshots (platform/snapshots): the leader
+//	                             takes and prunes them, every curator shares the directory
 //	data/<node>/<process>/       each process's own data (its key and certificates once it has them)
 //
 // Directories are 0700, keys 0600.
@@ -40,6 +42,8 @@ const (
 	publicDir  = "public"
 	secretsDir = "secrets"
 	ticketDir  = "ticket"
+	// snapshotsDir holds the curators' etcd snapshots.
+	snapshotsDir = "snapshots"
 
 	tlsCert    = "tls.crt"
 	tlsKey     = "tls.key"

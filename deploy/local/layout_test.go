@@ -91,7 +91,7 @@ func TestLayout(t *testing.T) {
 	}
 
 	// Every process is given files of public/, of its own identity and of
-	// its own data, and no other.
+	// its own data, and no other (the curators: and the snapshots).
 	for _, p := range c.processes() {
 		for _, a := range p.args {
 			rel, ok := strings.CutPrefix(a, state+string(filepath.Separator))
@@ -107,6 +107,10 @@ func TestLayout(t *testing.T) {
 			case "data":
 				if len(top) < 3 || p.name != top[1]+"-"+top[2] {
 					t.Errorf("%s is given %s, another process's data", p.name, rel)
+				}
+			case snapshotsDir: // the curators share their snapshots
+				if p.bin != "curator" {
+					t.Errorf("%s is given %s, the curators' snapshots", p.name, rel)
 				}
 			default:
 				t.Errorf("%s is given %s", p.name, rel)

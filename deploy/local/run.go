@@ -154,6 +154,9 @@ func (c *Cluster) processes() []procSpec {
 			// once it is unhealthy.
 			"--heartbeat-interval", "2s", "--heartbeat-timeout", "6s",
 			"--listen", addr, "--listen-http", httpAddr(addr),
+			// One snapshot directory for every curator: the leader
+			// writes it, a new leader goes on from it.
+			"--snapshot-dir", c.path(snapshotsDir),
 			"--etcd", strings.Join(etcd, ","), "--consensus", strings.Join(rotate(consensus, i), ","))...)
 	}
 	for i, n := range c.Nodes {
