@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -646,7 +647,10 @@ func reconcilers(t *testing.T, c *cluster) (active, standby string) {
 // cluster's env file and NODE (the worker's id) set, as an operator would.
 // A command ending in "# fails: <Code>" must fail with that code; a command
 // that meets etcd's reconfiguration window (Unavailable) is retried, as an
-// operator would.
+// operator would. A line that sets a variable from a grpcurl command
+// (SNAPSHOT=$(grpcurl ...)) sets it for the commands after it. Pipelines
+// fail when any of their commands does; files they write land in a
+// temporary directory.
 func runReadme(t *testing.T, c *cluster) {
 	grpcurl, err := exec.LookPath("grpcurl")
 	if err != nil {
@@ -665,8 +669,22 @@ func runReadme(t *testing.T, c *cluster) {
 	t.Logf("NODE is %s (%s), a worker", c.names[worker], worker)
 	env = append(env, "NODE="+worker)
 	ran := 0
+	work := t.TempDir()
+	assign := regexp.MustCompile(`^([A-Z_]+)=\$\((grpcurl .*)\)$`)
 	for _, line := range strings.Split(string(b), "\n") {
 		line = strings.TrimSpace(line)
+		if m := assign.FindStringSubmatch(line); m != nil {
+			cmd := exec.Command("bash", "-c", "set -o pipefail; "+m[2])
+			cmd.Env, cmd.Dir = env, work
+			out, err := cmd.Output()
+			if v := strings.TrimSpace(string(out)); err != nil || v == "" || v == "null" {
+				t.Fatalf("%s: %v: %q", line, err, v)
+			} else {
+				t.Logf("%s=%s", m[1], v)
+				env = append(env, m[1]+"="+v)
+			}
+			continue
+		}
 		if !strings.HasPrefix(line, "grpcurl ") && !strings.HasPrefix(line, "curl ") {
 			continue
 		}
@@ -677,8 +695,8 @@ func runReadme(t *testing.T, c *cluster) {
 			t.Log(cmdline)
 			var out []byte
 			proctest.Eventually(t, time.Minute, func() error {
-				cmd := exec.Command("bash", "-c", strings.Replace(cmdline, "grpcurl ", "grpcurl -max-time 20 ", 1))
-				cmd.Env = env
+				cmd := exec.Command("bash", "-c", "set -o pipefail; "+strings.Replace(cmdline, "grpcurl ", "grpcurl -max-time 20 ", 1))
+				cmd.Env, cmd.Dir = env, work
 				var err error
 				out, err = cmd.CombinedOutput()
 				if err != nil && wantFail == "" && (strings.Contains(string(out), "Unavailable") || strings.Contains(string(out), "Aborted")) {
