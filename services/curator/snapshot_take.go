@@ -33,8 +33,9 @@ import (
 //     trailer (what etcdutl's restore checks).
 //  3. Sync; ask the member for its revision after.
 //  4. Verify with etcdutl's snapshot status: the database opens, its bolt
-//     structure checks, and its revision lies between the member's before
-//     and after (the snapshot is of that member at one moment in between).
+//     structure checks, it fills the stream but the trailer, and its
+//     revision lies between the member's before and after (the snapshot is
+//     of that member at one moment in between).
 //  5. Still leading: rename the .part to <name>.db, then write <name>.json.
 //     The .json makes it a snapshot; until then it is a leftover.
 
@@ -82,6 +83,9 @@ func (sn *snapshotter) snapshot(ctx context.Context, req snapshotRequest) (snaps
 	st, err := etcdutl.NewV3(zap.NewNop()).Status(part)
 	if err != nil {
 		return snapshots.Metadata{}, fmt.Errorf("%w: the snapshot read from member %s does not open as an etcd database: %v", errUnavailable, src.member.ID, err)
+	}
+	if st.TotalSize != size-sha256.Size {
+		return snapshots.Metadata{}, fmt.Errorf("%w: the snapshot read from member %s is a database of %d bytes in a stream of %d", errUnavailable, src.member.ID, st.TotalSize, size)
 	}
 	if st.Revision < max(src.revision, 1) || st.Revision > after {
 		return snapshots.Metadata{}, fmt.Errorf("%w: the snapshot read from member %s holds revision %d, but the member was at revisions %d to %d while it was read", errUnavailable, src.member.ID, st.Revision, src.revision, after)
