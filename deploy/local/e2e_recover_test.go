@@ -21,6 +21,7 @@ import (
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
@@ -130,15 +131,7 @@ func TestRecovery(t *testing.T) {
 	// Traffic, then the loss. Writes stop, and the survivor applies what
 	// the leader acknowledged, before the kill: what the survivor never
 	// received is lost by definition (the report says how much may be).
-	acked := map[string]string{}
-	for i := 0; i < 200; i++ {
-		k, v := fmt.Sprintf("/e2e/recovery/%03d", i), fmt.Sprint(time.Now().UnixNano())
-		wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
-		if _, err := cli.Put(wctx, k, v); err == nil {
-			acked[k] = v
-		}
-		wcancel()
-	}
+	acked := writeBatch(ctx, cli, "/e2e/recovery/a/", 200)
 	leaderStatus, err := c.consensusOf(leader).Status(ctx, &consensusv1.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -189,31 +182,7 @@ func TestRecovery(t *testing.T) {
 	took := time.Since(lostAt)
 	t.Logf("majority gone → 3 healthy voters: %v (recover command and regrowth)", took.Round(100*time.Millisecond))
 
-	// The report.
-	files, _ := filepath.Glob(filepath.Join(c.state, "recovery-*.json"))
-	if len(files) != 1 {
-		t.Fatalf("recovery reports %v, want 1", files)
-	}
-	var rep struct {
-		Chosen        string   `json:"chosen"`
-		Readded       []string `json:"readded"`
-		Voters        int      `json:"voters"`
-		LostRevisions []string `json:"lost_revisions"`
-		Consensus     struct {
-			DroppedMembers []struct {
-				NodeID string `json:"nodeId"`
-			} `json:"droppedMembers"`
-			Revision    string `json:"revision"`
-			NewRevision string `json:"newRevision"`
-		} `json:"consensus"`
-	}
-	b, err := os.ReadFile(files[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readReport(t, c, 1)
 	var dropped []string
 	for _, d := range rep.Consensus.DroppedMembers {
 		dropped = append(dropped, c.names[d.NodeID])
@@ -226,26 +195,8 @@ func TestRecovery(t *testing.T) {
 
 	// Every acknowledged write is there, and the cluster agrees.
 	c.eventuallyAgree()
-	var urls []string
-	for id := range c.voters() {
-		urls = append(urls, "https://"+host(nodeIndex(c.names[id]))+":2379")
-	}
-	after := c.etcdAsCurator(urls...)
-	resp, err := after.Get(ctx, "/e2e/recovery/", clientv3.WithPrefix())
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]string{}
-	for _, kv := range resp.Kvs {
-		got[string(kv.Key)] = string(kv.Value)
-	}
-	missing := 0
-	for k, v := range acked {
-		if got[k] != v {
-			missing++
-		}
-	}
-	if missing > 0 {
+	after := c.etcdAsCurator(c.voterClientURLs()...)
+	if missing := missingWrites(ctx, t, after, "/e2e/recovery/a/", acked); missing > 0 {
 		t.Errorf("%d of %d acknowledged writes are missing after the recovery", missing, len(acked))
 	}
 	recovered := slices.ContainsFunc(auditEvents(t, c), func(ev *auditv1.Event) bool {
@@ -254,4 +205,134 @@ func TestRecovery(t *testing.T) {
 	if !recovered {
 		t.Error("no CLUSTER_RECOVER event in the audit log")
 	}
+
+	// Worse: every voter's etcd data is lost (their consensus identities
+	// stay). A snapshot the curators took is restored on one of them;
+	// what was written after it is gone, and the report says so.
+	t.Run("from a snapshot, every voter's data lost", func(t *testing.T) {
+		before := writeBatch(ctx, after, "/e2e/recovery/b/", 50)
+		snap, err := c.mgmt().TakeSnapshot(ctx, &curatorv1.TakeSnapshotRequest{Reason: "e2e: before every voter's data is lost"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		later := writeBatch(ctx, after, "/e2e/recovery/c/", 20)
+		var voters []string
+		for id := range c.voters() {
+			voters = append(voters, c.names[id])
+		}
+		slices.Sort(voters)
+		lostAt := time.Now()
+		for _, name := range voters {
+			dir := filepath.Join(c.state, "data", name, "consensus")
+			for _, p := range []string{"etcd", "state.json"} {
+				if err := os.RemoveAll(filepath.Join(dir, p)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := syscall.Kill(c.pid(name+"-consensus"), syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+		target := voters[0]
+		file := filepath.Join(c.state, "snapshots", snap.GetSnapshot().GetName()+".db")
+		t.Logf("wiped the etcd data of %v; restoring %s (revision %d) on %s", voters, snap.GetSnapshot().GetName(), snap.GetSnapshot().GetRevision(), target)
+		out, code := c.recoverCmd("--snapshot", file, "--confirm", target, "--reason", "e2e: every voter lost", "--wait", "5m")
+		t.Logf("curia-local recover:\n%s", out)
+		if code != 0 {
+			t.Fatalf("curia-local recover --snapshot: exit %d", code)
+		}
+		t.Logf("every voter's data gone → 3 healthy voters from the snapshot: %v", time.Since(lostAt).Round(100*time.Millisecond))
+		rep := readReport(t, c, 2)
+		if rep.Chosen != target || rep.Voters != 3 || rep.Consensus.Source != "snapshot "+snap.GetSnapshot().GetName() ||
+			!slices.ContainsFunc(rep.LostRevisions, func(l string) bool { return strings.Contains(l, "every write after it is lost") }) {
+			t.Errorf("report: chosen %s, %d voters, source %q, lost revisions %q; want %s, 3, the snapshot, every write after it lost",
+				rep.Chosen, rep.Voters, rep.Consensus.Source, rep.LostRevisions, target)
+		}
+		c.eventuallyAgree()
+		restored := c.etcdAsCurator(c.voterClientURLs()...)
+		for prefix, want := range map[string]map[string]string{"/e2e/recovery/a/": acked, "/e2e/recovery/b/": before} {
+			if missing := missingWrites(ctx, t, restored, prefix, want); missing > 0 {
+				t.Errorf("%d of %d writes under %s (before the snapshot) are missing", missing, len(want), prefix)
+			}
+		}
+		if missing := missingWrites(ctx, t, restored, "/e2e/recovery/c/", later); missing != len(later) {
+			t.Errorf("%d of %d writes after the snapshot are there: the cluster is not the snapshot's", len(later)-missing, len(later))
+		}
+	})
+}
+
+// voterClientURLs are the etcd client URLs of the voters.
+func (c *cluster) voterClientURLs() []string {
+	var urls []string
+	for id := range c.voters() {
+		urls = append(urls, "https://"+host(nodeIndex(c.names[id]))+":2379")
+	}
+	return urls
+}
+
+// writeBatch writes n keys under prefix and returns those acknowledged.
+func writeBatch(ctx context.Context, cli *clientv3.Client, prefix string, n int) map[string]string {
+	acked := map[string]string{}
+	for i := range n {
+		k, v := fmt.Sprintf("%s%03d", prefix, i), fmt.Sprint(time.Now().UnixNano())
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if _, err := cli.Put(wctx, k, v); err == nil {
+			acked[k] = v
+		}
+		cancel()
+	}
+	return acked
+}
+
+// missingWrites counts the writes of want not found under prefix.
+func missingWrites(ctx context.Context, t *testing.T, cli *clientv3.Client, prefix string, want map[string]string) int {
+	t.Helper()
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, kv := range resp.Kvs {
+		got[string(kv.Key)] = string(kv.Value)
+	}
+	missing := 0
+	for k, v := range want {
+		if got[k] != v {
+			missing++
+		}
+	}
+	return missing
+}
+
+// recoveryReport is what the test reads of curia-local's report.
+type recoveryReport struct {
+	Chosen        string   `json:"chosen"`
+	Readded       []string `json:"readded"`
+	Voters        int      `json:"voters"`
+	LostRevisions []string `json:"lost_revisions"`
+	Consensus     struct {
+		Source         string `json:"source"`
+		DroppedMembers []struct {
+			NodeID string `json:"nodeId"`
+		} `json:"droppedMembers"`
+	} `json:"consensus"`
+}
+
+// readReport reads the newest of the want reports in the state directory.
+func readReport(t *testing.T, c *cluster, want int) recoveryReport {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(c.state, "recovery-*.json"))
+	slices.Sort(files)
+	if len(files) != want {
+		t.Fatalf("recovery reports %v, want %d", files, want)
+	}
+	var rep recoveryReport
+	b, err := os.ReadFile(files[len(files)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
 }

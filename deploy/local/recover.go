@@ -21,6 +21,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/snapshots"
 )
 
 // RecoverOptions say how to recover a cluster that lost its quorum.
@@ -316,54 +317,20 @@ func (c *Cluster) lostRevisions(rep *RecoveryReport, cr *consensusv1.RecoveryRep
 			}
 		}
 	}
-	if name, rev, ok := latestSnapshot(c.path("snapshots")); ok {
-		switch {
-		case rev > cr.GetRevision():
-			out = append(out, fmt.Sprintf("the latest snapshot %s is at revision %d, past the recovered data's %d: its %d newer revisions are not in the cluster; restore it instead (--snapshot) if they matter", name, rev, cr.GetRevision(), rev-cr.GetRevision()))
-		default:
-			out = append(out, fmt.Sprintf("the latest snapshot %s is at revision %d, not past the recovered data's %d: it holds nothing newer", name, rev, cr.GetRevision()))
-		}
-	} else {
-		out = append(out, "no snapshot in "+c.path("snapshots")+" to compare with")
+	if cr.GetAppliedIndex() == 0 {
+		out = append(out, fmt.Sprintf("restored %s at revision %d: every write after it is lost", cr.GetSource(), cr.GetRevision()))
+		return out
+	}
+	list, err := snapshots.Dir(c.path(snapshotsDir)).List()
+	switch {
+	case err != nil || len(list) == 0:
+		out = append(out, "no snapshot in "+c.path(snapshotsDir)+" to compare with")
+	case list[0].Revision > cr.GetRevision():
+		out = append(out, fmt.Sprintf("the latest snapshot %s is at revision %d, past the recovered data's %d: its %d newer revisions are not in the cluster; restore it instead (--snapshot) if they matter", list[0].Name, list[0].Revision, cr.GetRevision(), list[0].Revision-cr.GetRevision()))
+	default:
+		out = append(out, fmt.Sprintf("the latest snapshot %s is at revision %d, not past the recovered data's %d: it holds nothing newer", list[0].Name, list[0].Revision, cr.GetRevision()))
 	}
 	return out
-}
-
-// latestSnapshot reads the newest snapshot's metadata (<name>.json next to
-// <name>.db, as the curator writes them): its name and revision.
-func latestSnapshot(dir string) (string, int64, bool) {
-	files, _ := filepath.Glob(filepath.Join(dir, "*.json"))
-	var best string
-	var bestRev int64
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		var meta struct {
-			Revision json.Number `json:"revision"`
-		}
-		if json.Unmarshal(b, &meta) != nil {
-			continue
-		}
-		rev, err := meta.Revision.Int64()
-		if err != nil {
-			// protojson writes int64 as a string.
-			var s struct {
-				Revision string `json:"revision"`
-			}
-			if json.Unmarshal(b, &s) != nil {
-				continue
-			}
-			if _, err := fmt.Sscan(s.Revision, &rev); err != nil {
-				continue
-			}
-		}
-		if rev > bestRev {
-			best, bestRev = strings.TrimSuffix(filepath.Base(f), ".json"), rev
-		}
-	}
-	return best, bestRev, best != ""
 }
 
 // restoreSnapshot streams the file to the node's RestoreSnapshot.
