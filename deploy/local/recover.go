@@ -70,14 +70,13 @@ type RecoveryReport struct {
 	Consensus json.RawMessage `json:"consensus,omitempty"`
 	// LostRevisions says what may be lost, against the other survivors and
 	// the latest snapshot.
-	LostRevisions  []string  `json:"lost_revisions"`
-	RecoveredAt    time.Time `json:"recovered_at"`
-	Readded        []string  `json:"readded,omitempty"`
-	Voters         int       `json:"voters,omitempty"`
-	VotersAt       time.Time `json:"voters_at,omitzero"`
-	VotersAfter    string    `json:"voters_after,omitempty"`
-	ReportFile     string    `json:"-"`
-	consensusProto *consensusv1.RecoveryReport
+	LostRevisions []string  `json:"lost_revisions"`
+	RecoveredAt   time.Time `json:"recovered_at"`
+	Readded       []string  `json:"readded,omitempty"`
+	Voters        int       `json:"voters,omitempty"`
+	VotersAt      time.Time `json:"voters_at,omitzero"`
+	VotersAfter   string    `json:"voters_after,omitempty"`
+	ReportFile    string    `json:"-"`
 }
 
 // ErrNoConsent: Recover said what it would do and changed nothing.
@@ -174,7 +173,6 @@ func (c *Cluster) Recover(ctx context.Context, opts RecoverOptions) (*RecoveryRe
 		return nil, fmt.Errorf("recover on %s: %w", rep.Chosen, err)
 	}
 	rep.RecoveredAt = time.Now().UTC()
-	rep.consensusProto = cr
 	rep.Consensus, _ = protojson.Marshal(cr)
 	rep.LostRevisions = c.lostRevisions(rep, cr)
 	fmt.Fprintf(out, "curia-local: %s is cluster %s (member %s) from revision %d, revisions moved to %d; old data kept in %s\n",
