@@ -51,6 +51,21 @@ func dashboardScenario(t *testing.T, c *cluster) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
+	// click clicks what sel names. The pages re-render rows on live
+	// updates: when the element found was replaced before the click landed
+	// ("Could not find node with given id"), nothing was clicked, and it
+	// is found again.
+	click := func(what, sel string) {
+		t.Helper()
+		proctest.Eventually(t, 30*time.Second, func() error {
+			cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+			defer ccancel()
+			if err := chromedp.Do(cctx, chromedp.Click(chromedp.CSS(sel))); err != nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+			return nil
+		})
+	}
 	// eval polls a JavaScript expression until it returns want.
 	eval := func(timeout time.Duration, expr, want string) {
 		t.Helper()
@@ -98,7 +113,7 @@ func dashboardScenario(t *testing.T, c *cluster) {
 	do("open the nodes page", chromedp.Navigate(url+"/nodes"))
 	eval(time.Minute, membership(worker), "")
 	eval(5*time.Second, `window.curiaLoaded = 'once'`, "once")
-	do("give the worker ConsensusMember", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#nodes tr[data-node=%q] button[name="give-cm"]`, worker))))
+	click("give the worker ConsensusMember", fmt.Sprintf(`#nodes tr[data-node=%q] button[name="give-cm"]`, worker))
 	eval(30*time.Second, `document.getElementById('result').className`, "ok")
 	// Learner, then voter: every state the row goes through, as the page
 	// shows it.
@@ -132,10 +147,9 @@ func dashboardScenario(t *testing.T, c *cluster) {
 	if apiErr == nil {
 		t.Fatal("DeleteNode of node-1 without bypass succeeded")
 	}
-	do("confirm deleting node-1",
-		chromedp.Click(chromedp.CSS(fmt.Sprintf(`#delete-%s summary`, boot))),
-		chromedp.Click(chromedp.CSS(fmt.Sprintf(`#delete-%s input[name="confirm"]`, boot))),
-		chromedp.Click(chromedp.CSS(fmt.Sprintf(`#delete-%s button[name="delete"]`, boot))))
+	click("open deleting node-1", fmt.Sprintf(`#delete-%s summary`, boot))
+	click("confirm deleting node-1", fmt.Sprintf(`#delete-%s input[name="confirm"]`, boot))
+	click("delete node-1", fmt.Sprintf(`#delete-%s button[name="delete"]`, boot))
 	// The API's code and message, once each, as they are: no prefix of
 	// the page's own.
 	st := status.Convert(apiErr)
@@ -144,7 +158,7 @@ func dashboardScenario(t *testing.T, c *cluster) {
 	shot("nodes-refused")
 
 	// Back as it was: the worker's role taken from the page, autopilot on.
-	do("take ConsensusMember from the worker", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#nodes tr[data-node=%q] button[name="take-cm"]`, worker))))
+	click("take ConsensusMember from the worker", fmt.Sprintf(`#nodes tr[data-node=%q] button[name="take-cm"]`, worker))
 	eval(30*time.Second, `document.getElementById('result').className`, "ok")
 	eval(3*time.Minute, membership(worker), "")
 	setSize(t, c, 3)
