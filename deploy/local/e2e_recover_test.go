@@ -83,9 +83,11 @@ func (c *cluster) recoverCmd(args ...string) (string, int) {
 }
 
 // TestRecovery: quorum loss on a 3-voter process cluster. A healthy cluster
-// is refused; two voters killed with their data wiped are recovered from
-// the survivor, and the control plane grows back to 3 voters hands-off
-// with every acknowledged write.
+// is refused; with the etcd leader's node wiped and another voter's frozen,
+// the survivor's data becomes the cluster and the control plane grows back
+// to 3 voters hands-off with every acknowledged write; the frozen voter
+// thaws with its old data and is wiped, not let back. Then every voter's
+// data is lost and a snapshot restored.
 func TestRecovery(t *testing.T) {
 	c := startOn(t, recoverSubnet, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -146,18 +148,27 @@ func TestRecovery(t *testing.T) {
 		}
 		return nil
 	})
-	lostAt := time.Now()
-	for _, name := range lost {
-		// Wiped and killed: the supervisor restarts an empty process, as
-		// on a machine whose disk was replaced.
-		if err := os.RemoveAll(filepath.Join(c.state, "data", name, "consensus")); err != nil {
-			t.Fatal(err)
-		}
-		if err := syscall.Kill(c.pid(name+"-consensus"), syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
+	// The leader's node loses its disk: wiped and killed, the supervisor
+	// restarts an empty process. The other lost voter is frozen with its
+	// data, as a machine that is off, and comes back after the recovery.
+	frozen := lost[slices.IndexFunc(lost, func(n string) bool { return n != leader })]
+	frozenSt, err := c.consensusOf(frozen).Status(ctx, &consensusv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("killed %v and wiped their data, %d writes acknowledged", lost, len(acked))
+	lostAt := time.Now()
+	if err := os.RemoveAll(filepath.Join(c.state, "data", leader, "consensus")); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(c.pid(leader+"-consensus"), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	frozenPID := c.pid(frozen + "-consensus")
+	if err := syscall.Kill(frozenPID, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(frozenPID, syscall.SIGCONT) })
+	t.Logf("%s wiped and killed, %s frozen with its data (member %x); %d writes acknowledged", leader, frozen, frozenSt.MemberId, len(acked))
 
 	// Without consent it says what it would do, and does nothing.
 	var plan string
@@ -174,7 +185,33 @@ func TestRecovery(t *testing.T) {
 	}
 	t.Logf("plan:\n%s", plan)
 
-	out, code := c.recoverCmd("--confirm", survivor, "--reason", "e2e: two voters lost", "--wait", "5m")
+	// The frozen member thaws once the survivor is a new cluster: its old
+	// data cannot rejoin (another cluster id), and its agent wipes it
+	// (its node lost ConsensusMember: a role without a member).
+	type result struct {
+		out  string
+		code int
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, code := c.recoverCmd("--confirm", survivor, "--reason", "e2e: two voters lost", "--wait", "5m")
+		done <- result{out, code}
+	}()
+	proctest.Eventually(t, 2*time.Minute, func() error {
+		st, err := c.consensusOf(survivor).Status(ctx, &consensusv1.StatusRequest{})
+		if err != nil {
+			return err
+		}
+		if st.ClusterId == frozenSt.ClusterId {
+			return errors.New("not recovered yet")
+		}
+		return nil
+	})
+	if err := syscall.Kill(frozenPID, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	out, code := r.out, r.code
 	t.Logf("curia-local recover:\n%s", out)
 	if code != 0 {
 		t.Fatalf("curia-local recover --confirm %s: exit %d", survivor, code)
@@ -191,6 +228,24 @@ func TestRecovery(t *testing.T) {
 	if rep.Chosen != survivor || rep.Voters != 3 || len(rep.Readded) != 2 || !slices.Equal(dropped, lost) || len(rep.LostRevisions) == 0 {
 		t.Errorf("report: chosen %s, %d voters, re-added %v, dropped %v, lost revisions %q; want %s, 3, two nodes, %v, an account",
 			rep.Chosen, rep.Voters, rep.Readded, dropped, rep.LostRevisions, survivor, lost)
+	}
+
+	// The thawed old member is gone: wiped by its agent, or a new member
+	// since; the cluster never lists its old id.
+	proctest.Eventually(t, 3*time.Minute, func() error {
+		st, err := c.consensusOf(frozen).Status(ctx, &consensusv1.StatusRequest{})
+		if err != nil {
+			return err
+		}
+		if st.MemberId == frozenSt.MemberId {
+			return fmt.Errorf("%s still holds old member %x (%s)", frozen, st.MemberId, st.State)
+		}
+		return nil
+	})
+	for _, m := range c.consensusStatus().Members {
+		if m.MemberId == frozenSt.MemberId {
+			t.Errorf("the cluster lists the old member %x of %s again", m.MemberId, frozen)
+		}
 	}
 
 	// Every acknowledged write is there, and the cluster agrees.
