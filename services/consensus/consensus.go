@@ -94,6 +94,10 @@ type Config struct {
 	// election timeout.
 	TickInterval    time.Duration
 	ElectionTimeout time.Duration
+	// QuotaBackendBytes is etcd's backend quota: past it etcd raises its
+	// NOSPACE alarm and refuses writes until the curator leader compacts,
+	// defragments and disarms it. 0: etcd's default (2 GiB).
+	QuotaBackendBytes int64
 	// StartTimeout bounds how long Start waits for etcd to serve.
 	StartTimeout time.Duration
 	// HealthTimeout bounds each voter health probe of the quorum guard.
@@ -154,6 +158,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.EtcdLogLevel, "etcd-log-level", c.EtcdLogLevel, "hold etcd's own log lines at or above this level (debug, info, warn, error); default: --log-level alone decides")
 	fs.DurationVar(&c.TickInterval, "etcd-tick", c.TickInterval, "etcd heartbeat interval")
 	fs.DurationVar(&c.ElectionTimeout, "etcd-election-timeout", c.ElectionTimeout, "etcd election timeout")
+	fs.Int64Var(&c.QuotaBackendBytes, "etcd-quota-backend-bytes", c.QuotaBackendBytes, "etcd's backend quota in bytes: past it etcd raises NOSPACE and refuses writes (0: etcd's default, 2 GiB)")
 	fs.DurationVar(&c.StartTimeout, "start-timeout", c.StartTimeout, "how long Start waits for etcd to serve")
 	fs.DurationVar(&c.HealthTimeout, "health-timeout", c.HealthTimeout, "timeout of each voter health probe before a removal")
 	fs.DurationVar(&c.MemberCallTimeout, "member-call-timeout", c.MemberCallTimeout, "deadline of the etcd member call of a membership change; a change left pending by a dead process is resolved after twice this")
@@ -201,6 +206,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TickInterval <= 0 || c.ElectionTimeout < 5*c.TickInterval {
 		return fmt.Errorf("etcd election timeout (%v) must be at least 5 heartbeat intervals (%v)", c.ElectionTimeout, c.TickInterval)
+	}
+	if c.QuotaBackendBytes < 0 {
+		return fmt.Errorf("--etcd-quota-backend-bytes %d: 0 (etcd's default) or positive", c.QuotaBackendBytes)
 	}
 	if c.StartTimeout <= 0 || c.HealthTimeout <= 0 || c.MemberCallTimeout <= 0 {
 		return errors.New("--start-timeout, --health-timeout and --member-call-timeout must be positive")

@@ -437,6 +437,7 @@ func (m *member) etcdConfig(mode startMode, initialCluster string) (*embed.Confi
 	ec.TickMs = uint(m.cfg.TickInterval / time.Millisecond)        //nolint:gosec // G115: positive, see Validate
 	ec.ElectionMs = uint(m.cfg.ElectionTimeout / time.Millisecond) //nolint:gosec // G115: positive, see Validate
 	ec.UnsafeNoFsync = m.cfg.UnsafeNoFsync
+	ec.QuotaBackendBytes = m.cfg.QuotaBackendBytes
 	ec.StrictReconfigCheck = !m.cfg.UnsafeNoStrictReconfig
 	ec.EnableGRPCGateway = false
 	// Clients ping every rpc.KeepAliveTime (etcd's default refuses pings
