@@ -13,4 +13,7 @@ const (
 	NoAbsenceProof = "no-absence-proof"
 	// NoIncarnation: a reconciler asks for the lease under its bare name.
 	NoIncarnation = "no-incarnation"
+	// NoDefragOrder: the curator leader defragments etcd's members in id
+	// order, the etcd leader among them, without moving its leadership.
+	NoDefragOrder = "no-defrag-order"
 )

@@ -17,6 +17,7 @@
 // with CEL filters), heartbeat.go (heartbeats and health),
 // leader_consensus_status.go, leader_audit.go, leader_leases.go (leases),
 // leader_snapshots.go and snapshot_take.go (etcd snapshots),
+// leader_defrag.go (etcd defragmentation and its NOSPACE alarm),
 // leader_reconcile.go (the reconciler's fenced role writes, the
 // Reconciliation service), watch.go (one etcd watch fanned out
 // to every Watch stream), consensus.go (calls to the consensus services),
@@ -94,6 +95,9 @@ type Config struct {
 	// Snapshots configures the leader's etcd snapshots
 	// (leader_snapshots.go).
 	Snapshots SnapshotConfig
+	// Defrag configures the leader's etcd defragmentation
+	// (leader_defrag.go).
+	Defrag DefragConfig
 }
 
 // DefaultConfig returns the defaults.
@@ -111,6 +115,7 @@ func DefaultConfig() Config {
 		CertValidity:      30 * 24 * time.Hour,
 		Audit:             AuditRetention{MaxAge: 90 * 24 * time.Hour, MaxEvents: 100000, Every: 10 * time.Minute},
 		Snapshots:         SnapshotConfig{Interval: 10 * time.Minute, Keep: 24, MaxAge: 7 * 24 * time.Hour, ReuseWithin: 30 * time.Second},
+		Defrag:            DefragConfig{CheckInterval: 5 * time.Minute, Threshold: 0.5, MinWasted: 64 << 20},
 	}
 }
 
@@ -137,6 +142,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.CertValidity, "cert-validity", c.CertValidity, "validity of the certificates issued to nodes (node, consensus, member); their agents renew them after two thirds")
 	c.Watch.AddFlags(fs)
 	c.Snapshots.AddFlags(fs)
+	c.Defrag.AddFlags(fs)
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -178,7 +184,10 @@ func (c *Config) Validate() error {
 	if c.HeartbeatInterval <= 0 || c.HeartbeatTimeout <= c.HeartbeatInterval {
 		return fmt.Errorf("--heartbeat-timeout (%v) must exceed --heartbeat-interval (%v)", c.HeartbeatTimeout, c.HeartbeatInterval)
 	}
-	return c.Snapshots.Validate()
+	if err := c.Snapshots.Validate(); err != nil {
+		return err
+	}
+	return c.Defrag.Validate()
 }
 
 // advertiseAddr is where other replicas reach one listening on listen: the
@@ -221,6 +230,7 @@ type Service struct {
 	watch     *watchHub
 	crl       *crl.Watcher
 	snaps     *snapshotter
+	defrag    *defragmenter
 }
 
 // New prepares a replica; nothing listens until Run.
@@ -274,6 +284,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		cli.Close()
 		return nil, err
 	}
+	s.defrag = newDefragmenter(s, cfg.Defrag, log.With("part", "defrag"))
 	limit := newEnrolmentLimit(cfg.EnrolmentRate, cfg.EnrolmentBurst)
 	srv, err := rpc.NewServer(rpc.ServerConfig{
 		Credentials:        creds,
@@ -329,6 +340,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.cfg.Snapshots.Dir != "" {
 		g.AddReady("snapshots", s.snaps.run)
 	}
+	g.AddReady("defrag", s.defrag.run)
 	if s.cfg.ListenHTTP != "" {
 		hl, err := net.Listen("tcp", s.cfg.ListenHTTP)
 		if err != nil {

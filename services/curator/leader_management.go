@@ -428,12 +428,13 @@ func (x *managementServer) GetClusterInfo(ctx context.Context, _ *curatorv1.GetC
 	s := x.s
 	cur, _ := s.lead.leader()
 	info := &curatorv1.GetClusterInfoResponse{
-		ClusterName:   s.cfg.Cluster,
-		CaCertificate: s.creds.CAPEM,
-		LeaderName:    cur.Name,
-		Term:          cur.Term,
-		NodesByState:  map[string]int64{},
-		Snapshots:     s.snaps.status(),
+		ClusterName:     s.cfg.Cluster,
+		CaCertificate:   s.creds.CAPEM,
+		LeaderName:      cur.Name,
+		Term:            cur.Term,
+		NodesByState:    map[string]int64{},
+		Snapshots:       s.snaps.status(),
+		EtcdMaintenance: s.defrag.status(),
 	}
 	err := s.eachNode(ctx, func(n *curatorv1.Node) error {
 		info.NodesByState[n.State.String()]++

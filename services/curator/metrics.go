@@ -36,7 +36,7 @@ func (s *Service) registerMetrics(reg *prometheus.Registry) error {
 			return fmt.Errorf("register curator metrics: %w", err)
 		}
 	}
-	for _, c := range s.snaps.metrics() {
+	for _, c := range append(s.snaps.metrics(), s.defrag.metrics()...) {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("register curator metrics: %w", err)
 		}

@@ -64,6 +64,9 @@ const (
 	// An etcd snapshot was asked for (TakeSnapshot); reason names it, and
 	// says whether a recent one was handed out instead of a new one.
 	AuditAction_AUDIT_ACTION_SNAPSHOT AuditAction = 15
+	// etcd raised its NOSPACE alarm and the curator leader compacted,
+	// defragmented every member and disarmed it; reason says how.
+	AuditAction_AUDIT_ACTION_ETCD_NOSPACE_RECOVERED AuditAction = 16
 )
 
 // Enum value maps for AuditAction.
@@ -85,6 +88,7 @@ var (
 		13: "AUDIT_ACTION_CLUSTER_CONFIG_UPDATE",
 		14: "AUDIT_ACTION_CLUSTER_RECOVER",
 		15: "AUDIT_ACTION_SNAPSHOT",
+		16: "AUDIT_ACTION_ETCD_NOSPACE_RECOVERED",
 	}
 	AuditAction_value = map[string]int32{
 		"AUDIT_ACTION_UNSPECIFIED":                             0,
@@ -103,6 +107,7 @@ var (
 		"AUDIT_ACTION_CLUSTER_CONFIG_UPDATE":                   13,
 		"AUDIT_ACTION_CLUSTER_RECOVER":                         14,
 		"AUDIT_ACTION_SNAPSHOT":                                15,
+		"AUDIT_ACTION_ETCD_NOSPACE_RECOVERED":                  16,
 	}
 )
 
@@ -418,7 +423,7 @@ const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"\x05Roles\x12)\n" +
 	"\x10consensus_member\x18\x01 \x01(\bR\x0fconsensusMember\x123\n" +
 	"\x15kubernetes_controller\x18\x02 \x01(\bR\x14kubernetesController\x12+\n" +
-	"\x11kubernetes_worker\x18\x03 \x01(\bR\x10kubernetesWorker*\xc9\x04\n" +
+	"\x11kubernetes_worker\x18\x03 \x01(\bR\x10kubernetesWorker*\xf2\x04\n" +
 	"\vAuditAction\x12\x1c\n" +
 	"\x18AUDIT_ACTION_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eAUDIT_ACTION_CLUSTER_BOOTSTRAP\x10\x01\x12\x1c\n" +
@@ -436,7 +441,8 @@ const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"4AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER\x10\f\x12&\n" +
 	"\"AUDIT_ACTION_CLUSTER_CONFIG_UPDATE\x10\r\x12 \n" +
 	"\x1cAUDIT_ACTION_CLUSTER_RECOVER\x10\x0e\x12\x19\n" +
-	"\x15AUDIT_ACTION_SNAPSHOT\x10\x0f*k\n" +
+	"\x15AUDIT_ACTION_SNAPSHOT\x10\x0f\x12'\n" +
+	"#AUDIT_ACTION_ETCD_NOSPACE_RECOVERED\x10\x10*k\n" +
 	"\rChangeOutcome\x12\x1e\n" +
 	"\x1aCHANGE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CHANGE_OUTCOME_APPLIED\x10\x01\x12\x1e\n" +

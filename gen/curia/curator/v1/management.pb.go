@@ -568,9 +568,12 @@ type GetClusterInfoResponse struct {
 	// Number of nodes per state name.
 	NodesByState map[string]int64 `protobuf:"bytes,5,rep,name=nodes_by_state,json=nodesByState,proto3" json:"nodes_by_state,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// The etcd snapshots, as the leader knows them.
-	Snapshots     *SnapshotStatus `protobuf:"bytes,6,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Snapshots *SnapshotStatus `protobuf:"bytes,6,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
+	// etcd's alarms and the leader's defragmentation, as the leader knows
+	// them.
+	EtcdMaintenance *EtcdMaintenanceStatus `protobuf:"bytes,7,opt,name=etcd_maintenance,json=etcdMaintenance,proto3" json:"etcd_maintenance,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GetClusterInfoResponse) Reset() {
@@ -645,6 +648,128 @@ func (x *GetClusterInfoResponse) GetSnapshots() *SnapshotStatus {
 	return nil
 }
 
+func (x *GetClusterInfoResponse) GetEtcdMaintenance() *EtcdMaintenanceStatus {
+	if x != nil {
+		return x.EtcdMaintenance
+	}
+	return nil
+}
+
+// EtcdMaintenanceStatus is the state of etcd's database upkeep: its alarms
+// and the leader's last defragmentation run.
+type EtcdMaintenanceStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How often the leader checks whether defragmentation pays
+	// (--defrag-check-interval; 0: never on a schedule, only on NOSPACE).
+	DefragCheckInterval *durationpb.Duration `protobuf:"bytes,1,opt,name=defrag_check_interval,json=defragCheckInterval,proto3" json:"defrag_check_interval,omitempty"`
+	// etcd's active alarms as "<ALARM> member <id>" (NOSPACE, CORRUPT), as
+	// of the leader's last look.
+	Alarms []string `protobuf:"bytes,2,rep,name=alarms,proto3" json:"alarms,omitempty"`
+	// Why the last run started: "fragmented" or "NOSPACE"; empty when the
+	// leader made none since it leads.
+	LastRunTrigger string `protobuf:"bytes,3,opt,name=last_run_trigger,json=lastRunTrigger,proto3" json:"last_run_trigger,omitempty"`
+	// When the last run started.
+	LastRunStart *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_run_start,json=lastRunStart,proto3" json:"last_run_start,omitempty"`
+	// When the last run ended.
+	LastRunEnd *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_run_end,json=lastRunEnd,proto3" json:"last_run_end,omitempty"`
+	// How it ended: "defragmented N members, reclaimed B bytes", or why it
+	// stopped.
+	LastRunOutcome string `protobuf:"bytes,6,opt,name=last_run_outcome,json=lastRunOutcome,proto3" json:"last_run_outcome,omitempty"`
+	// Whether the last run defragmented every member it meant to.
+	LastRunOk bool `protobuf:"varint,7,opt,name=last_run_ok,json=lastRunOk,proto3" json:"last_run_ok,omitempty"`
+	// What the last run did, in order: "move-leader <from> <to>" and
+	// "defragment <member>" (member ids in hex).
+	LastRunSteps  []string `protobuf:"bytes,8,rep,name=last_run_steps,json=lastRunSteps,proto3" json:"last_run_steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EtcdMaintenanceStatus) Reset() {
+	*x = EtcdMaintenanceStatus{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EtcdMaintenanceStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EtcdMaintenanceStatus) ProtoMessage() {}
+
+func (x *EtcdMaintenanceStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EtcdMaintenanceStatus.ProtoReflect.Descriptor instead.
+func (*EtcdMaintenanceStatus) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *EtcdMaintenanceStatus) GetDefragCheckInterval() *durationpb.Duration {
+	if x != nil {
+		return x.DefragCheckInterval
+	}
+	return nil
+}
+
+func (x *EtcdMaintenanceStatus) GetAlarms() []string {
+	if x != nil {
+		return x.Alarms
+	}
+	return nil
+}
+
+func (x *EtcdMaintenanceStatus) GetLastRunTrigger() string {
+	if x != nil {
+		return x.LastRunTrigger
+	}
+	return ""
+}
+
+func (x *EtcdMaintenanceStatus) GetLastRunStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastRunStart
+	}
+	return nil
+}
+
+func (x *EtcdMaintenanceStatus) GetLastRunEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastRunEnd
+	}
+	return nil
+}
+
+func (x *EtcdMaintenanceStatus) GetLastRunOutcome() string {
+	if x != nil {
+		return x.LastRunOutcome
+	}
+	return ""
+}
+
+func (x *EtcdMaintenanceStatus) GetLastRunOk() bool {
+	if x != nil {
+		return x.LastRunOk
+	}
+	return false
+}
+
+func (x *EtcdMaintenanceStatus) GetLastRunSteps() []string {
+	if x != nil {
+		return x.LastRunSteps
+	}
+	return nil
+}
+
 // SnapshotStatus is the state of the etcd snapshots.
 type SnapshotStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -668,7 +793,7 @@ type SnapshotStatus struct {
 
 func (x *SnapshotStatus) Reset() {
 	*x = SnapshotStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -680,7 +805,7 @@ func (x *SnapshotStatus) String() string {
 func (*SnapshotStatus) ProtoMessage() {}
 
 func (x *SnapshotStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -693,7 +818,7 @@ func (x *SnapshotStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotStatus.ProtoReflect.Descriptor instead.
 func (*SnapshotStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{10}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SnapshotStatus) GetEnabled() bool {
@@ -756,7 +881,7 @@ type SnapshotMember struct {
 
 func (x *SnapshotMember) Reset() {
 	*x = SnapshotMember{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -768,7 +893,7 @@ func (x *SnapshotMember) String() string {
 func (*SnapshotMember) ProtoMessage() {}
 
 func (x *SnapshotMember) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -781,7 +906,7 @@ func (x *SnapshotMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotMember.ProtoReflect.Descriptor instead.
 func (*SnapshotMember) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{11}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SnapshotMember) GetId() uint64 {
@@ -851,7 +976,7 @@ type SnapshotMetadata struct {
 
 func (x *SnapshotMetadata) Reset() {
 	*x = SnapshotMetadata{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -863,7 +988,7 @@ func (x *SnapshotMetadata) String() string {
 func (*SnapshotMetadata) ProtoMessage() {}
 
 func (x *SnapshotMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -876,7 +1001,7 @@ func (x *SnapshotMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotMetadata.ProtoReflect.Descriptor instead.
 func (*SnapshotMetadata) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{12}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SnapshotMetadata) GetName() string {
@@ -993,7 +1118,7 @@ type TakeSnapshotRequest struct {
 
 func (x *TakeSnapshotRequest) Reset() {
 	*x = TakeSnapshotRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1005,7 +1130,7 @@ func (x *TakeSnapshotRequest) String() string {
 func (*TakeSnapshotRequest) ProtoMessage() {}
 
 func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1018,7 +1143,7 @@ func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{13}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TakeSnapshotRequest) GetReason() string {
@@ -1049,7 +1174,7 @@ type TakeSnapshotResponse struct {
 
 func (x *TakeSnapshotResponse) Reset() {
 	*x = TakeSnapshotResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1186,7 @@ func (x *TakeSnapshotResponse) String() string {
 func (*TakeSnapshotResponse) ProtoMessage() {}
 
 func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1199,7 @@ func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{14}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TakeSnapshotResponse) GetSnapshot() *SnapshotMetadata {
@@ -1100,7 +1225,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1237,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1250,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{15}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{16}
 }
 
 // ListSnapshotsResponse lists the snapshots.
@@ -1141,7 +1266,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1278,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1291,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{16}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotMetadata {
@@ -1194,7 +1319,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1206,7 +1331,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1219,7 +1344,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{17}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetSnapshotRequest) GetName() string {
@@ -1244,7 +1369,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1256,7 +1381,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1269,7 +1394,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{18}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *SnapshotMetadata {
@@ -1295,7 +1420,7 @@ type GetConsensusStatusRequest struct {
 
 func (x *GetConsensusStatusRequest) Reset() {
 	*x = GetConsensusStatusRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1307,7 +1432,7 @@ func (x *GetConsensusStatusRequest) String() string {
 func (*GetConsensusStatusRequest) ProtoMessage() {}
 
 func (x *GetConsensusStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1320,7 +1445,7 @@ func (x *GetConsensusStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsensusStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetConsensusStatusRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{19}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{20}
 }
 
 // ConsensusMemberStatus is one etcd member and its node.
@@ -1359,7 +1484,7 @@ type ConsensusMemberStatus struct {
 
 func (x *ConsensusMemberStatus) Reset() {
 	*x = ConsensusMemberStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1496,7 @@ func (x *ConsensusMemberStatus) String() string {
 func (*ConsensusMemberStatus) ProtoMessage() {}
 
 func (x *ConsensusMemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1509,7 @@ func (x *ConsensusMemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsensusMemberStatus.ProtoReflect.Descriptor instead.
 func (*ConsensusMemberStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{20}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ConsensusMemberStatus) GetMemberId() uint64 {
@@ -1502,7 +1627,7 @@ type GetConsensusStatusResponse struct {
 
 func (x *GetConsensusStatusResponse) Reset() {
 	*x = GetConsensusStatusResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1514,7 +1639,7 @@ func (x *GetConsensusStatusResponse) String() string {
 func (*GetConsensusStatusResponse) ProtoMessage() {}
 
 func (x *GetConsensusStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1527,7 +1652,7 @@ func (x *GetConsensusStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsensusStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetConsensusStatusResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{21}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetConsensusStatusResponse) GetMembers() []*ConsensusMemberStatus {
@@ -1588,7 +1713,7 @@ type GetRegisterTicketRequest struct {
 
 func (x *GetRegisterTicketRequest) Reset() {
 	*x = GetRegisterTicketRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1725,7 @@ func (x *GetRegisterTicketRequest) String() string {
 func (*GetRegisterTicketRequest) ProtoMessage() {}
 
 func (x *GetRegisterTicketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1738,7 @@ func (x *GetRegisterTicketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegisterTicketRequest.ProtoReflect.Descriptor instead.
 func (*GetRegisterTicketRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{22}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{23}
 }
 
 // GetRegisterTicketResponse carries the ticket.
@@ -1627,7 +1752,7 @@ type GetRegisterTicketResponse struct {
 
 func (x *GetRegisterTicketResponse) Reset() {
 	*x = GetRegisterTicketResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1764,7 @@ func (x *GetRegisterTicketResponse) String() string {
 func (*GetRegisterTicketResponse) ProtoMessage() {}
 
 func (x *GetRegisterTicketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1777,7 @@ func (x *GetRegisterTicketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegisterTicketResponse.ProtoReflect.Descriptor instead.
 func (*GetRegisterTicketResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{23}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetRegisterTicketResponse) GetTicket() []byte {
@@ -1681,7 +1806,7 @@ type WatchAuditLogRequest struct {
 
 func (x *WatchAuditLogRequest) Reset() {
 	*x = WatchAuditLogRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1693,7 +1818,7 @@ func (x *WatchAuditLogRequest) String() string {
 func (*WatchAuditLogRequest) ProtoMessage() {}
 
 func (x *WatchAuditLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1706,7 +1831,7 @@ func (x *WatchAuditLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAuditLogRequest.ProtoReflect.Descriptor instead.
 func (*WatchAuditLogRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{24}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchAuditLogRequest) GetBacklog() int64 {
@@ -1743,7 +1868,7 @@ type WatchAuditLogResponse struct {
 
 func (x *WatchAuditLogResponse) Reset() {
 	*x = WatchAuditLogResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +1880,7 @@ func (x *WatchAuditLogResponse) String() string {
 func (*WatchAuditLogResponse) ProtoMessage() {}
 
 func (x *WatchAuditLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +1893,7 @@ func (x *WatchAuditLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAuditLogResponse.ProtoReflect.Descriptor instead.
 func (*WatchAuditLogResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{25}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchAuditLogResponse) GetEvent() *v1.Event {
@@ -1816,7 +1941,7 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x12DeleteNodeResponse\x12%\n" +
 	"\x0erevoked_serial\x18\x01 \x01(\tR\rrevokedSerial\x12'\n" +
 	"\x0frevoked_serials\x18\x02 \x03(\tR\x0erevokedSerials\"\x17\n" +
-	"\x15GetClusterInfoRequest\"\xfa\x02\n" +
+	"\x15GetClusterInfoRequest\"\xce\x03\n" +
 	"\x16GetClusterInfoResponse\x12!\n" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12%\n" +
 	"\x0eca_certificate\x18\x02 \x01(\fR\rcaCertificate\x12\x1f\n" +
@@ -1824,10 +1949,21 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"leaderName\x12\x12\n" +
 	"\x04term\x18\x04 \x01(\x03R\x04term\x12`\n" +
 	"\x0enodes_by_state\x18\x05 \x03(\v2:.curia.curator.v1.GetClusterInfoResponse.NodesByStateEntryR\fnodesByState\x12>\n" +
-	"\tsnapshots\x18\x06 \x01(\v2 .curia.curator.v1.SnapshotStatusR\tsnapshots\x1a?\n" +
+	"\tsnapshots\x18\x06 \x01(\v2 .curia.curator.v1.SnapshotStatusR\tsnapshots\x12R\n" +
+	"\x10etcd_maintenance\x18\a \x01(\v2'.curia.curator.v1.EtcdMaintenanceStatusR\x0fetcdMaintenance\x1a?\n" +
 	"\x11NodesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xab\x02\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x98\x03\n" +
+	"\x15EtcdMaintenanceStatus\x12M\n" +
+	"\x15defrag_check_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x13defragCheckInterval\x12\x16\n" +
+	"\x06alarms\x18\x02 \x03(\tR\x06alarms\x12(\n" +
+	"\x10last_run_trigger\x18\x03 \x01(\tR\x0elastRunTrigger\x12@\n" +
+	"\x0elast_run_start\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\flastRunStart\x12<\n" +
+	"\flast_run_end\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"lastRunEnd\x12(\n" +
+	"\x10last_run_outcome\x18\x06 \x01(\tR\x0elastRunOutcome\x12\x1e\n" +
+	"\vlast_run_ok\x18\a \x01(\bR\tlastRunOk\x12$\n" +
+	"\x0elast_run_steps\x18\b \x03(\tR\flastRunSteps\"\xab\x02\n" +
 	"\x0eSnapshotStatus\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1c\n" +
 	"\tdirectory\x18\x02 \x01(\tR\tdirectory\x125\n" +
@@ -1948,7 +2084,7 @@ func file_curia_curator_v1_management_proto_rawDescGZIP() []byte {
 }
 
 var file_curia_curator_v1_management_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_curia_curator_v1_management_proto_goTypes = []any{
 	(SnapshotTrigger)(0),                // 0: curia.curator.v1.SnapshotTrigger
 	(*GetNodesRequest)(nil),             // 1: curia.curator.v1.GetNodesRequest
@@ -1961,84 +2097,89 @@ var file_curia_curator_v1_management_proto_goTypes = []any{
 	(*DeleteNodeResponse)(nil),          // 8: curia.curator.v1.DeleteNodeResponse
 	(*GetClusterInfoRequest)(nil),       // 9: curia.curator.v1.GetClusterInfoRequest
 	(*GetClusterInfoResponse)(nil),      // 10: curia.curator.v1.GetClusterInfoResponse
-	(*SnapshotStatus)(nil),              // 11: curia.curator.v1.SnapshotStatus
-	(*SnapshotMember)(nil),              // 12: curia.curator.v1.SnapshotMember
-	(*SnapshotMetadata)(nil),            // 13: curia.curator.v1.SnapshotMetadata
-	(*TakeSnapshotRequest)(nil),         // 14: curia.curator.v1.TakeSnapshotRequest
-	(*TakeSnapshotResponse)(nil),        // 15: curia.curator.v1.TakeSnapshotResponse
-	(*ListSnapshotsRequest)(nil),        // 16: curia.curator.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),       // 17: curia.curator.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),          // 18: curia.curator.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),         // 19: curia.curator.v1.GetSnapshotResponse
-	(*GetConsensusStatusRequest)(nil),   // 20: curia.curator.v1.GetConsensusStatusRequest
-	(*ConsensusMemberStatus)(nil),       // 21: curia.curator.v1.ConsensusMemberStatus
-	(*GetConsensusStatusResponse)(nil),  // 22: curia.curator.v1.GetConsensusStatusResponse
-	(*GetRegisterTicketRequest)(nil),    // 23: curia.curator.v1.GetRegisterTicketRequest
-	(*GetRegisterTicketResponse)(nil),   // 24: curia.curator.v1.GetRegisterTicketResponse
-	(*WatchAuditLogRequest)(nil),        // 25: curia.curator.v1.WatchAuditLogRequest
-	(*WatchAuditLogResponse)(nil),       // 26: curia.curator.v1.WatchAuditLogResponse
-	nil,                                 // 27: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	(*Node)(nil),                        // 28: curia.curator.v1.Node
-	(*durationpb.Duration)(nil),         // 29: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),       // 30: google.protobuf.Timestamp
-	(NodeHealth)(0),                     // 31: curia.curator.v1.NodeHealth
-	(*v1.Event)(nil),                    // 32: curia.audit.v1.Event
-	(*GetClusterConfigRequest)(nil),     // 33: curia.curator.v1.GetClusterConfigRequest
-	(*UpdateClusterConfigRequest)(nil),  // 34: curia.curator.v1.UpdateClusterConfigRequest
-	(*GetClusterConfigResponse)(nil),    // 35: curia.curator.v1.GetClusterConfigResponse
-	(*UpdateClusterConfigResponse)(nil), // 36: curia.curator.v1.UpdateClusterConfigResponse
+	(*EtcdMaintenanceStatus)(nil),       // 11: curia.curator.v1.EtcdMaintenanceStatus
+	(*SnapshotStatus)(nil),              // 12: curia.curator.v1.SnapshotStatus
+	(*SnapshotMember)(nil),              // 13: curia.curator.v1.SnapshotMember
+	(*SnapshotMetadata)(nil),            // 14: curia.curator.v1.SnapshotMetadata
+	(*TakeSnapshotRequest)(nil),         // 15: curia.curator.v1.TakeSnapshotRequest
+	(*TakeSnapshotResponse)(nil),        // 16: curia.curator.v1.TakeSnapshotResponse
+	(*ListSnapshotsRequest)(nil),        // 17: curia.curator.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),       // 18: curia.curator.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),          // 19: curia.curator.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),         // 20: curia.curator.v1.GetSnapshotResponse
+	(*GetConsensusStatusRequest)(nil),   // 21: curia.curator.v1.GetConsensusStatusRequest
+	(*ConsensusMemberStatus)(nil),       // 22: curia.curator.v1.ConsensusMemberStatus
+	(*GetConsensusStatusResponse)(nil),  // 23: curia.curator.v1.GetConsensusStatusResponse
+	(*GetRegisterTicketRequest)(nil),    // 24: curia.curator.v1.GetRegisterTicketRequest
+	(*GetRegisterTicketResponse)(nil),   // 25: curia.curator.v1.GetRegisterTicketResponse
+	(*WatchAuditLogRequest)(nil),        // 26: curia.curator.v1.WatchAuditLogRequest
+	(*WatchAuditLogResponse)(nil),       // 27: curia.curator.v1.WatchAuditLogResponse
+	nil,                                 // 28: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	(*Node)(nil),                        // 29: curia.curator.v1.Node
+	(*durationpb.Duration)(nil),         // 30: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),       // 31: google.protobuf.Timestamp
+	(NodeHealth)(0),                     // 32: curia.curator.v1.NodeHealth
+	(*v1.Event)(nil),                    // 33: curia.audit.v1.Event
+	(*GetClusterConfigRequest)(nil),     // 34: curia.curator.v1.GetClusterConfigRequest
+	(*UpdateClusterConfigRequest)(nil),  // 35: curia.curator.v1.UpdateClusterConfigRequest
+	(*GetClusterConfigResponse)(nil),    // 36: curia.curator.v1.GetClusterConfigResponse
+	(*UpdateClusterConfigResponse)(nil), // 37: curia.curator.v1.UpdateClusterConfigResponse
 }
 var file_curia_curator_v1_management_proto_depIdxs = []int32{
-	28, // 0: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
-	28, // 1: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
-	28, // 2: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
-	27, // 3: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	11, // 4: curia.curator.v1.GetClusterInfoResponse.snapshots:type_name -> curia.curator.v1.SnapshotStatus
-	29, // 5: curia.curator.v1.SnapshotStatus.interval:type_name -> google.protobuf.Duration
-	13, // 6: curia.curator.v1.SnapshotStatus.last_good:type_name -> curia.curator.v1.SnapshotMetadata
-	30, // 7: curia.curator.v1.SnapshotStatus.last_failure_time:type_name -> google.protobuf.Timestamp
-	30, // 8: curia.curator.v1.SnapshotMetadata.taken_at:type_name -> google.protobuf.Timestamp
-	12, // 9: curia.curator.v1.SnapshotMetadata.source:type_name -> curia.curator.v1.SnapshotMember
-	12, // 10: curia.curator.v1.SnapshotMetadata.members:type_name -> curia.curator.v1.SnapshotMember
-	0,  // 11: curia.curator.v1.SnapshotMetadata.trigger:type_name -> curia.curator.v1.SnapshotTrigger
-	13, // 12: curia.curator.v1.TakeSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
-	13, // 13: curia.curator.v1.ListSnapshotsResponse.snapshots:type_name -> curia.curator.v1.SnapshotMetadata
-	13, // 14: curia.curator.v1.GetSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
-	31, // 15: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
-	30, // 16: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	21, // 17: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
-	32, // 18: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
-	1,  // 19: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
-	3,  // 20: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
-	5,  // 21: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
-	7,  // 22: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
-	9,  // 23: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
-	20, // 24: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
-	23, // 25: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
-	33, // 26: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
-	34, // 27: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
-	25, // 28: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
-	14, // 29: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
-	16, // 30: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
-	18, // 31: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
-	2,  // 32: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
-	4,  // 33: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
-	6,  // 34: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
-	8,  // 35: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
-	10, // 36: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
-	22, // 37: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
-	24, // 38: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
-	35, // 39: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
-	36, // 40: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
-	26, // 41: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
-	15, // 42: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
-	17, // 43: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
-	19, // 44: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
-	32, // [32:45] is the sub-list for method output_type
-	19, // [19:32] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	29, // 0: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
+	29, // 1: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
+	29, // 2: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
+	28, // 3: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	12, // 4: curia.curator.v1.GetClusterInfoResponse.snapshots:type_name -> curia.curator.v1.SnapshotStatus
+	11, // 5: curia.curator.v1.GetClusterInfoResponse.etcd_maintenance:type_name -> curia.curator.v1.EtcdMaintenanceStatus
+	30, // 6: curia.curator.v1.EtcdMaintenanceStatus.defrag_check_interval:type_name -> google.protobuf.Duration
+	31, // 7: curia.curator.v1.EtcdMaintenanceStatus.last_run_start:type_name -> google.protobuf.Timestamp
+	31, // 8: curia.curator.v1.EtcdMaintenanceStatus.last_run_end:type_name -> google.protobuf.Timestamp
+	30, // 9: curia.curator.v1.SnapshotStatus.interval:type_name -> google.protobuf.Duration
+	14, // 10: curia.curator.v1.SnapshotStatus.last_good:type_name -> curia.curator.v1.SnapshotMetadata
+	31, // 11: curia.curator.v1.SnapshotStatus.last_failure_time:type_name -> google.protobuf.Timestamp
+	31, // 12: curia.curator.v1.SnapshotMetadata.taken_at:type_name -> google.protobuf.Timestamp
+	13, // 13: curia.curator.v1.SnapshotMetadata.source:type_name -> curia.curator.v1.SnapshotMember
+	13, // 14: curia.curator.v1.SnapshotMetadata.members:type_name -> curia.curator.v1.SnapshotMember
+	0,  // 15: curia.curator.v1.SnapshotMetadata.trigger:type_name -> curia.curator.v1.SnapshotTrigger
+	14, // 16: curia.curator.v1.TakeSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	14, // 17: curia.curator.v1.ListSnapshotsResponse.snapshots:type_name -> curia.curator.v1.SnapshotMetadata
+	14, // 18: curia.curator.v1.GetSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	32, // 19: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
+	31, // 20: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	22, // 21: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
+	33, // 22: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
+	1,  // 23: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
+	3,  // 24: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
+	5,  // 25: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
+	7,  // 26: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
+	9,  // 27: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
+	21, // 28: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
+	24, // 29: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
+	34, // 30: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
+	35, // 31: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
+	26, // 32: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
+	15, // 33: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
+	17, // 34: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
+	19, // 35: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
+	2,  // 36: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
+	4,  // 37: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
+	6,  // 38: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
+	8,  // 39: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
+	10, // 40: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
+	23, // 41: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
+	25, // 42: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
+	36, // 43: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
+	37, // 44: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
+	27, // 45: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
+	16, // 46: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
+	18, // 47: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
+	20, // 48: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
+	36, // [36:49] is the sub-list for method output_type
+	23, // [23:36] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_management_proto_init() }
@@ -2055,7 +2196,7 @@ func file_curia_curator_v1_management_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_management_proto_rawDesc), len(file_curia_curator_v1_management_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
