@@ -38,6 +38,10 @@ import (
 //	                                           fragmented past --defrag-threshold
 //	                                           and --defrag-min-wasted-bytes
 //
+// etcd recomputes a member's in-use size when it commits a write: after a
+// compaction, a member that writes nothing shows its old figure until it
+// does (a live cluster writes all the time).
+//
 // Both runs observe (observeEtcd: every member's status, the alarms, the
 // pending membership change record), plan (planDefrag, pure) and apply
 // (defragment): followers first, the etcd leader last, after its
@@ -370,6 +374,7 @@ func (d *defragmenter) memberStatus(ctx context.Context, m *etcdMember) {
 
 // defragIfFragmented is the scheduled run.
 func (d *defragmenter) defragIfFragmented(ctx context.Context) {
+	failpoint.Hold("before-defrag-check")
 	o, err := d.observeEtcd(ctx)
 	if err != nil {
 		d.log.Warn("defragmentation check: observe etcd", "err", err)
@@ -380,11 +385,17 @@ func (d *defragmenter) defragIfFragmented(ctx context.Context) {
 		if o.unhealthy() != "" {
 			d.log.Info("defragmentation check skipped: the cluster is not healthy", "why", p.skip)
 		} else {
-			d.log.Debug("no defragmentation", "why", p.skip)
+			var sizes []string
+			for _, m := range o.members {
+				sizes = append(sizes, fmt.Sprintf("%x: %d of %d in use", m.id, m.dbInUse, m.dbSize))
+			}
+			d.log.Debug("no defragmentation", "why", p.skip, "sizes", sizes)
 		}
 		return
 	}
-	d.execute(ctx, triggerFragmented, p)
+	start := time.Now()
+	outcome, steps, ok := d.execute(ctx, triggerFragmented, p)
+	d.noteRun(triggerFragmented, start, outcome, ok, steps)
 }
 
 // recoverNoSpace is the NOSPACE run: compact to the current revision,
@@ -392,6 +403,8 @@ func (d *defragmenter) defragIfFragmented(ctx context.Context) {
 // its quota. It says whether the alarm was disarmed.
 func (d *defragmenter) recoverNoSpace(ctx context.Context) bool {
 	d.log.Warn("etcd NOSPACE alarm raised: compacting, defragmenting, then disarming")
+	start := time.Now()
+	var steps []string
 	step := func(name string, err error) error {
 		result := "ok"
 		if err != nil {
@@ -407,35 +420,36 @@ func (d *defragmenter) recoverNoSpace(ctx context.Context) bool {
 	rev, err := d.compact(cctx)
 	cancel()
 	if step("compact", err) != nil {
-		d.noteRun(triggerNoSpace, time.Now(), "compaction failed: "+err.Error(), false, nil)
+		d.noteRun(triggerNoSpace, start, "compaction failed: "+err.Error(), false, steps)
 		return false
 	}
 	o, err := d.observeEtcd(ctx)
 	if step("observe", err) != nil {
-		d.noteRun(triggerNoSpace, time.Now(), "observe etcd: "+err.Error(), false, nil)
+		d.noteRun(triggerNoSpace, start, "observe etcd: "+err.Error(), false, steps)
 		return false
 	}
 	p := planDefrag(o, d.cfg, triggerNoSpace)
 	if p.skip != "" {
 		d.log.Warn("NOSPACE: no defragmentation", "why", p.skip)
-		d.noteRun(triggerNoSpace, time.Now(), fmt.Sprintf("compacted to revision %d; defragmentation skipped: %s", rev, p.skip), false, nil)
+		d.noteRun(triggerNoSpace, start, fmt.Sprintf("compacted to revision %d; defragmentation skipped: %s", rev, p.skip), false, steps)
 		return false
 	}
-	summary, ok := d.execute(ctx, triggerNoSpace, p)
+	summary, steps, ok := d.execute(ctx, triggerNoSpace, p)
 	if step("defragment", boolErr(ok, summary)) != nil {
+		d.noteRun(triggerNoSpace, start, fmt.Sprintf("compacted to revision %d, %s", rev, summary), false, steps)
 		return false
 	}
 	after, err := d.observeEtcd(ctx)
 	if err != nil {
 		_ = step("disarm", err) // logged and counted
-		d.noteRun(triggerNoSpace, time.Now(), "observe etcd before the disarm: "+err.Error(), false, nil)
+		d.noteRun(triggerNoSpace, start, "observe etcd before the disarm: "+err.Error(), false, steps)
 		return false
 	}
 	for _, m := range after.members {
 		if m.answered && m.quota > 0 && m.dbSize >= m.quota {
 			d.log.Warn("NOSPACE: a database is still over its quota; the alarm stays until data is deleted", "member", fmt.Sprintf("%x", m.id), "db_size", m.dbSize, "quota", m.quota)
 			d.nospaceSteps.WithLabelValues("disarm", "waiting").Inc()
-			d.noteRun(triggerNoSpace, time.Now(), fmt.Sprintf("compacted to revision %d, %s; member %x is still %d bytes of its %d quota: delete data", rev, summary, m.id, m.dbSize, m.quota), false, nil)
+			d.noteRun(triggerNoSpace, start, fmt.Sprintf("compacted to revision %d, %s; member %x is still %d bytes of its %d quota: delete data", rev, summary, m.id, m.dbSize, m.quota), false, steps)
 			return false
 		}
 	}
@@ -452,12 +466,15 @@ func (d *defragmenter) recoverNoSpace(ctx context.Context) bool {
 		}
 	}
 	if step("disarm", disarmErr) != nil {
-		d.noteRun(triggerNoSpace, time.Now(), "disarm failed: "+disarmErr.Error(), false, nil)
+		d.noteRun(triggerNoSpace, start, "disarm failed: "+disarmErr.Error(), false, steps)
 		return false
 	}
 	outcome := fmt.Sprintf("NOSPACE recovered: compacted to revision %d, %s, alarm disarmed", rev, summary)
-	d.noteRun(triggerNoSpace, time.Now(), outcome, true, nil)
+	d.noteRun(triggerNoSpace, start, outcome, true, steps)
 	d.log.Info("etcd NOSPACE alarm disarmed", "revision", rev)
+	if _, err := d.readAlarms(ctx); err != nil {
+		d.log.Warn("read etcd alarms after the disarm", "err", err)
+	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), defragAuditTimeout)
 	defer cancel()
 	if _, err := d.s.lead.txn(actx, nil, d.s.auditOp(actx, auditv1.AuditAction_AUDIT_ACTION_ETCD_NOSPACE_RECOVERED, "", truncate(outcome, 2048))); err != nil {
@@ -488,21 +505,19 @@ func (d *defragmenter) compact(ctx context.Context) (int64, error) {
 }
 
 // execute defragments the plan's members in its order, each only while
-// the cluster is healthy, and returns a summary and whether every one was
-// defragmented.
-func (d *defragmenter) execute(ctx context.Context, trigger string, p defragPlan) (string, bool) {
-	start := time.Now()
+// the cluster is healthy, and returns a summary, the steps it took and
+// whether every member was defragmented.
+func (d *defragmenter) execute(ctx context.Context, trigger string, p defragPlan) (string, []string, bool) {
 	var steps []string
 	var reclaimed int64
 	done := 0
-	finish := func(why string, ok bool) (string, bool) {
+	finish := func(why string, ok bool) (string, []string, bool) {
 		outcome := fmt.Sprintf("defragmented %d of %d members, reclaimed %d bytes", done, len(p.order), reclaimed)
 		if why != "" {
 			outcome += "; stopped: " + why
 			d.log.Warn("defragmentation stopped", "trigger", trigger, "why", why, "defragmented", done, "of", len(p.order))
 		}
-		d.noteRun(trigger, start, outcome, ok, steps)
-		return outcome, ok
+		return outcome, steps, ok
 	}
 	order, moveLeader := p.order, p.moveLeader
 	if failpoint.Mutated(failpoint.NoDefragOrder) {
