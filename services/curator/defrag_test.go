@@ -1,0 +1,318 @@
+package curator_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	auditv1 "curia.dev/gen/curia/audit/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/failpoint"
+	"curia.dev/platform/proctest"
+	ct "curia.dev/services/consensus/consensustest"
+	cut "curia.dev/services/curator/curatortest"
+)
+
+// defragFlags: a check every second, and a floor of 2 MiB, which the
+// tests' fill passes and a fresh database does not.
+var defragFlags = []string{"--defrag-check-interval", "1s", "--defrag-min-wasted-bytes", fmt.Sprint(2 << 20)}
+
+// TestDefragFollowersFirst: once compaction left most of every member's
+// database free pages, the leader defragments every member, followers
+// first, and moves etcd's leadership off the leader before its turn; the
+// databases shrink, and the status and metrics say so.
+func TestDefragFollowersFirst(t *testing.T) {
+	c := cut.NewWithOptions(t, cut.Options{Voters: 3, Curators: 1, CuratorFlags: defragFlags})
+	if err := defragOnce(t, c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDefragOrderMutation: with the order switched off (members in id
+// order, the leader's leadership not moved), TestDefragFollowersFirst's
+// assertion fails.
+func TestDefragOrderMutation(t *testing.T) {
+	t.Setenv("CURIA_MUTATIONS", failpoint.NoDefragOrder)
+	c := cut.NewWithOptions(t, cut.Options{Voters: 3, Curators: 1, CuratorFlags: defragFlags})
+	err := defragOnce(t, c)
+	if err == nil {
+		t.Fatal("the defragmentation order was switched off, and its assertion still held")
+	}
+	t.Logf("as expected: %v", err)
+}
+
+// defragOnce fragments every member's database, waits for the leader's
+// run and returns what is wrong with its order; it fails the test for
+// everything else.
+func defragOnce(t *testing.T, c *cut.Cluster) error {
+	t.Helper()
+	ctx := ctxT(t)
+	cli := c.Etcd(voterURLs(c)...)
+	// The leader looks only once every member shows its fragmentation,
+	// for the test to see one run defragment all three.
+	release := c.Leader().Hold("before-defrag-check")
+	fill(ctx, t, cli)
+	before := statuses(ctx, t, c)
+	leader := before[c.Voters[0].ClientURL].Leader
+	deleteAndCompact(ctx, t, cli)
+	fragmented(ctx, t, c, cli, c.Voters)
+	release()
+	var run *curatorv1.EtcdMaintenanceStatus
+	ct.Eventually(t, time.Minute, func() error {
+		info, err := c.Management().GetClusterInfo(ctx, &curatorv1.GetClusterInfoRequest{})
+		if err != nil {
+			return err
+		}
+		run = info.GetEtcdMaintenance()
+		if run.GetLastRunTrigger() != "fragmented" || !run.GetLastRunOk() {
+			return fmt.Errorf("no complete run yet: %v", run)
+		}
+		return nil
+	})
+	t.Logf("run: %s; steps %v", run.GetLastRunOutcome(), run.GetLastRunSteps())
+	// Every member defragmented, and its database shrunk.
+	after := statuses(ctx, t, c)
+	var defragmented []string
+	for _, s := range run.GetLastRunSteps() {
+		if id, ok := strings.CutPrefix(s, "defragment "); ok {
+			defragmented = append(defragmented, id)
+		}
+	}
+	for url, st := range after {
+		id := fmt.Sprintf("%x", st.Header.MemberId)
+		if !slices.Contains(defragmented, id) {
+			t.Fatalf("member %s was not defragmented (steps %v)", id, run.GetLastRunSteps())
+		}
+		if st.DbSize > before[url].DbSize/2 {
+			t.Fatalf("member %s: %d bytes before, %d after its defragmentation", id, before[url].DbSize, st.DbSize)
+		}
+	}
+	_, body, err := proctest.Get("http://" + c.Leader().Metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := metricValue(t, body, "curia_curator_etcd_defrag_reclaimed_bytes_total"); v <= 0 {
+		t.Fatalf("reclaimed bytes %v", v)
+	}
+	if n := strings.Count(body, "curia_curator_etcd_defrag_last_timestamp_seconds{member="); n != 3 {
+		t.Fatalf("%d members with a last defragmentation time, want 3", n)
+	}
+	return followersFirst(run.GetLastRunSteps(), fmt.Sprintf("%x", leader))
+}
+
+// followersFirst checks a run's steps: every follower defragmented before
+// etcd's leadership moves off leader, which is defragmented last.
+func followersFirst(steps []string, leader string) error {
+	if len(steps) != 4 {
+		return fmt.Errorf("steps %v: want two followers, a leadership move, the leader", steps)
+	}
+	for _, s := range steps[:2] {
+		if s == "defragment "+leader || !strings.HasPrefix(s, "defragment ") {
+			return fmt.Errorf("steps %v: the etcd leader %s before the followers", steps, leader)
+		}
+	}
+	if !strings.HasPrefix(steps[2], "move-leader "+leader+" ") || steps[3] != "defragment "+leader {
+		return fmt.Errorf("steps %v: the etcd leader %s is not moved off and then defragmented last", steps, leader)
+	}
+	return nil
+}
+
+// TestDefragWaitsForHealth: with a voter down, the leader defragments
+// nothing however fragmented the databases are; once the voter is back,
+// it does.
+func TestDefragWaitsForHealth(t *testing.T) {
+	c := cut.NewWithOptions(t, cut.Options{Voters: 3, Curators: 1, CuratorFlags: defragFlags})
+	ctx := ctxT(t)
+	down := c.Voters[2]
+	down.Stop()
+	cli := c.Etcd(c.Voters[0].ClientURL, c.Voters[1].ClientURL)
+	fill(ctx, t, cli)
+	deleteAndCompact(ctx, t, cli)
+	fragmented(ctx, t, c, cli, c.Voters[:2])
+	// The leader looks twice more, and skips.
+	cur := c.Leader()
+	skipped := func() int {
+		b, _ := os.ReadFile(cur.Log)
+		return strings.Count(string(b), "defragmentation check skipped: the cluster is not healthy")
+	}
+	seen := skipped()
+	ct.Eventually(t, time.Minute, func() error {
+		if n := skipped(); n < seen+2 {
+			return fmt.Errorf("the leader skipped %d times since the databases were fragmented", n-seen)
+		}
+		return nil
+	})
+	info, err := c.Management().GetClusterInfo(ctx, &curatorv1.GetClusterInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run := info.GetEtcdMaintenance(); run.GetLastRunTrigger() != "" {
+		t.Fatalf("a run with a voter down: %v", run)
+	}
+	down.Start()
+	ct.Eventually(t, time.Minute, func() error {
+		info, err := c.Management().GetClusterInfo(ctx, &curatorv1.GetClusterInfoRequest{})
+		if err != nil {
+			return err
+		}
+		if run := info.GetEtcdMaintenance(); !run.GetLastRunOk() {
+			return fmt.Errorf("no complete run yet: %v", run)
+		}
+		return nil
+	})
+}
+
+// TestNoSpace: past a small quota etcd refuses writes with NOSPACE; the
+// status and the metrics show the alarm, and the leader's compaction and
+// defragmentation cannot bring the databases under the quota while the
+// data lives. Once it is deleted, the leader compacts, defragments, disarms
+// (audited), and writes go through again.
+func TestNoSpace(t *testing.T) {
+	c := cut.NewWithOptions(t, cut.Options{
+		Voters: 3, Curators: 1, CuratorFlags: []string{"--defrag-check-interval", "0"},
+		ConsensusFlags: []string{"--etcd-quota-backend-bytes", fmt.Sprint(4 << 20)},
+	})
+	ctx := ctxT(t)
+	cli := c.Etcd(voterURLs(c)...)
+	value := strings.Repeat("x", 256<<10)
+	var err error
+	for i := 0; i < 64 && err == nil; i++ {
+		_, err = cli.Put(ctx, fmt.Sprintf("/test/fill/%03d", i), value)
+	}
+	if !errors.Is(err, rpctypes.ErrNoSpace) {
+		t.Fatalf("filling a 4 MiB quota: %v, want NOSPACE", err)
+	}
+	ct.Eventually(t, time.Minute, func() error {
+		info, err := c.Management().GetClusterInfo(ctx, &curatorv1.GetClusterInfoRequest{})
+		if err != nil {
+			return err
+		}
+		m := info.GetEtcdMaintenance()
+		if !slices.ContainsFunc(m.GetAlarms(), func(a string) bool { return strings.HasPrefix(a, "NOSPACE") }) || m.GetLastRunTrigger() != "NOSPACE" {
+			return fmt.Errorf("alarms %v, last run %q %q", m.GetAlarms(), m.GetLastRunTrigger(), m.GetLastRunOutcome())
+		}
+		if m.GetLastRunOk() {
+			return fmt.Errorf("the alarm was disarmed with the data still there: %v", m)
+		}
+		return nil
+	})
+	_, body, err := proctest.Get("http://" + c.Leader().Metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(body, `curia_curator_etcd_alarms{alarm="NOSPACE"} `) || strings.Contains(body, `curia_curator_etcd_alarms{alarm="NOSPACE"} 0`) {
+		t.Fatal("no NOSPACE alarm in /metrics")
+	}
+	if _, err := cli.Put(ctx, "/test/still", "refused"); !errors.Is(err, rpctypes.ErrNoSpace) {
+		t.Fatalf("a write under NOSPACE: %v", err)
+	}
+	// Deleting is allowed under NOSPACE; the leader does the rest.
+	if _, err := cli.Delete(ctx, "/test/fill/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	ct.Eventually(t, time.Minute, func() error {
+		_, err := cli.Put(ctx, "/test/again", "accepted")
+		return err
+	})
+	ct.Eventually(t, 30*time.Second, func() error {
+		info, err := c.Management().GetClusterInfo(ctx, &curatorv1.GetClusterInfoRequest{})
+		if err != nil {
+			return err
+		}
+		m := info.GetEtcdMaintenance()
+		if !m.GetLastRunOk() || m.GetLastRunTrigger() != "NOSPACE" || len(m.GetAlarms()) != 0 || !strings.Contains(m.GetLastRunOutcome(), "compacted to revision") {
+			return fmt.Errorf("after the recovery: %v", m)
+		}
+		// The same order as a scheduled run: the etcd leader, whichever
+		// it was, moved off and defragmented last.
+		steps := m.GetLastRunSteps()
+		if len(steps) != 4 || len(strings.Fields(steps[2])) != 3 {
+			return fmt.Errorf("steps %v", steps)
+		}
+		return followersFirst(steps, strings.Fields(steps[2])[1])
+	})
+	ct.Eventually(t, 30*time.Second, func() error {
+		for _, e := range cut.AuditLog(t, c.Management()) {
+			if e.Action == auditv1.AuditAction_AUDIT_ACTION_ETCD_NOSPACE_RECOVERED {
+				return nil
+			}
+		}
+		return errors.New("no NOSPACE recovery in the audit log")
+	})
+}
+
+func voterURLs(c *cut.Cluster) []string {
+	var out []string
+	for _, v := range c.Voters {
+		out = append(out, v.ClientURL)
+	}
+	return out
+}
+
+// fill writes 8 MiB, and deleteAndCompact deletes it and compacts: every
+// member's database is then mostly free pages.
+func fill(ctx context.Context, t *testing.T, cli *clientv3.Client) {
+	t.Helper()
+	value := strings.Repeat("x", 128<<10)
+	for i := range 64 {
+		if _, err := cli.Put(ctx, fmt.Sprintf("/test/fill/%03d", i), value); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func deleteAndCompact(ctx context.Context, t *testing.T, cli *clientv3.Client) {
+	t.Helper()
+	resp, err := cli.Delete(ctx, "/test/fill/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fragmented waits until the voters show most of their databases free:
+// etcd recomputes the size in use when a member commits, so the test
+// writes until it did.
+func fragmented(ctx context.Context, t *testing.T, c *cut.Cluster, cli *clientv3.Client, voters []*ct.Node) {
+	t.Helper()
+	ct.Eventually(t, time.Minute, func() error {
+		if _, err := cli.Put(ctx, "/test/commit", "x"); err != nil {
+			return err
+		}
+		for _, v := range voters {
+			st, err := cli.Status(ctx, v.ClientURL)
+			if err != nil {
+				return err
+			}
+			if st.DbSizeInUse > st.DbSize/2 || st.DbSize-st.DbSizeInUse < 2<<20 {
+				return fmt.Errorf("member %x: %d of %d bytes in use", st.Header.MemberId, st.DbSizeInUse, st.DbSize)
+			}
+		}
+		return nil
+	})
+}
+
+// statuses is every voter's etcd status, by client URL.
+func statuses(ctx context.Context, t *testing.T, c *cut.Cluster) map[string]*clientv3.StatusResponse {
+	t.Helper()
+	cli := c.Etcd(voterURLs(c)...)
+	out := map[string]*clientv3.StatusResponse{}
+	for _, url := range voterURLs(c) {
+		st, err := cli.Status(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[url] = st
+	}
+	return out
+}
