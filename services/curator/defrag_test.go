@@ -12,11 +12,16 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/failpoint"
+	"curia.dev/platform/keys"
 	"curia.dev/platform/proctest"
+	"curia.dev/platform/records"
 	ct "curia.dev/services/consensus/consensustest"
 	cut "curia.dev/services/curator/curatortest"
 )
@@ -125,38 +130,60 @@ func followersFirst(steps []string, leader string) error {
 	return nil
 }
 
-// TestDefragWaitsForHealth: with a voter down, the leader defragments
-// nothing however fragmented the databases are; once the voter is back,
-// it does.
+// TestDefragWaitsForHealth: while a membership change is pending, and
+// then while a voter is down, the leader defragments nothing however
+// fragmented the databases are; once the cluster is healthy again, it does.
 func TestDefragWaitsForHealth(t *testing.T) {
 	c := cut.NewWithOptions(t, cut.Options{Voters: 3, Curators: 1, CuratorFlags: defragFlags})
 	ctx := ctxT(t)
-	down := c.Voters[2]
-	down.Stop()
-	cli := c.Etcd(c.Voters[0].ClientURL, c.Voters[1].ClientURL)
-	fill(ctx, t, cli)
-	deleteAndCompact(ctx, t, cli)
-	fragmented(ctx, t, c, cli, c.Voters[:2])
-	// The leader looks twice more, and skips.
 	cur := c.Leader()
-	skipped := func() int {
-		b, _ := os.ReadFile(cur.Log)
-		return strings.Count(string(b), "defragmentation check skipped: the cluster is not healthy")
-	}
-	seen := skipped()
-	ct.Eventually(t, time.Minute, func() error {
-		if n := skipped(); n < seen+2 {
-			return fmt.Errorf("the leader skipped %d times since the databases were fragmented", n-seen)
+	// skips waits until the leader skipped its check twice more for why.
+	skips := func(why string) {
+		t.Helper()
+		count := func() int {
+			b, _ := os.ReadFile(cur.Log)
+			return strings.Count(string(b), why)
 		}
-		return nil
+		seen := count()
+		ct.Eventually(t, time.Minute, func() error {
+			if n := count(); n < seen+2 {
+				return fmt.Errorf("the leader skipped %d times for %q", n-seen, why)
+			}
+			return nil
+		})
+		info, err := c.Management().GetClusterInfo(ctx, &curatorv1.GetClusterInfoRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if run := info.GetEtcdMaintenance(); run.GetLastRunTrigger() != "" {
+			t.Fatalf("a run while %s: %v", why, run)
+		}
+	}
+	// A pending membership change: its record, as the consensus service
+	// writes it, with a deadline that keeps the consensus processes from
+	// resolving it (after twice the deadline) during the test.
+	record, err := records.EncodePendingChange(&consensusv1.PendingChange{
+		Id: "defrag-test", Operation: consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_ADD, RecordedBy: "test",
+		Started: timestamppb.Now(), Deadline: durationpb.New(10 * time.Minute),
 	})
-	info, err := c.Management().GetClusterInfo(ctx, &curatorv1.GetClusterInfoRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if run := info.GetEtcdMaintenance(); run.GetLastRunTrigger() != "" {
-		t.Fatalf("a run with a voter down: %v", run)
+	cli := c.Etcd(voterURLs(c)...)
+	if _, err := cli.Put(ctx, keys.MembershipPending, string(record)); err != nil {
+		t.Fatal(err)
 	}
+	fill(ctx, t, cli)
+	deleteAndCompact(ctx, t, cli)
+	fragmented(ctx, t, c, cli, c.Voters)
+	skips(`why="a membership change is pending"`)
+	// A voter down, and the change done.
+	down := c.Voters[2]
+	down.Stop()
+	if _, err := cli.Delete(ctx, keys.MembershipPending); err != nil {
+		t.Fatal(err)
+	}
+	skips(`does not answer"`)
 	down.Start()
 	ct.Eventually(t, time.Minute, func() error {
 		info, err := c.Management().GetClusterInfo(ctx, &curatorv1.GetClusterInfoRequest{})
