@@ -93,6 +93,11 @@ const (
 	// answer and apply what the etcd leader committed meanwhile, and for a
 	// leadership move to show.
 	defragCatchUpTimeout = 30 * time.Second
+	// moveLeaderMaxLag: a voter this many entries behind the etcd leader,
+	// as their statuses read at about the same time, is caught up enough
+	// to take its leadership (etcd's transfer waits for it to match the
+	// leader's log before the leader steps down).
+	moveLeaderMaxLag = 1000
 	// nospaceRetry: a NOSPACE run that left the alarm raised is tried
 	// again after this long.
 	nospaceRetry = 5 * time.Second
@@ -571,7 +576,8 @@ func (d *defragmenter) execute(ctx context.Context, trigger string, p defragPlan
 }
 
 // moveLeader moves etcd's leadership from leader to the caught-up voter
-// that applied the most, and waits until the members follow it.
+// (moveLeaderMaxLag) that applied the most, and waits until the members
+// follow it.
 func (d *defragmenter) moveLeader(ctx context.Context, o etcdObservation, leader uint64) (uint64, error) {
 	var from etcdMember
 	for _, m := range o.members {
@@ -581,7 +587,7 @@ func (d *defragmenter) moveLeader(ctx context.Context, o etcdObservation, leader
 	}
 	var to *etcdMember
 	for _, m := range o.members {
-		if m.id == leader || m.learner || !m.answered || m.appliedIndex < from.appliedIndex {
+		if m.id == leader || m.learner || !m.answered || m.appliedIndex+moveLeaderMaxLag < from.appliedIndex {
 			continue
 		}
 		if to == nil || m.appliedIndex > to.appliedIndex {
