@@ -407,6 +407,7 @@ func (d *defragmenter) defragIfFragmented(ctx context.Context) {
 // defragment every member, and disarm once every member's database fits
 // its quota. It says whether the alarm was disarmed.
 func (d *defragmenter) recoverNoSpace(ctx context.Context) bool {
+	failpoint.Hold("before-nospace-recovery")
 	d.log.Warn("etcd NOSPACE alarm raised: compacting, defragmenting, then disarming")
 	start := time.Now()
 	var steps []string
