@@ -221,16 +221,18 @@ type Service struct {
 	// ca issues node certificates and signs the CRL: the certificate of
 	// the trust bundle (--ca) whose key --ca-key holds; trusted is the
 	// whole bundle (two CAs during a rotation).
-	ca        *pki.CA
-	trusted   []*x509.Certificate
-	etcd      *clientv3.Client
-	rpc       *rpc.Server
-	lead      *leadership
-	consensus *consensusPool
-	watch     *watchHub
-	crl       *crl.Watcher
-	snaps     *snapshotter
-	defrag    *defragmenter
+	ca      *pki.CA
+	trusted []*x509.Certificate
+	etcd    *clientv3.Client
+	// sessionEtcd is the election session's own etcd client (leader.go).
+	sessionEtcd *clientv3.Client
+	rpc         *rpc.Server
+	lead        *leadership
+	consensus   *consensusPool
+	watch       *watchHub
+	crl         *crl.Watcher
+	snaps       *snapshotter
+	defrag      *defragmenter
 }
 
 // New prepares a replica; nothing listens until Run.
@@ -254,34 +256,45 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		return nil, fmt.Errorf("load cluster CA: %w", err)
 	}
 	log = log.With("component", "curator", "replica", cfg.Name)
-	cli, err := clientv3.New(clientv3.Config{
+	etcdConfig := clientv3.Config{
 		Endpoints:            cfg.Etcd,
 		TLS:                  rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}),
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    rpc.KeepAliveTime,
 		DialKeepAliveTimeout: rpc.KeepAliveTimeout,
-		// No AutoSyncInterval: probeEndpoints keeps the client on the
+		// No AutoSyncInterval: probeEndpoints keeps the clients on the
 		// voters that answer (endpoints.go).
 		Logger: zap.NewNop(),
-	})
+	}
+	cli, err := clientv3.New(etcdConfig)
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
+	}
+	// The election session renews its lease on a connection of its own:
+	// no queue of the serving client (heartbeat flushes, watch loads,
+	// GetNodes reads) can delay the renewal that keeps this replica
+	// leading.
+	sessionCli, err := clientv3.New(etcdConfig)
+	if err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("etcd client for the election session: %w", err)
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	if err := cli.Sync(sctx); err != nil {
 		log.Warn("etcd endpoints not synced yet", "err", err)
 	}
 	cancel()
-	s := &Service{cfg: cfg, log: log, creds: creds, ca: ca, etcd: cli}
+	s := &Service{cfg: cfg, log: log, creds: creds, ca: ca, etcd: cli, sessionEtcd: sessionCli}
 	if s.trusted, err = pki.ParseCertsPEM(creds.CAPEM); err != nil {
 		return nil, err
 	}
 	s.crl = crl.New(s.trusted, log.With("part", "crl"))
-	s.lead = newLeadership(cli, creds, log, leaderValue{Name: cfg.Name, Address: cfg.Advertise}, cfg.SessionTTL, s.becameLeader)
+	s.lead = newLeadership(cli, sessionCli, creds, log, leaderValue{Name: cfg.Name, Address: cfg.Advertise}, cfg.SessionTTL, s.becameLeader)
 	s.consensus = newConsensusPool(cfg.Consensus, cli, creds)
 	s.watch = newWatchHub(s)
 	if s.snaps, err = newSnapshotter(s, cfg.Snapshots, log.With("part", "snapshots")); err != nil {
 		cli.Close()
+		sessionCli.Close()
 		return nil, err
 	}
 	s.defrag = newDefragmenter(s, cfg.Defrag, log.With("part", "defrag"))
@@ -298,6 +311,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	})
 	if err != nil {
 		cli.Close()
+		sessionCli.Close()
 		return nil, err
 	}
 	curatorv1.RegisterCuratorServer(srv.GRPC(), &curatorServer{s: s})
@@ -307,6 +321,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	s.rpc = srv
 	if err := s.registerMetrics(srv.Registry()); err != nil {
 		cli.Close()
+		sessionCli.Close()
 		return nil, err
 	}
 	return s, nil
@@ -322,6 +337,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 // turns NOT_SERVING when the replica stops.
 func (s *Service) Run(ctx context.Context) error {
 	defer s.etcd.Close()
+	defer s.sessionEtcd.Close()
 	defer s.consensus.close()
 	defer s.lead.closeConns()
 	lis, mlis, err := rpc.Listen(s.cfg.Listen, s.cfg.ListenMetrics)

@@ -64,6 +64,7 @@ func (s *Service) chooseEndpoints(ctx context.Context) {
 	}
 	s.log.Info("etcd endpoints changed", "endpoints", answered, "were", current)
 	s.etcd.SetEndpoints(answered...)
+	s.sessionEtcd.SetEndpoints(answered...)
 }
 
 // answeringVoters asks every voter's first client URL for its status, at

@@ -45,9 +45,14 @@ type leaderInfo struct {
 
 // leadership tracks this replica's role in the election and who leads.
 type leadership struct {
-	etcd  *clientv3.Client
-	creds *rpc.Credentials // to dial the leader when forwarding
-	log   *slog.Logger
+	etcd *clientv3.Client
+	// sessionEtcd holds the election session: a client of its own, so
+	// that the renewal of the session's lease never queues behind the
+	// serving client's calls (at 10,000 agents it did, and the leader was
+	// deposed). Term-guarded writes use etcd.
+	sessionEtcd *clientv3.Client
+	creds       *rpc.Credentials // to dial the leader when forwarding
+	log         *slog.Logger
 	// self is what this replica writes into its election key.
 	self       leaderValue
 	sessionTTL time.Duration
@@ -67,9 +72,9 @@ type leadership struct {
 	conns  map[string]*grpc.ClientConn
 }
 
-func newLeadership(etcd *clientv3.Client, creds *rpc.Credentials, log *slog.Logger, self leaderValue, sessionTTL time.Duration, onLead func(context.Context, int64)) *leadership {
+func newLeadership(etcd, sessionEtcd *clientv3.Client, creds *rpc.Credentials, log *slog.Logger, self leaderValue, sessionTTL time.Duration, onLead func(context.Context, int64)) *leadership {
 	return &leadership{
-		etcd: etcd, creds: creds, log: log, self: self, sessionTTL: sessionTTL, onLead: onLead,
+		etcd: etcd, sessionEtcd: sessionEtcd, creds: creds, log: log, self: self, sessionTTL: sessionTTL, onLead: onLead,
 		changed: make(chan struct{}), conns: map[string]*grpc.ClientConn{},
 	}
 }
@@ -81,7 +86,7 @@ func (l *leadership) campaign(ctx context.Context, ready func()) error {
 	ttl := int(l.sessionTTL / time.Second)
 	val, _ := json.Marshal(l.self)
 	for ctx.Err() == nil {
-		sess, err := concurrency.NewSession(l.etcd, concurrency.WithTTL(ttl), concurrency.WithContext(ctx))
+		sess, err := concurrency.NewSession(l.sessionEtcd, concurrency.WithTTL(ttl), concurrency.WithContext(ctx))
 		if err != nil {
 			l.log.Warn("election session", "err", err)
 			run.Sleep(ctx, time.Second)

@@ -1,0 +1,83 @@
+package curator
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"curia.dev/platform/proctest"
+	ct "curia.dev/services/consensus/consensustest"
+)
+
+// TestElectionSessionOwnClient: the election session renews its lease on
+// a client of its own, so that a serving client that cannot get through
+// (here: closed, the extreme of a connection queued up behind heartbeat
+// load) leaves the leader leading. With the session on the serving
+// client, the lease is never renewed again and this fails.
+func TestElectionSessionOwnClient(t *testing.T) {
+	cc := ct.NewCluster(t)
+	voters, fixture := cc.Voters(1)
+	fixture.Resign() // the fixture's leader key: ours campaigns behind it
+	serving := cc.Etcd(voters[0].ClientURL)
+	session := cc.Etcd(voters[0].ClientURL)
+	observer := cc.Etcd(voters[0].ClientURL)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	led := make(chan int64, 1)
+	l := newLeadership(serving, session, nil, slog.New(slog.DiscardHandler), leaderValue{Name: "a"}, 6*time.Second,
+		func(_ context.Context, term int64) { led <- term })
+	done := make(chan error, 1)
+	go func() { done <- l.campaign(ctx, func() {}) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("campaign: %v", err)
+		}
+	}()
+	select {
+	case <-led:
+	case <-ctx.Done():
+		t.Fatal("never led")
+	}
+	l.mu.Lock()
+	lease := l.session.Lease()
+	l.mu.Unlock()
+
+	if err := serving.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ttl := func() (int64, error) {
+		resp, err := observer.TimeToLive(ctx, lease)
+		if err != nil {
+			return 0, err
+		}
+		if resp.TTL <= 0 {
+			return 0, fmt.Errorf("session lease %x expired", lease)
+		}
+		return resp.TTL, nil
+	}
+	// The lease is renewed after the serving client went: its remaining
+	// time goes down and then up again, and the replica still leads.
+	first, err := ttl()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lowest := first
+	proctest.Eventually(t, 10*time.Second, func() error {
+		cur, err := ttl()
+		if err != nil {
+			return err
+		}
+		if cur > lowest {
+			return nil
+		}
+		lowest = min(lowest, cur)
+		return fmt.Errorf("session lease at %ds, not renewed since %ds", cur, first)
+	})
+	if _, _, ok := l.ours(); !ok {
+		t.Fatal("stepped down although the session lives")
+	}
+}
