@@ -13,8 +13,9 @@
 //	├── membership/joining/<url>   node id a learner was added for, by peer URL
 //	├── audit/<time>-<recorder>    audit log of membership and role changes
 //	├── nodes/<node id>            the node registry
-//	├── heartbeats/<node id>       a node's last heartbeat, bound to an etcd lease
-//	├── heartbeats-seen/<node id>  a node's last recorded heartbeat, no lease
+//	├── heartbeat-shards/<n>       the last heartbeat and health of up to 1,000 nodes
+//	├── heartbeats/<node id>       (older curators) a node's last heartbeat, bound to an etcd lease
+//	├── heartbeats-seen/<node id>  (older curators) a node's last recorded heartbeat, no lease
 //	├── tombstones/<node id>       a deleted node's id, never to register again
 //	├── cluster/register-ticket    the ticket nodes register with (raw bytes)
 //	├── cluster/config             the cluster configuration (autopilot's settings)
@@ -91,6 +92,26 @@ const (
 	// curia.storage.v1.NodeRecord, written by the curator leader.
 	NodesPrefix = Prefix + "nodes/"
 
+	// HeartbeatShardsPrefix holds the nodes' heartbeats in shards,
+	// heartbeat-shards/<n> (n: 4 digits or more, from 0000), written only by
+	// the curator leader, which keeps every node's last beat in memory. The
+	// value is plain text (not protobuf), one line per node, sorted by id:
+	//
+	//	<node id> <unix nanoseconds of its last beat> <h|t>\n
+	//
+	// h: HEALTHY, t: HEARTBEAT_TIMEOUT; a node in no shard is UNKNOWN. A
+	// shard holds up to 1,000 nodes; a node stays in its shard. Every
+	// changed shard is written every heartbeat timeout / 2, all in one
+	// term-guarded transaction (split at etcd's request limits), and at
+	// once when a node's health changes. A timed-out node that no longer
+	// exists leaves its shard. See services/curator/heartbeat.go.
+	HeartbeatShardsPrefix = Prefix + "heartbeat-shards/"
+
+	// HeartbeatsPrefix and HeartbeatsSeenPrefix are the per-node heartbeat
+	// keys of curators before the shards. A curator leader reads them once
+	// into the shards and deletes them; DeleteNode deletes them with the
+	// node. Until then the watch hub serves them for nodes in no shard.
+	//
 	// HeartbeatsPrefix holds heartbeats/<node id> = time of the node's last
 	// heartbeat (RFC 3339), bound to an etcd lease of the heartbeat timeout:
 	// the key exists while the node is healthy, and survives a curator
@@ -168,7 +189,10 @@ func Audit(t time.Time, recorder string) string {
 // Node is the key of a node's record.
 func Node(id string) string { return NodesPrefix + id }
 
-// Heartbeat is the key of a node's heartbeat.
+// HeartbeatShard is the key of heartbeat shard i.
+func HeartbeatShard(i int) string { return fmt.Sprintf("%s%04d", HeartbeatShardsPrefix, i) }
+
+// Heartbeat is the key of a node's heartbeat (older curators).
 func Heartbeat(id string) string { return HeartbeatsPrefix + id }
 
 // Tombstone is the key of a deleted node's tombstone.

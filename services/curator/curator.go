@@ -14,7 +14,7 @@
 // writes), follower.go (forwarding), store.go (node records),
 // leader_enrolment.go (bootstrap, register, commit), leader_management.go
 // (roles, delete, cluster info), leader_nodes.go and filter.go (GetNodes
-// with CEL filters), heartbeat.go (heartbeats and health),
+// with CEL filters), heartbeat.go (heartbeats and health, in shards),
 // leader_consensus_status.go, leader_audit.go, leader_leases.go (leases),
 // leader_snapshots.go and snapshot_take.go (etcd snapshots),
 // leader_defrag.go (etcd defragmentation and its NOSPACE alarm),
@@ -35,6 +35,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -233,6 +234,9 @@ type Service struct {
 	crl         *crl.Watcher
 	snaps       *snapshotter
 	defrag      *defragmenter
+	// beats is the current term's heartbeat tracker while this replica
+	// leads (heartbeat.go).
+	beats atomic.Pointer[beatTracker]
 }
 
 // New prepares a replica; nothing listens until Run.

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -20,40 +21,62 @@ import (
 
 // Heartbeats and health. A node keeps one Heartbeat stream open (to any
 // replica; followers forward it to the leader) and sends a request at least
-// every HeartbeatInterval. Health lives in etcd, not in the leader's memory,
-// so a curator leader change forgets nothing:
+// every HeartbeatInterval. The curator leader keeps each node's last beat
+// in memory (beatTracker) and writes them to etcd in shards of up to
+// heartbeatShardSize nodes:
 //
-//	heartbeats/<id>        lease of HeartbeatTimeout; value: last recorded heartbeat
-//	heartbeats-seen/<id>   no lease;                  value: last recorded heartbeat
+//	heartbeat-shards/<n>   one line per node: "<id> <unix nanos of its last beat> <h|t>"
+//	                       h: HEALTHY, t: HEARTBEAT_TIMEOUT
 //
-//	heartbeats/<id> exists          → HEALTHY
-//	only heartbeats-seen/<id>       → HEARTBEAT_TIMEOUT
-//	neither                         → UNKNOWN
+//	in a shard, h   → HEALTHY
+//	in a shard, t   → HEARTBEAT_TIMEOUT
+//	in none         → UNKNOWN
 //
-// Cost. A stream grants one etcd lease and writes both keys in one
-// transaction. Each later heartbeat only refreshes the lease (KeepAliveOnce:
-// etcd's leader renews it in memory — no raft entry, no revision, no disk
-// write). The time is written again only when the recorded one is older than
-// half the timeout: about two writes per node per timeout however often it
-// beats, and last_heartbeat lags the real last heartbeat by less than
-// timeout/2 while the node is healthy.
+// Every replica's watch hub follows the shards and derives each node's
+// health and last heartbeat from them (watch.go): the leader decides, every
+// replica serves the decision.
 //
-// Expiry. The leader that takes the heartbeats expires them itself, exactly
-// HeartbeatTimeout after the last one (also after the stream has ended): it
-// records that heartbeat's exact time in heartbeats-seen/<id>, deletes
-// heartbeats/<id> and revokes the lease. The etcd lease is the backstop for a
-// leader that dies: its TTL is the timeout rounded up to a whole second (etcd
-// raises it to its own minimum, 1.5 × its election timeout), so a node that
-// reconnects to the next leader within it stays HEALTHY throughout, and one
-// that does not is HEARTBEAT_TIMEOUT once the lease runs out.
+// Writes. A beat costs etcd nothing. Every HeartbeatTimeout/2 the leader
+// writes every shard whose nodes beat since its last write, all in one
+// term-guarded transaction (split when near etcd's request limits): the
+// time in etcd lags the last beat by less than HeartbeatTimeout/2, as with
+// the per-node keys before. A change of health (a first beat, a beat after
+// a timeout, a timeout) is written at once, with every other pending change:
+// a write per change of health, none in a steady state.
 //
-// Who writes. Writes of the two keys are leader writes: s.lead.txn, guarded
-// by the term and by "the node exists", so a deposed leader cannot bring back
-// a deleted node's keys, and a later write takes the key only while it is
-// still bound to this stream's lease (the newest stream of a node wins).
-// Lease calls (grant, keep-alive, revoke) touch only the stream's own lease,
-// which no other stream or key depends on once a newer stream has taken the
-// key, so they need no guard.
+// Timeouts. The leader times a node out exactly HeartbeatTimeout after its
+// last beat (a timer per node), also after its stream ended, and writes the
+// timeout's shard at once: a silent node is HEARTBEAT_TIMEOUT within the
+// timeout plus one etcd transaction and the hub's watch delivery (tens of
+// milliseconds), the beat's exact time as its last heartbeat.
+//
+// Failover. A new leader reads the shards and gives every HEALTHY node one
+// full HeartbeatTimeout from then to beat again (its agent reconnects to
+// the new leader) before it times it out: a failover delays the timeout of
+// a node that died just before it by at most one timeout, and marks no
+// beating node timed out. The leader's own election session renews on a
+// client of its own (leader.go), so that heartbeat load cannot depose it.
+//
+// Migration. Curators before the shards kept heartbeats/<id> (bound to an
+// etcd lease) and heartbeats-seen/<id> per node. A new leader reads them
+// once: nodes in no shard get an entry (heartbeats/<id>: HEALTHY, with a
+// timeout's grace; only heartbeats-seen/<id>: HEARTBEAT_TIMEOUT), written
+// at once, and the old keys are deleted after. The hub serves them until
+// then, a shard's entry first.
+
+const (
+	// heartbeatShardSize is how many nodes one shard record holds: about
+	// 100 KB of text.
+	heartbeatShardSize = 1000
+	// heartbeatTxnOps and heartbeatTxnBytes bound one transaction of shard
+	// writes: etcd's default --max-txn-ops is 128 and its request limit
+	// 1.5 MiB.
+	heartbeatTxnOps   = 128
+	heartbeatTxnBytes = 1 << 20
+	// heartbeatRetry is the wait before a failed write of health changes
+	// is tried again.
+	heartbeatRetry = 200 * time.Millisecond
+)
 
 // Heartbeat serves one node's heartbeat stream.
 func (x *curatorServer) Heartbeat(stream curatorv1.Curator_HeartbeatServer) error {
@@ -80,203 +103,411 @@ func (s *Service) heartbeat(stream curatorv1.Curator_HeartbeatServer) error {
 	if n.State != curatorv1.NodeState_NODE_STATE_UP {
 		return fmt.Errorf("%w: node %s is %s: only UP nodes send heartbeats", errRefused, n.Id, n.State)
 	}
-
-	hb := &heartbeatStream{s: s, id: n.Id, term: term}
-	defer hb.finish()
-
-	// Recv blocks; a goroutine turns it into a channel so that the loop
-	// also sees the timeout of a stream that stays open but falls silent.
-	beats := make(chan struct{})
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			if _, err := stream.Recv(); err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case beats <- struct{}{}:
-			case <-ctx.Done():
-				recvErr <- ctx.Err()
-				return
-			}
-		}
-	}()
-
-	expiry := time.NewTimer(time.Hour)
-	expiry.Stop()
-	defer expiry.Stop()
 	resp := &curatorv1.HeartbeatResponse{IntervalMillis: s.cfg.HeartbeatInterval.Milliseconds()}
 	for {
-		select {
-		case err := <-recvErr:
+		if _, err := stream.Recv(); err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
 			return err
-		case <-beats:
-			if err := hb.beat(ctx, time.Now()); err != nil {
-				return err
-			}
-			if err := stream.Send(resp); err != nil {
-				return err
-			}
-			expiry.Reset(time.Until(hb.last.Add(s.cfg.HeartbeatTimeout)))
-		case <-expiry.C:
-			hb.expire(ctx)
+		}
+		t := s.beats.Load()
+		if _, cur, ok := s.lead.ours(); !ok || cur != term {
+			return fmt.Errorf("%w: curator leadership moved; send heartbeats again (any replica forwards to the leader)", errNotLeader)
+		}
+		if t == nil || t.term != term {
+			return fmt.Errorf("%w: the curator leader is loading the heartbeats; send them again", errUnavailable)
+		}
+		t.beat(n.Id, time.Now())
+		if err := stream.Send(resp); err != nil {
+			return err
 		}
 	}
 }
 
-// heartbeatStream is the state of one Heartbeat stream. Only the stream's
-// handler uses it, and after the handler returns only the expiry it
-// scheduled.
-type heartbeatStream struct {
-	s    *Service
-	id   string
-	term int64 // the term the stream began in
-
-	lease    clientv3.LeaseID // 0: none (not yet, or expired)
-	last     time.Time        // the last heartbeat counted
-	recorded time.Time        // the time last written to etcd
+// beatEntry is what the leader knows of one node's beats.
+type beatEntry struct {
+	shard    int
+	last     time.Time // the last beat
+	timedOut bool
+	timer    *time.Timer // times the node out at last + timeout (or the grace's end)
+	deadline time.Time   // when timer times the node out
 }
 
-// beat counts a heartbeat received at now.
-func (h *heartbeatStream) beat(ctx context.Context, now time.Time) error {
-	s := h.s
-	if _, term, ok := s.lead.ours(); !ok || term != h.term {
-		return fmt.Errorf("%w: curator leadership moved; send heartbeats again (any replica forwards to the leader)", errNotLeader)
+// beatTracker is one term's record of every node's beats: in memory, written
+// to etcd in shards (see the top of this file).
+type beatTracker struct {
+	s       *Service
+	term    int64
+	timeout time.Duration
+	cancel  context.CancelFunc
+	// wake asks run for a write now: a health changed.
+	wake chan struct{}
+
+	mu     sync.Mutex
+	nodes  map[string]*beatEntry
+	shards []map[string]*beatEntry
+	dirty  []bool // shards changed since their last write
+	// legacy are the per-node keys of older curators still in etcd, to
+	// delete once the shards that replace them are written.
+	legacy  []string
+	stopped bool
+}
+
+// beatsLead loads the term's tracker when this replica became leader; its
+// run writes the shards until the term ends.
+func (s *Service) beatsLead(ctx context.Context, term int64) error {
+	if old := s.beats.Swap(nil); old != nil {
+		old.stop()
 	}
-	// A node that beats much faster than asked gets its answers, but costs
-	// etcd nothing more: the lease was refreshed a moment ago. (The key then
-	// goes at most interval/4 early, never late.)
-	if h.lease != 0 && now.Sub(h.last) < s.cfg.HeartbeatInterval/4 {
-		return nil
+	tctx, cancel := context.WithCancel(ctx)
+	t := &beatTracker{s: s, term: term, timeout: s.cfg.HeartbeatTimeout, cancel: cancel, wake: make(chan struct{}, 1), nodes: map[string]*beatEntry{}}
+	if err := t.load(tctx); err != nil {
+		cancel()
+		return err
 	}
-	if h.lease != 0 {
-		_, err := s.etcd.KeepAliveOnce(ctx, h.lease)
+	s.beats.Store(t)
+	go t.run(tctx)
+	return nil
+}
+
+// load reads the shards and the per-node keys of older curators. Every
+// HEALTHY node gets one full timeout from now to beat again.
+func (t *beatTracker) load(ctx context.Context) error {
+	now := time.Now()
+	resp, err := t.s.etcd.Get(ctx, keys.HeartbeatShardsPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("%w: read the heartbeat shards: %v", errUnavailable, err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, kv := range resp.Kvs {
+		i, err := strconv.Atoi(strings.TrimPrefix(string(kv.Key), keys.HeartbeatShardsPrefix))
+		if err != nil || i < 0 || i > 1<<20 {
+			t.s.log.Warn("heartbeat shard with an unexpected key; ignored", "key", string(kv.Key))
+			continue
+		}
+		for len(t.shards) <= i {
+			t.shards = append(t.shards, map[string]*beatEntry{})
+			t.dirty = append(t.dirty, false)
+		}
+		for _, e := range parseShard(kv.Value) {
+			if _, dup := t.nodes[e.id]; dup {
+				t.dirty[i] = true // written again without it
+				continue
+			}
+			t.add(e.id, i, e.last, e.timedOut, now)
+		}
+	}
+	// Older curators' per-node keys, read once.
+	legacy := map[string]heartbeatRecord{}
+	for _, prefix := range []string{keys.HeartbeatsPrefix, keys.HeartbeatsSeenPrefix} {
+		lresp, err := t.s.etcd.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision))
+		if err != nil {
+			return fmt.Errorf("%w: read the per-node heartbeat keys: %v", errUnavailable, err)
+		}
+		for _, kv := range lresp.Kvs {
+			id := strings.TrimPrefix(string(kv.Key), prefix)
+			legacy[id] = legacy[id].with(string(kv.Key), kv.Value, false)
+			t.legacy = append(t.legacy, string(kv.Key))
+		}
+	}
+	for id, r := range legacy {
+		if _, ok := t.nodes[id]; ok {
+			continue
+		}
+		last := r.seenAt
+		if r.alive {
+			last = maxTime(r.aliveAt, r.seenAt)
+		}
+		i := t.freeShard()
+		t.add(id, i, last, !r.alive, now)
+		t.dirty[i] = true
+	}
+	if len(legacy) > 0 {
+		t.s.log.Info("heartbeat keys of older curators moved into the shards", "nodes", len(legacy))
+		t.wakeUp()
+	}
+	t.s.log.Info("heartbeats loaded", "term", t.term, "nodes", len(t.nodes), "shards", len(t.shards))
+	return nil
+}
+
+// add records node id in shard i (locked). A HEALTHY node times out a
+// timeout after from unless it beats.
+func (t *beatTracker) add(id string, i int, last time.Time, timedOut bool, from time.Time) *beatEntry {
+	e := &beatEntry{shard: i, last: last, timedOut: timedOut}
+	t.nodes[id] = e
+	t.shards[i][id] = e
+	if !timedOut {
+		t.arm(id, e, from.Add(t.timeout))
+	}
+	return e
+}
+
+// freeShard is a shard with room for one more node (locked).
+func (t *beatTracker) freeShard() int {
+	for i, sh := range t.shards {
+		if len(sh) < heartbeatShardSize {
+			return i
+		}
+	}
+	t.shards = append(t.shards, map[string]*beatEntry{})
+	t.dirty = append(t.dirty, false)
+	return len(t.shards) - 1
+}
+
+// arm times node id out at deadline (locked).
+func (t *beatTracker) arm(id string, e *beatEntry, deadline time.Time) {
+	e.deadline = deadline
+	if e.timer == nil {
+		e.timer = time.AfterFunc(time.Until(deadline), func() { t.expire(id) })
+		return
+	}
+	e.timer.Reset(time.Until(deadline))
+}
+
+// beat counts a beat of node id at now.
+func (t *beatTracker) beat(id string, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped {
+		return
+	}
+	e, ok := t.nodes[id]
+	if !ok {
+		e = t.add(id, t.freeShard(), now, true, now)
+	}
+	if e.timedOut {
+		e.timedOut = false
+		t.wakeUp() // a change of health: written now
+	}
+	e.last = now
+	t.arm(id, e, now.Add(t.timeout))
+	t.dirty[e.shard] = true
+}
+
+// expire times node id out if its deadline passed without a beat.
+func (t *beatTracker) expire(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.nodes[id]
+	if t.stopped || !ok || e.timedOut || time.Now().Before(e.deadline) {
+		return
+	}
+	e.timedOut = true
+	t.dirty[e.shard] = true
+	t.wakeUp()
+	t.s.log.Info("node heartbeat timed out", "node", id, "last_heartbeat", e.last)
+}
+
+// wakeUp asks run for a write now (coalesced).
+func (t *beatTracker) wakeUp() {
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// stop ends the tracker: its timers and its writes.
+func (t *beatTracker) stop() {
+	t.cancel()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.stopped = true
+	for _, e := range t.nodes {
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+	}
+}
+
+// run writes the changed shards every timeout/2, and at once when a health
+// changed, until the term ends.
+func (t *beatTracker) run(ctx context.Context) {
+	defer t.stop()
+	tick := time.NewTicker(t.timeout / 2)
+	defer tick.Stop()
+	var retry <-chan time.Time
+	for {
+		periodic := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			periodic = true
+		case <-t.wake:
+		case <-retry:
+		}
+		retry = nil
+		err := t.flush(ctx, periodic)
 		switch {
 		case err == nil:
-			h.last = now
-			if now.Sub(h.recorded) < s.cfg.HeartbeatTimeout/2 {
-				return nil
-			}
-			return h.record(ctx, now, true)
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			h.lease = 0 // expired (the node was silent too long): begin again
+		case errors.Is(err, errNotLeader):
+			t.s.log.Info("heartbeat writes stop: the term ended", "term", t.term)
+			return
 		default:
-			return fmt.Errorf("%w: refresh the heartbeat lease of %s: %v", errUnavailable, h.id, err)
+			if ctx.Err() != nil {
+				return
+			}
+			t.s.log.Warn("write heartbeat shards", "term", t.term, "err", err)
+			retry = time.After(heartbeatRetry)
+		}
+		if _, term, ok := t.s.lead.ours(); !ok || term != t.term {
+			return
 		}
 	}
-	ttl := int64(math.Ceil(s.cfg.HeartbeatTimeout.Seconds()))
-	lease, err := s.etcd.Grant(ctx, ttl)
-	if err != nil {
-		return fmt.Errorf("%w: grant a heartbeat lease for %s: %v", errUnavailable, h.id, err)
+}
+
+// flush writes every changed shard; periodic flushes also drop the entries
+// of deleted nodes that timed out. After a first successful write the
+// per-node keys of older curators go.
+func (t *beatTracker) flush(ctx context.Context, periodic bool) error {
+	t.mu.Lock()
+	if periodic {
+		t.pruneLocked()
 	}
-	h.lease, h.last = lease.ID, now
-	if err := h.record(ctx, now, false); err != nil {
-		h.revoke()
-		return err
+	var puts []shardPut
+	for i, d := range t.dirty {
+		if d {
+			puts = append(puts, shardPut{i, formatShard(t.shards[i])})
+			t.dirty[i] = false
+		}
+	}
+	legacy := t.legacy
+	t.legacy = nil
+	t.mu.Unlock()
+
+	// One transaction per batch of shards that fits etcd's limits.
+	var batches [][]shardPut
+	size := 0
+	for _, p := range puts {
+		if n := len(batches); n == 0 || len(batches[n-1]) == heartbeatTxnOps || size+len(p.v) > heartbeatTxnBytes {
+			batches = append(batches, nil)
+			size = 0
+		}
+		batches[len(batches)-1] = append(batches[len(batches)-1], p)
+		size += len(p.v) + 64
+	}
+	for k, b := range batches {
+		ops := make([]clientv3.Op, 0, len(b))
+		for _, p := range b {
+			ops = append(ops, clientv3.OpPut(keys.HeartbeatShard(p.i), p.v))
+		}
+		if _, err := t.s.lead.txn(ctx, nil, ops...); err != nil {
+			t.redo(slices.Concat(batches[k:]...), legacy)
+			return err
+		}
+	}
+	// The shards hold every node the old keys said: they may go.
+	for len(legacy) > 0 {
+		k := min(len(legacy), heartbeatTxnOps)
+		ops := make([]clientv3.Op, 0, k)
+		for _, key := range legacy[:k] {
+			ops = append(ops, clientv3.OpDelete(key))
+		}
+		if _, err := t.s.lead.txn(ctx, nil, ops...); err != nil {
+			t.redo(nil, legacy)
+			return err
+		}
+		legacy = legacy[k:]
 	}
 	return nil
 }
 
-// record writes now as the node's latest heartbeat. Unless fresh (a new
-// lease), only while the key is still bound to this stream's lease: another
-// binding means a newer stream of the node took over.
-func (h *heartbeatStream) record(ctx context.Context, now time.Time, ownedOnly bool) error {
-	s := h.s
-	v := now.UTC().Format(time.RFC3339Nano)
-	cmps := []clientv3.Cmp{nodeExists(h.id)}
-	if ownedOnly {
-		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(keys.Heartbeat(h.id)), "=", h.lease))
-	}
-	_, err := s.lead.txn(ctx, cmps,
-		clientv3.OpPut(keys.Heartbeat(h.id), v, clientv3.WithLease(h.lease)),
-		clientv3.OpPut(keys.HeartbeatSeen(h.id), v))
-	if err == nil {
-		h.recorded = now
-		return nil
-	}
-	if !errors.Is(err, errConflict) {
-		return err
-	}
-	if _, err := s.getNode(ctx, h.id); errors.Is(err, errNotFound) {
-		return fmt.Errorf("%w: node %s was deleted", errRefused, h.id)
-	} else if err != nil {
-		return err
-	}
-	if !ownedOnly {
-		return fmt.Errorf("record heartbeat of %s: %w", h.id, errConflict)
-	}
-	cur, err := s.etcd.Get(ctx, keys.Heartbeat(h.id))
-	if err != nil {
-		return fmt.Errorf("%w: read heartbeat of %s: %v", errUnavailable, h.id, err)
-	}
-	if len(cur.Kvs) > 0 {
-		return fmt.Errorf("%w: a newer heartbeat stream of node %s took over", errConflict, h.id)
-	}
-	// Nobody holds the key (a newer stream came and went): take it back.
-	return h.record(ctx, now, false)
+// shardPut is a shard's record, to write.
+type shardPut struct {
+	i int
+	v string
 }
 
-// expire ends the node's health at its deadline: the exact time of the last
-// heartbeat goes into heartbeats-seen/<id>, the heartbeat key and the lease
-// go away. A key that a newer stream holds is left alone.
-func (h *heartbeatStream) expire(ctx context.Context) {
-	if h.lease == 0 {
-		return
+// redo marks unwritten shards (puts) and keys (legacy) for the next flush.
+func (t *beatTracker) redo(puts []shardPut, legacy []string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range puts {
+		t.dirty[p.i] = true
 	}
-	s := h.s
-	_, err := s.lead.txn(ctx,
-		[]clientv3.Cmp{nodeExists(h.id), clientv3.Compare(clientv3.LeaseValue(keys.Heartbeat(h.id)), "=", h.lease)},
-		clientv3.OpPut(keys.HeartbeatSeen(h.id), h.last.UTC().Format(time.RFC3339Nano)),
-		clientv3.OpDelete(keys.Heartbeat(h.id)))
-	if err == nil {
-		s.log.Info("node heartbeat timed out", "node", h.id, "last_heartbeat", h.last)
-	}
-	h.revoke()
+	t.legacy = append(t.legacy, legacy...)
 }
 
-// revoke drops the stream's lease (and a key still bound to it).
-func (h *heartbeatStream) revoke() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := h.s.etcd.Revoke(ctx, h.lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		h.s.log.Debug("revoke heartbeat lease", "node", h.id, "err", err)
+// pruneLocked drops the entries of timed-out nodes that no longer exist
+// (deleted: ids are never reused), as the hub sees the registry.
+func (t *beatTracker) pruneLocked() {
+	for id, e := range t.nodes {
+		if e.timedOut && !t.s.watch.exists(id) {
+			delete(t.nodes, id)
+			delete(t.shards[e.shard], id)
+			t.dirty[e.shard] = true
+		}
 	}
-	h.lease = 0
 }
 
-// finish schedules the expiry of the stream's last heartbeat: the node stays
-// HEALTHY for HeartbeatTimeout after it, in which it may come back on a new
-// stream (which takes the key over, so that this expiry changes nothing).
-func (h *heartbeatStream) finish() {
-	if h.lease == 0 {
-		return
+// shardEntry is one node's line in a shard record.
+type shardEntry struct {
+	id       string
+	last     time.Time
+	timedOut bool
+}
+
+// formatShard is the record of shard sh: one line per node, sorted by id.
+func formatShard(sh map[string]*beatEntry) string {
+	ids := make([]string, 0, len(sh))
+	for id := range sh {
+		ids = append(ids, id)
 	}
-	time.AfterFunc(time.Until(h.last.Add(h.s.cfg.HeartbeatTimeout)), func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		h.expire(ctx)
-	})
+	slices.Sort(ids)
+	var b strings.Builder
+	b.Grow(len(ids) * 64)
+	for _, id := range ids {
+		e := sh[id]
+		b.WriteString(id)
+		b.WriteByte(' ')
+		b.WriteString(strconv.FormatInt(e.last.UnixNano(), 10))
+		if e.timedOut {
+			b.WriteString(" t\n")
+		} else {
+			b.WriteString(" h\n")
+		}
+	}
+	return b.String()
 }
 
-func nodeExists(id string) clientv3.Cmp {
-	return clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), ">", 0)
+// parseShard reads a shard record; lines that do not parse are skipped
+// (their nodes read as UNKNOWN until the leader writes the shard again).
+func parseShard(v []byte) []shardEntry {
+	var out []shardEntry
+	for line := range strings.Lines(string(v)) {
+		f := strings.Fields(line)
+		if len(f) != 3 || (f[2] != "h" && f[2] != "t") {
+			continue
+		}
+		ns, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			continue
+		}
+		out = append(out, shardEntry{id: f[0], last: time.Unix(0, ns), timedOut: f[2] == "t"})
+	}
+	return out
 }
 
-// heartbeatRecord is what etcd holds about one node's heartbeats: its
-// heartbeats/<id> key (alive) and its heartbeats-seen/<id> key (seen), each
-// with the time it holds. A time that does not parse is zero: the key is
-// there, the time unknown.
+// heartbeatRecord is what etcd holds about one node's heartbeats: its line
+// in a shard, and the per-node keys of older curators (heartbeats/<id>,
+// alive; heartbeats-seen/<id>, seen), each with the time it holds. A time
+// that does not parse is zero: the key is there, the time unknown. A
+// shard's line wins over the older keys.
 type heartbeatRecord struct {
+	shard           string // the shard's key; "": in no shard
+	shardLast       time.Time
+	shardTimedOut   bool
 	alive, seen     bool
 	aliveAt, seenAt time.Time
 }
 
-// with is r after a change of key (one of the node's two heartbeat keys) to
-// value, or its deletion.
+// empty says whether etcd holds nothing of the node's heartbeats.
+func (r heartbeatRecord) empty() bool { return r.shard == "" && !r.alive && !r.seen }
+
+// with is r after a change of key (one of the node's two per-node
+// heartbeat keys) to value, or its deletion.
 func (r heartbeatRecord) with(key string, value []byte, deleted bool) heartbeatRecord {
 	t, _ := time.Parse(time.RFC3339Nano, string(value))
 	if strings.HasPrefix(key, keys.HeartbeatsSeenPrefix) {
@@ -292,6 +523,12 @@ func (r heartbeatRecord) with(key string, value []byte, deleted bool) heartbeatR
 func (r heartbeatRecord) decorate(n *curatorv1.Node) {
 	last := r.seenAt
 	switch {
+	case r.shard != "" && r.shardTimedOut:
+		n.Health = curatorv1.NodeHealth_NODE_HEALTH_HEARTBEAT_TIMEOUT
+		last = r.shardLast
+	case r.shard != "":
+		n.Health = curatorv1.NodeHealth_NODE_HEALTH_HEALTHY
+		last = r.shardLast
 	case r.alive:
 		n.Health = curatorv1.NodeHealth_NODE_HEALTH_HEALTHY
 		last = maxTime(r.aliveAt, r.seenAt)
@@ -307,8 +544,8 @@ func (r heartbeatRecord) decorate(n *curatorv1.Node) {
 	}
 }
 
-// heartbeatNode is the node whose heartbeat key is key ("" for a key of
-// neither heartbeat prefix).
+// heartbeatNode is the node whose per-node heartbeat key is key ("" for a
+// key of neither prefix).
 func heartbeatNode(key string) string {
 	if id, ok := strings.CutPrefix(key, keys.HeartbeatsSeenPrefix); ok {
 		return id

@@ -6,13 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
@@ -335,4 +338,260 @@ func TestHealthSurvivesFailover(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// hbWatchHealth watches node id on cur (as the node itself) and sends
+// each health it is seen in, with when it was seen, until ctx ends.
+func hbWatchHealth(ctx context.Context, t *testing.T, cl curatorv1.CuratorClient, id string) <-chan hbSeen {
+	t.Helper()
+	st, err := cl.Watch(ctx, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_NodeId{NodeId: id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan hbSeen, 100)
+	go func() {
+		defer close(out)
+		for {
+			resp, err := st.Recv()
+			if err != nil {
+				return
+			}
+			for _, n := range resp.Nodes {
+				if n.Id == id {
+					out <- hbSeen{n.Health, n.LastHeartbeat.AsTime(), time.Now()}
+				}
+			}
+		}
+	}()
+	return out
+}
+
+type hbSeen struct {
+	health curatorv1.NodeHealth
+	last   time.Time
+	at     time.Time
+}
+
+// TestHeartbeatTimeoutBound: a node that falls silent is HEARTBEAT_TIMEOUT
+// within the timeout plus a bounded lag, on the leader and on a follower:
+// the leader's timer for the node writes the change at once, not at the
+// next periodic write of the shards (timeout/2 later).
+func TestHeartbeatTimeoutBound(t *testing.T) {
+	const timeout, bound = 2 * time.Second, 500 * time.Millisecond
+	c := cut.New(t, 2, "--heartbeat-interval", "200ms", "--heartbeat-timeout", timeout.String())
+	ctx := ctxT(t)
+	a := c.NewAgent()
+	a.Enrol(ctx)
+	leader := c.Leader()
+	var seen []<-chan hbSeen
+	for _, cur := range c.Curators {
+		seen = append(seen, hbWatchHealth(ctx, t, a.Curator(cur), a.ID))
+	}
+	if _, err := hbOnce(ctx, a.Curator(leader)); err != nil {
+		t.Fatal(err)
+	}
+	lastBeat := time.Now()
+	for i, ch := range seen {
+		var timedOut, last time.Time
+		for s := range ch {
+			if s.health == curatorv1.NodeHealth_NODE_HEALTH_HEARTBEAT_TIMEOUT {
+				timedOut, last = s.at, s.last
+				if s.last.After(lastBeat) || lastBeat.Sub(s.last) > time.Second {
+					t.Fatalf("replica %d: last heartbeat %v, want just before %v", i, s.last, lastBeat)
+				}
+				break
+			}
+		}
+		if timedOut.IsZero() {
+			t.Fatalf("replica %d: the watch ended before the node timed out", i)
+		}
+		lag := timedOut.Sub(last) - timeout
+		t.Logf("replica %d: HEARTBEAT_TIMEOUT seen %v after the last beat's timeout", i, lag.Round(100*time.Microsecond))
+		if lag < -50*time.Millisecond || lag > bound {
+			t.Fatalf("replica %d: HEARTBEAT_TIMEOUT %v after the timeout, want within [0, %v]", i, lag, bound)
+		}
+	}
+}
+
+// TestHeartbeatNoWritePerBeat: nodes that beat often cost etcd a write of
+// their shard every timeout/2, whatever their number and rate; no write
+// per beat, none per node.
+func TestHeartbeatNoWritePerBeat(t *testing.T) {
+	const timeout = 2 * time.Second
+	c := cut.New(t, 1, "--heartbeat-interval", "50ms", "--heartbeat-timeout", timeout.String())
+	ctx := ctxT(t)
+	cli := c.Etcd(c.Voters[0].ClientURL)
+	var senders []*hbSender
+	var ids []string
+	for range 4 {
+		a := c.NewAgent()
+		a.Enrol(ctx)
+		senders = append(senders, hbStart(t, hbClients(c, a), 50*time.Millisecond))
+		ids = append(ids, a.ID)
+	}
+	for _, id := range ids {
+		hbWant(t, c, id, curatorv1.NodeHealth_NODE_HEALTH_HEALTHY)
+	}
+	rev := func() (int64, int) {
+		resp, err := cli.Get(ctx, "/curia/nothing")
+		if err != nil {
+			t.Fatal(err)
+		}
+		acks := 0
+		for _, s := range senders {
+			n, _ := s.answers()
+			acks += n
+		}
+		return resp.Header.Revision, acks
+	}
+	rev0, acks0 := rev()
+	start := time.Now()
+	// A window of 3 shard periods (timeout/2 each), counted in beats.
+	proctest.Eventually(t, time.Minute, func() error {
+		if time.Since(start) < 3*timeout/2 {
+			return fmt.Errorf("window not over")
+		}
+		return nil
+	})
+	rev1, acks1 := rev()
+	writes, beats := rev1-rev0, acks1-acks0
+	t.Logf("%d beats of %d nodes in %v: %d etcd writes", beats, len(ids), time.Since(start).Round(time.Millisecond), writes)
+	if beats < 4*len(ids) {
+		t.Fatalf("only %d beats in the window", beats)
+	}
+	// 3 periodic writes, one more for the window's edges, and one for
+	// anything else the cluster writes.
+	if writes > 5 {
+		t.Fatalf("%d etcd writes for %d beats, want at most 5 (one a timeout/2)", writes, beats)
+	}
+	for _, id := range ids {
+		if h := hbNow(t, c, id).Health; h != curatorv1.NodeHealth_NODE_HEALTH_HEALTHY {
+			t.Fatalf("%s is %v while beating", id, h)
+		}
+	}
+}
+
+// TestHeartbeatFailoverKeepsBeatingNodes: a leader change longer than the
+// heartbeat timeout (the session TTL is 2 s, the timeout 1.5 s) marks no
+// node that beats again timed out: the next leader gives every HEALTHY node
+// one full timeout from when it loads the shards. Seen on a Watch of the
+// surviving replica from before the kill until the node is back.
+func TestHeartbeatFailoverKeepsBeatingNodes(t *testing.T) {
+	c := cut.New(t, 2, "--heartbeat-interval", "100ms", "--heartbeat-timeout", "1500ms")
+	ctx := ctxT(t)
+	a := c.NewAgent()
+	a.Enrol(ctx)
+	hbStart(t, hbClients(c, a), 100*time.Millisecond)
+	hbWant(t, c, a.ID, curatorv1.NodeHealth_NODE_HEALTH_HEALTHY)
+	old := c.Leader()
+	var next *cut.Curator
+	for _, cur := range c.Curators {
+		if cur != old {
+			next = cur
+		}
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	seen := hbWatchHealth(wctx, t, a.Curator(next), a.ID)
+	if s := <-seen; s.health != curatorv1.NodeHealth_NODE_HEALTH_HEALTHY {
+		t.Fatalf("before the kill: %v", s.health)
+	}
+	old.Kill()
+	killed := time.Now()
+	if c.Leader() != next {
+		t.Fatal("the surviving replica does not lead")
+	}
+	t.Logf("%s leads %v after the kill", next.Name, time.Since(killed).Round(time.Millisecond))
+	// HEALTHY throughout, until a beat after the kill is recorded (the
+	// next periodic write) and a further timeout has passed.
+	deadline := time.After(time.Minute)
+	back := time.Time{}
+	for back.IsZero() || time.Since(back) < 2*time.Second {
+		select {
+		case s, ok := <-seen:
+			if !ok {
+				t.Fatal("watch ended")
+			}
+			if s.health != curatorv1.NodeHealth_NODE_HEALTH_HEALTHY {
+				t.Fatalf("%v after the kill the node is %v, want HEALTHY throughout", s.at.Sub(killed), s.health)
+			}
+		case <-deadline:
+			t.Fatal("the node's beats never reached the next leader")
+		case <-time.After(100 * time.Millisecond):
+		}
+		if back.IsZero() {
+			if n := hbNow(t, c, a.ID); n.Health == curatorv1.NodeHealth_NODE_HEALTH_HEALTHY && n.LastHeartbeat.AsTime().After(killed) {
+				back = time.Now()
+			} else if n.Health != curatorv1.NodeHealth_NODE_HEALTH_HEALTHY {
+				t.Fatalf("%v after the kill the node is %v, want HEALTHY throughout", time.Since(killed), n.Health)
+			}
+		}
+	}
+}
+
+// TestHeartbeatLegacyKeys: the per-node heartbeat keys of older curators
+// keep working. The hub serves them until a leader reads them into the
+// shards (once, when it starts leading) and deletes them: a node that was
+// HEALTHY gets a timeout to beat, one that had timed out stays so with its
+// last heartbeat.
+func TestHeartbeatLegacyKeys(t *testing.T) {
+	c := cut.New(t, 2, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s")
+	ctx := ctxT(t)
+	cli := c.Etcd(c.Voters[0].ClientURL)
+	a, b := c.NewAgent(), c.NewAgent()
+	a.Enrol(ctx)
+	b.Enrol(ctx)
+	aAt := time.Now().Add(-time.Second).UTC().Truncate(time.Millisecond)
+	bAt := aAt.Add(-time.Hour)
+	lease, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stamp := func(at time.Time) string { return at.Format(time.RFC3339Nano) }
+	if _, err := cli.Txn(ctx).Then(
+		clientv3.OpPut(keys.Heartbeat(a.ID), stamp(aAt), clientv3.WithLease(lease.ID)),
+		clientv3.OpPut(keys.HeartbeatSeen(a.ID), stamp(aAt)),
+		clientv3.OpPut(keys.HeartbeatSeen(b.ID), stamp(bAt)),
+	).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if n := hbWant(t, c, a.ID, curatorv1.NodeHealth_NODE_HEALTH_HEALTHY); !n.LastHeartbeat.AsTime().Equal(aAt) {
+		t.Fatalf("a's last heartbeat %v, want %v", n.LastHeartbeat.AsTime(), aAt)
+	}
+	if n := hbWant(t, c, b.ID, curatorv1.NodeHealth_NODE_HEALTH_HEARTBEAT_TIMEOUT); !n.LastHeartbeat.AsTime().Equal(bAt) {
+		t.Fatalf("b's last heartbeat %v, want %v", n.LastHeartbeat.AsTime(), bAt)
+	}
+
+	// The next leader reads the keys into the shards and deletes them.
+	c.Leader().Kill()
+	c.Leader()
+	proctest.Eventually(t, time.Minute, func() error {
+		resp, err := cli.Get(ctx, keys.HeartbeatsPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return err
+		}
+		seen, err := cli.Get(ctx, keys.HeartbeatsSeenPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return err
+		}
+		if resp.Count+seen.Count > 0 {
+			return fmt.Errorf("%d per-node heartbeat keys left", resp.Count+seen.Count)
+		}
+		return nil
+	})
+	shards, err := cli.Get(ctx, keys.HeartbeatShardsPrefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(shards.Kvs) != 1 || !strings.Contains(string(shards.Kvs[0].Value), a.ID) || !strings.Contains(string(shards.Kvs[0].Value), b.ID) {
+		t.Fatalf("heartbeat shards after the move: %v", shards.Kvs)
+	}
+	if n := hbNow(t, c, b.ID); n.Health != curatorv1.NodeHealth_NODE_HEALTH_HEARTBEAT_TIMEOUT || !n.LastHeartbeat.AsTime().Equal(bAt) {
+		t.Fatalf("after the move b is %v (last %v), want HEARTBEAT_TIMEOUT (last %v)", n.Health, n.LastHeartbeat.AsTime(), bAt)
+	}
+	// a does not beat: it times out a timeout after the move, its last
+	// heartbeat the one the old keys held.
+	if n := hbWant(t, c, a.ID, curatorv1.NodeHealth_NODE_HEALTH_HEARTBEAT_TIMEOUT); !n.LastHeartbeat.AsTime().Equal(aAt) {
+		t.Fatalf("a's last heartbeat %v, want %v", n.LastHeartbeat.AsTime(), aAt)
+	}
 }

@@ -283,9 +283,20 @@ var errNoLeader = rpcerr.NotLeader.Sub("no curator leader is elected yet; retry 
 // so that callers do not back off for many seconds at a cold start.
 const shortRetry = 250 * time.Millisecond
 
-// becameLeader prepares what a leader needs: the register ticket, and no
-// lease of an earlier term.
+// becameLeader prepares what a leader needs: the nodes' heartbeats, the
+// register ticket, and no lease of an earlier term.
 func (s *Service) becameLeader(ctx context.Context, term int64) {
+	for {
+		err := s.beatsLead(ctx, term)
+		if err == nil {
+			break
+		}
+		if _, cur, ok := s.lead.ours(); ctx.Err() != nil || !ok || cur != term {
+			return
+		}
+		s.log.Warn("load the heartbeats", "term", term, "err", err)
+		run.Sleep(ctx, heartbeatRetry)
+	}
 	if err := s.dropOldTermLeases(ctx, term); err != nil {
 		s.log.Warn("drop old-term leases", "term", term, "err", err)
 	}

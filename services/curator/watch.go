@@ -7,7 +7,7 @@ package curator
 //	                                                             │ apply, under mu
 //	                                  ┌──────────────────────────▼───────────────────────┐
 //	                                  │ nodes  every node at rev, its health filled in   │
-//	                                  │        from the heartbeat keys at rev            │
+//	                                  │        from the heartbeat shards at rev          │
 //	                                  │ ring   one batch per node-changing revision,     │
 //	                                  │        every change in (oldest, rev]             │
 //	                                  │ changed  closed and replaced on every advance    │
@@ -54,8 +54,10 @@ package curator
 //     deleted (the reconciler removes the etcd member of a node that does
 //     not exist). Only a delete of the key is a deletion.
 //   - every node carries its health and last heartbeat as of the
-//     response's revision. A heartbeat changes no node record: alone it
-//     sends nothing; the node's next change, or a snapshot, shows it.
+//     response's revision, from the leader's heartbeat shards
+//     (heartbeat.go). A change of health is sent; a shard write that only
+//     moves a node's last heartbeat sends nothing: the node's next change,
+//     or a snapshot, shows it.
 
 import (
 	"cmp"
@@ -230,8 +232,12 @@ type watchHub struct {
 	// of its heartbeats replaces it with a copy, so that streams may send
 	// it outside the lock.
 	nodes map[string]*curatorv1.Node
-	// health is every node's heartbeat keys at rev.
+	// health is every node's heartbeats at rev: its line in a shard, and
+	// the per-node keys of older curators.
 	health map[string]heartbeatRecord
+	// shards is the ids of every heartbeat shard at rev, by key: what a
+	// new value of the shard no longer holds.
+	shards map[string][]string
 	ring   batchRing
 	// changed is closed and replaced whenever a batch joins the ring or a
 	// snapshot is installed: what wakes streams that are up to date.
@@ -270,6 +276,7 @@ func newWatchHub(s *Service) *watchHub {
 		log:     s.log.With("part", "watch"),
 		nodes:   map[string]*curatorv1.Node{},
 		health:  map[string]heartbeatRecord{},
+		shards:  map[string][]string{},
 		ring:    newBatchRing(history),
 		changed: make(chan struct{}),
 
@@ -363,6 +370,14 @@ func (h *watchHub) load(ctx context.Context) error {
 			return err
 		}
 	}
+	shards := map[string][]string{}
+	_, err = scanRange(ctx, h.s.etcd, keys.HeartbeatShardsPrefix, rev, func(kv *mvccpb.KeyValue) error {
+		shardInto(health, shards, string(kv.Key), kv.Value, false)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
 	for id, n := range nodes {
 		health[id].decorate(n)
 	}
@@ -372,12 +387,12 @@ func (h *watchHub) load(ctx context.Context) error {
 			delete(h.unreadable, key)
 		}
 	}
-	return h.install(nodes, health, rev)
+	return h.install(nodes, health, shards, rev)
 }
 
 // install makes nodes (decorated) and health at rev the hub's view. The
 // ring restarts there: streams behind rev get a snapshot.
-func (h *watchHub) install(nodes map[string]*curatorv1.Node, health map[string]heartbeatRecord, rev int64) error {
+func (h *watchHub) install(nodes map[string]*curatorv1.Node, health map[string]heartbeatRecord, shards map[string][]string, rev int64) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if rev < h.rev {
@@ -386,7 +401,10 @@ func (h *watchHub) install(nodes map[string]*curatorv1.Node, health map[string]h
 		// pass the revision already served.
 		return fmt.Errorf("etcd is at revision %d, below the %d this replica served already; waiting for etcd to pass it", rev, h.rev)
 	}
-	h.nodes, h.health, h.rev, h.oldest, h.ready = nodes, health, rev, rev, true
+	if shards == nil {
+		shards = map[string][]string{}
+	}
+	h.nodes, h.health, h.shards, h.rev, h.oldest, h.ready = nodes, health, shards, rev, rev, true
 	h.ring.reset()
 	h.advanceLocked(true)
 	h.log.Info("watch hub loaded nodes", "revision", rev, "nodes", len(nodes))
@@ -512,7 +530,9 @@ func (h *watchHub) apply(changes []nodeChange) {
 		// transaction is decorated with them.
 		var healthChanged []string
 		for _, c := range group {
-			if id := heartbeatNode(c.key); id != "" && h.applyHeartbeat(id, c) {
+			if strings.HasPrefix(c.key, keys.HeartbeatShardsPrefix) {
+				healthChanged = append(healthChanged, h.applyShard(c)...)
+			} else if id := heartbeatNode(c.key); id != "" && h.applyHeartbeat(id, c) {
 				healthChanged = append(healthChanged, id)
 			}
 		}
@@ -557,20 +577,92 @@ func (h *watchHub) apply(changes []nodeChange) {
 // which they see with its next change or snapshot.
 func (h *watchHub) applyHeartbeat(id string, c nodeChange) (healthChanged bool) {
 	r := h.health[id].with(c.key, c.value, c.deleted)
-	if r.alive || r.seen {
-		h.health[id] = r
-	} else {
+	if r.empty() {
 		delete(h.health, id)
+	} else {
+		h.health[id] = r
 	}
+	return h.redecorate(id, r)
+}
+
+// redecorate replaces node id, if it exists, by a copy with its health
+// from r (streams may be sending the old one) when that changes its health
+// or last heartbeat. It reports whether the health changed.
+func (h *watchHub) redecorate(id string, r heartbeatRecord) (healthChanged bool) {
 	n, ok := h.nodes[id]
 	if !ok {
 		return false
 	}
-	was := n.Health
-	n = proto.CloneOf(n)
-	r.decorate(n)
-	h.nodes[id] = n
-	return n.Health != was
+	next := proto.CloneOf(n)
+	r.decorate(next)
+	if next.Health == n.Health && proto.Equal(next.LastHeartbeat, n.LastHeartbeat) {
+		return false
+	}
+	h.nodes[id] = next
+	return next.Health != n.Health
+}
+
+// applyShard records a change c of a heartbeat shard, and returns the
+// nodes whose health it changed. The leader rewrites a shard every
+// heartbeat timeout / 2; a node whose health stays and only its last
+// heartbeat moves is replaced, not sent.
+func (h *watchHub) applyShard(c nodeChange) (healthChanged []string) {
+	for _, id := range shardInto(h.health, h.shards, c.key, c.value, c.deleted) {
+		if h.redecorate(id, h.health[id]) {
+			healthChanged = append(healthChanged, id)
+		}
+	}
+	return healthChanged
+}
+
+// shardInto applies the value of shard key (or its deletion) to health and
+// shards, and returns the ids whose record it touched.
+func shardInto(health map[string]heartbeatRecord, shards map[string][]string, key string, value []byte, deleted bool) []string {
+	var entries []shardEntry
+	if !deleted {
+		entries = parseShard(value)
+	}
+	ids := make([]string, 0, len(entries))
+	seen := make(map[string]struct{}, len(entries))
+	for _, e := range entries {
+		r := health[e.id]
+		r.shard, r.shardLast, r.shardTimedOut = key, e.last, e.timedOut
+		health[e.id] = r
+		ids = append(ids, e.id)
+		seen[e.id] = struct{}{}
+	}
+	touched := ids
+	for _, id := range shards[key] {
+		if _, ok := seen[id]; ok {
+			continue
+		}
+		r, ok := health[id]
+		if !ok || r.shard != key {
+			continue // moved to another shard
+		}
+		r.shard, r.shardLast, r.shardTimedOut = "", time.Time{}, false
+		if r.empty() {
+			delete(health, id)
+		} else {
+			health[id] = r
+		}
+		touched = append(touched, id)
+	}
+	if deleted || len(ids) == 0 {
+		delete(shards, key)
+	} else {
+		shards[key] = ids[:len(ids):len(ids)]
+	}
+	return touched
+}
+
+// exists says whether node id exists as the hub sees it; true until the
+// hub has loaded.
+func (h *watchHub) exists(id string) bool {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	_, ok := h.nodes[id]
+	return ok || !h.ready
 }
 
 // progress moves the hub to rev when etcd said every change up to it was

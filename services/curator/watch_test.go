@@ -157,7 +157,7 @@ func TestWatchHubRead(t *testing.T) {
 			if err := h.install(map[string]*curatorv1.Node{
 				wid("a"): {Id: wid("a"), Status: &curatorv1.NodeStatus{Version: "v0"}, Revision: 5},
 				wid("b"): {Id: wid("b"), Status: &curatorv1.NodeStatus{Version: "v0"}, Revision: 6},
-			}, map[string]heartbeatRecord{}, 10); err != nil {
+			}, map[string]heartbeatRecord{}, nil, 10); err != nil {
 				t.Fatal(err)
 			}
 			h.apply([]nodeChange{wput(11, "a", "v1"), wput(12, "a", "v2"), wdel(12, "b")})
@@ -193,11 +193,11 @@ func TestWatchHubRead(t *testing.T) {
 // ring; watchers behind it get a snapshot, and the revision never goes back.
 func TestWatchHubReload(t *testing.T) {
 	h := watchTestHub(8, 100)
-	if err := h.install(map[string]*curatorv1.Node{}, map[string]heartbeatRecord{}, 10); err != nil {
+	if err := h.install(map[string]*curatorv1.Node{}, map[string]heartbeatRecord{}, nil, 10); err != nil {
 		t.Fatal(err)
 	}
 	h.apply([]nodeChange{wput(11, "a", "v1")})
-	if err := h.install(map[string]*curatorv1.Node{wid("b"): {Id: wid("b")}}, map[string]heartbeatRecord{}, 20); err != nil {
+	if err := h.install(map[string]*curatorv1.Node{wid("b"): {Id: wid("b")}}, map[string]heartbeatRecord{}, nil, 20); err != nil {
 		t.Fatal(err)
 	}
 	for cursor, want := range map[int64]string{10: "snap@20[b:]", 11: "snap@20[b:]", 19: "snap@20[b:]", 20: ""} {
@@ -207,7 +207,7 @@ func TestWatchHubReload(t *testing.T) {
 			t.Errorf("from %d: %q, want %q", cursor, summary(got), want)
 		}
 	}
-	if err := h.install(map[string]*curatorv1.Node{}, map[string]heartbeatRecord{}, 19); err == nil || h.revision() != 20 {
+	if err := h.install(map[string]*curatorv1.Node{}, map[string]heartbeatRecord{}, nil, 19); err == nil || h.revision() != 20 {
 		t.Fatalf("install below the hub's revision: err %v, revision %d", err, h.revision())
 	}
 }
@@ -353,7 +353,7 @@ func TestWatchHubServe(t *testing.T) {
 	t.Run("waits for the first snapshot", func(t *testing.T) {
 		h := watchTestHub(8, 100)
 		out, _ := watchServe(t, h, &watcher{snapshot: true})
-		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, 10); err != nil {
+		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, nil, 10); err != nil {
 			t.Fatal(err)
 		}
 		if got := watchRecv(t, out); got != "snap@10[a:]" {
@@ -366,7 +366,7 @@ func TestWatchHubServe(t *testing.T) {
 	})
 	t.Run("waits for the hub to catch up", func(t *testing.T) {
 		h := watchTestHub(8, 100) // etcd is at 100: the client's 17 is real
-		if err := h.install(map[string]*curatorv1.Node{}, map[string]heartbeatRecord{}, 15); err != nil {
+		if err := h.install(map[string]*curatorv1.Node{}, map[string]heartbeatRecord{}, nil, 15); err != nil {
 			t.Fatal(err)
 		}
 		out, _ := watchServe(t, h, &watcher{cursor: 17})
@@ -384,7 +384,7 @@ func TestWatchHubServe(t *testing.T) {
 	})
 	t.Run("a revision etcd never reached gets a snapshot", func(t *testing.T) {
 		h := watchTestHub(8, 16)
-		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, 15); err != nil {
+		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, nil, 15); err != nil {
 			t.Fatal(err)
 		}
 		out, _ := watchServe(t, h, &watcher{cursor: 17})
@@ -396,7 +396,7 @@ func TestWatchHubServe(t *testing.T) {
 		// Every all_nodes stream is sent the same messages; sending
 		// marshals them concurrently (run with -race).
 		h := watchTestHub(8, 100)
-		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, 10); err != nil {
+		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, nil, 10); err != nil {
 			t.Fatal(err)
 		}
 		const streams = 20
@@ -444,7 +444,7 @@ func TestWatchHubServe(t *testing.T) {
 	t.Run("health comes from the heartbeats at the batch's revision", func(t *testing.T) {
 		h := watchTestHub(8, 100)
 		unknown := curatorv1.NodeHealth_NODE_HEALTH_UNKNOWN
-		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a"), Health: unknown}}, map[string]heartbeatRecord{}, 10); err != nil {
+		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a"), Health: unknown}}, map[string]heartbeatRecord{}, nil, 10); err != nil {
 			t.Fatal(err)
 		}
 		beat := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
@@ -519,7 +519,7 @@ func TestWatchHubServe(t *testing.T) {
 		// wait between two progress responses.
 		synctest.Test(t, func(t *testing.T) {
 			h := watchTestHub(8, 100)
-			if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, 10); err != nil {
+			if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, nil, 10); err != nil {
 				t.Fatal(err)
 			}
 			quiet, _ := watchServe(t, h, &watcher{node: wid("a"), cursor: 10})
@@ -561,7 +561,7 @@ func TestWatchHubServe(t *testing.T) {
 	})
 	t.Run("the hub's end ends the stream", func(t *testing.T) {
 		h := watchTestHub(8, 100)
-		if err := h.install(map[string]*curatorv1.Node{}, map[string]heartbeatRecord{}, 15); err != nil {
+		if err := h.install(map[string]*curatorv1.Node{}, map[string]heartbeatRecord{}, nil, 15); err != nil {
 			t.Fatal(err)
 		}
 		out, done := watchServe(t, h, &watcher{snapshot: true})
@@ -610,7 +610,7 @@ func TestWatchHubMinRevision(t *testing.T) {
 	// lagging is a hub at revision 10 holding node a; etcd is at etcdRev.
 	lagging := func(t *testing.T, etcdRev int64) *watchHub {
 		h := watchTestHub(8, etcdRev)
-		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a"), Revision: 5}}, map[string]heartbeatRecord{}, 10); err != nil {
+		if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a"), Revision: 5}}, map[string]heartbeatRecord{}, nil, 10); err != nil {
 			t.Fatal(err)
 		}
 		return h
