@@ -41,8 +41,9 @@ import (
 // term-guarded transaction (split when near etcd's request limits): the
 // time in etcd lags the last beat by less than HeartbeatTimeout/2, as with
 // the per-node keys before. A change of health (a first beat, a beat after
-// a timeout, a timeout) is written at once, with every other pending change:
-// a write per change of health, none in a steady state.
+// a timeout, a timeout) is written at once, its shard alone (changes that
+// come while a write is under way go in the next): a write per change of
+// health, none in a steady state.
 //
 // Timeouts. The leader times a node out exactly HeartbeatTimeout after its
 // last beat (a timer per node), also after its stream ended, and writes the
@@ -148,6 +149,9 @@ type beatTracker struct {
 	nodes  map[string]*beatEntry
 	shards []map[string]*beatEntry
 	dirty  []bool // shards changed since their last write
+	// changed are the shards with a change of health since their last
+	// write: what a write at once (not the periodic one) carries.
+	changed []bool
 	// legacy are the per-node keys of older curators still in etcd, to
 	// delete once the shards that replace them are written.
 	legacy  []string
@@ -190,6 +194,7 @@ func (t *beatTracker) load(ctx context.Context) error {
 		for len(t.shards) <= i {
 			t.shards = append(t.shards, map[string]*beatEntry{})
 			t.dirty = append(t.dirty, false)
+			t.changed = append(t.changed, false)
 		}
 		for _, e := range parseShard(kv.Value) {
 			if _, dup := t.nodes[e.id]; dup {
@@ -222,7 +227,7 @@ func (t *beatTracker) load(ctx context.Context) error {
 		}
 		i := t.freeShard()
 		t.add(id, i, last, !r.alive, now)
-		t.dirty[i] = true
+		t.dirty[i], t.changed[i] = true, true
 	}
 	if len(legacy) > 0 {
 		t.s.log.Info("heartbeat keys of older curators moved into the shards", "nodes", len(legacy))
@@ -253,6 +258,7 @@ func (t *beatTracker) freeShard() int {
 	}
 	t.shards = append(t.shards, map[string]*beatEntry{})
 	t.dirty = append(t.dirty, false)
+	t.changed = append(t.changed, false)
 	return len(t.shards) - 1
 }
 
@@ -279,6 +285,7 @@ func (t *beatTracker) beat(id string, now time.Time) {
 	}
 	if e.timedOut {
 		e.timedOut = false
+		t.changed[e.shard] = true
 		t.wakeUp() // a change of health: written now
 	}
 	e.last = now
@@ -295,7 +302,7 @@ func (t *beatTracker) expire(id string) {
 		return
 	}
 	e.timedOut = true
-	t.dirty[e.shard] = true
+	t.dirty[e.shard], t.changed[e.shard] = true, true
 	t.wakeUp()
 	t.s.log.Info("node heartbeat timed out", "node", id, "last_heartbeat", e.last)
 }
@@ -358,8 +365,9 @@ func (t *beatTracker) run(ctx context.Context) {
 	}
 }
 
-// flush writes every changed shard; periodic flushes also drop the entries
-// of deleted nodes that timed out. After a first successful write the
+// flush writes the shards with a change of health, and when periodic
+// every shard that changed at all (a beat); periodic flushes also drop
+// the entries of deleted nodes that timed out. After a first successful write the
 // per-node keys of older curators go.
 func (t *beatTracker) flush(ctx context.Context, periodic bool) error {
 	t.mu.Lock()
@@ -368,9 +376,9 @@ func (t *beatTracker) flush(ctx context.Context, periodic bool) error {
 	}
 	var puts []shardPut
 	for i, d := range t.dirty {
-		if d {
+		if t.changed[i] || (periodic && d) {
 			puts = append(puts, shardPut{i, formatShard(t.shards[i])})
-			t.dirty[i] = false
+			t.dirty[i], t.changed[i] = false, false
 		}
 	}
 	legacy := t.legacy
@@ -425,7 +433,7 @@ func (t *beatTracker) redo(puts []shardPut, legacy []string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, p := range puts {
-		t.dirty[p.i] = true
+		t.dirty[p.i], t.changed[p.i] = true, true
 	}
 	t.legacy = append(t.legacy, legacy...)
 }
