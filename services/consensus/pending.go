@@ -310,6 +310,13 @@ func (s *Service) followPending(ctx context.Context) error {
 // resolveIfStale resolves the pending change if this process has seen it
 // for long enough.
 func (s *Service) resolveIfStale(ctx context.Context, cli *clientv3.Client) error {
+	return s.resolvePending(ctx, cli, false)
+}
+
+// resolvePending resolves the pending change, if any: when this process
+// has seen it for long enough, or at once (now) when its recorder cannot
+// be alive (it was of a cluster a recovery replaced).
+func (s *Service) resolvePending(ctx context.Context, cli *clientv3.Client, now bool) error {
 	resp, err := cli.Get(ctx, keys.MembershipPending)
 	if err != nil || len(resp.Kvs) == 0 {
 		return err
@@ -318,7 +325,7 @@ func (s *Service) resolveIfStale(ctx context.Context, cli *clientv3.Client) erro
 	if err != nil {
 		return err
 	}
-	if s.pending.age(p, time.Now()) < resolveAfter(p) {
+	if !now && s.pending.age(p, time.Now()) < resolveAfter(p) {
 		return nil
 	}
 	unlock, err := s.member.lockChanges(ctx)

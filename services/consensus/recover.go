@@ -484,31 +484,13 @@ func (s *Service) recordRecovery(ctx context.Context) (*consensusv1.RecoveryRepo
 	if err := os.Remove(m.recoveryPath()); err != nil {
 		return nil, err
 	}
-	if err := s.resolveLeftPending(ctx, cli); err != nil {
+	// A change the old cluster left pending: its recorder was of the
+	// old cluster. Resolved from the new member list at once.
+	if err := s.resolvePending(ctx, cli, true); err != nil {
 		s.log.Warn("recovery: resolve the membership change the old cluster left pending (the pending follower retries)", "err", err)
 	}
 	s.log.Warn("recovery recorded", "report", describeRecovery(r))
 	return r, nil
-}
-
-// resolveLeftPending finishes, from the new member list, a membership
-// change the old cluster left pending: its recorder was of the old cluster.
-func (s *Service) resolveLeftPending(ctx context.Context, cli *clientv3.Client) error {
-	resp, err := cli.Get(ctx, keys.MembershipPending)
-	if err != nil || len(resp.Kvs) == 0 {
-		return err
-	}
-	p, err := decodePending(resp.Kvs[0].Value, resp.Kvs[0].CreateRevision)
-	if err != nil {
-		return err
-	}
-	unlock, err := s.member.lockChanges(ctx)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	_, err = s.resolve(ctx, cli, p)
-	return err
 }
 
 // describeRecovery is the report in words.
