@@ -133,10 +133,13 @@ func (x *server) RestoreSnapshot(stream consensusv1.Consensus_RestoreSnapshotSer
 	if err := x.checkMemberCert(); err != nil {
 		return err
 	}
-	// The upload first, outside the lock: it may take long.
-	upload := filepath.Join(m.cfg.DataDir, "restore-upload.db")
-	defer os.Remove(upload)
-	if err := receiveFile(stream, upload); err != nil {
+	// The upload first, outside the lock (it may take long), to a file of
+	// its own (another upload may run meanwhile).
+	upload, err := receiveFile(stream, m.cfg.DataDir)
+	if upload != "" {
+		defer os.Remove(upload)
+	}
+	if err != nil {
 		return err
 	}
 	if err := verifySnapshotHash(upload); err != nil {
@@ -161,13 +164,20 @@ func (x *server) RestoreSnapshot(stream consensusv1.Consensus_RestoreSnapshotSer
 	return stream.SendAndClose(&consensusv1.RestoreSnapshotResponse{Report: resp.GetReport()})
 }
 
-// receiveFile writes the chunks of a RestoreSnapshot stream to path.
-func receiveFile(stream consensusv1.Consensus_RestoreSnapshotServer, path string) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+// receiveFile writes the chunks of a RestoreSnapshot stream to a new file
+// in dir and returns its path ("" when none was made).
+func receiveFile(stream consensusv1.Consensus_RestoreSnapshotServer, dir string) (string, error) {
+	f, err := os.CreateTemp(dir, "restore-upload-*.db")
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer f.Close()
+	return f.Name(), writeChunks(stream, f)
+}
+
+// writeChunks writes the chunks of a RestoreSnapshot stream to f and
+// syncs it.
+func writeChunks(stream consensusv1.Consensus_RestoreSnapshotServer, f *os.File) error {
 	var n int64
 	for {
 		msg, err := stream.Recv()
