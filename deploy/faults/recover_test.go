@@ -30,7 +30,18 @@ import (
 // is the way in.)
 func TestRecoveryRefusedInPartition(t *testing.T) {
 	preconditions(t)
-	dir := t.TempDir()
+	// Kept when the test fails: the processes' logs are in it.
+	dir, err := os.MkdirTemp("", "curia-recover-partition-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("logs kept in %s", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	})
 	bin := filepath.Join(dir, "bin")
 	binaries(t, bin)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -94,7 +105,7 @@ func TestRecoveryRefusedInPartition(t *testing.T) {
 		rules, _ := exec.Command("ip", "netns", "exec", c.net.ns(leader), "iptables", "-S").CombinedOutput()
 		t.Fatalf("the isolated etcd leader %s: %v; its rules:\n%s", leader, err, rules)
 	}
-	_, err = c.lc.Recover(ctx, local.RecoverOptions{Confirm: leader, Settle: 3 * time.Second, Reason: "fault test: partition"})
+	_, err = c.lc.Recover(ctx, local.RecoverOptions{Confirm: leader, Settle: 3 * time.Second, Reason: "fault test: partition", Out: os.Stderr})
 	if err == nil || !strings.Contains(err.Error(), "a quorum is reachable") {
 		t.Fatalf("recover with the majority partitioned from %s: %v, want refused: a quorum is reachable", leader, err)
 	}

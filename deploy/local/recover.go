@@ -15,6 +15,8 @@ import (
 
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
@@ -41,6 +43,8 @@ type RecoverOptions struct {
 	// Settle is how long the survivors may take to notice the loss (no
 	// leader anywhere) before a reachable leader means "refused".
 	Settle time.Duration
+	// Out, if set, gets the progress instead of the cluster's output.
+	Out io.Writer
 }
 
 // Survivor is one node's consensus process, as the recovery found it.
@@ -57,6 +61,7 @@ type Survivor struct {
 
 	member uint64
 	leader uint64
+	code   codes.Code
 }
 
 // RecoveryReport is what curia-local recover did, written to
@@ -90,7 +95,7 @@ var ErrNoConsent = errors.New("nothing changed: run again with --confirm to proc
 // for a cluster with a leader and no member follows one, and refuses when
 // that has not happened within twice Settle.
 func (c *Cluster) Recover(ctx context.Context, opts RecoverOptions) (*RecoveryReport, error) {
-	out := c.cfg.Out
+	out := cmp.Or[io.Writer](opts.Out, c.cfg.Out)
 	rep := &RecoveryReport{StartedAt: time.Now().UTC()}
 	creds, err := rpc.LoadCredentials(c.cfg.Cluster, c.AdminFiles())
 	if err != nil {
@@ -115,9 +120,17 @@ func (c *Cluster) Recover(ctx context.Context, opts RecoverOptions) (*RecoveryRe
 	// election timeout or so; right after a partition the majority may be
 	// electing: so one look is not enough either way.
 	quiet, begun := time.Now(), time.Now()
+	fmt.Fprintf(out, "curia-local: recovering only once no quorum is seen for %v on end (refused if one is still seen after %v)\n", opts.Settle, 2*opts.Settle)
+	last := ""
 	for {
 		rep.Survey = survey(ctx, c.Nodes, conns)
-		seen := c.quorumSeen(ctx, creds, rep.Survey)
+		seen, curators := c.quorumSeen(ctx, creds, rep.Survey)
+		// Say what changed, so a refusal (or a recovery) can be traced
+		// to what was seen when.
+		if now := settleLine(seen, curators, rep.Survey); now != last {
+			fmt.Fprintf(out, "  +%.1fs %s\n", time.Since(begun).Seconds(), now)
+			last = now
+		}
 		if seen == "" && time.Since(quiet) >= opts.Settle {
 			break
 		}
@@ -181,39 +194,57 @@ func (c *Cluster) Recover(ctx context.Context, opts RecoverOptions) (*RecoveryRe
 		fmt.Fprintln(out, "  "+l)
 	}
 	if opts.Wait > 0 {
-		if err := c.waitRegrown(ctx, creds, rep, opts.Wait); err != nil {
-			_ = c.writeRecoveryReport(rep)
+		if err := c.waitRegrown(ctx, out, creds, rep, opts.Wait); err != nil {
+			_ = c.writeRecoveryReport(out, rep)
 			return rep, err
 		}
 	}
-	return rep, c.writeRecoveryReport(rep)
+	return rep, c.writeRecoveryReport(out, rep)
 }
 
 // quorumSeen says how a quorum shows from here, or "": a curator answers
 // for a cluster with a leader (the curators read the member list with a
-// quorum), or a surveyed member follows a leader.
-func (c *Cluster) quorumSeen(ctx context.Context, creds *rpc.Credentials, all []Survivor) string {
+// quorum), or a surveyed member follows a leader. It also says what the
+// curators answered.
+func (c *Cluster) quorumSeen(ctx context.Context, creds *rpc.Credentials, all []Survivor) (seen, curators string) {
 	if i := slices.IndexFunc(all, func(s Survivor) bool { return s.leader != 0 }); i >= 0 {
 		s := all[i]
-		return fmt.Sprintf("%s's member %s follows leader %s (term %d)", s.Node, s.MemberID, s.LeaderID, s.RaftTerm)
+		return fmt.Sprintf("%s's member %s follows leader %s (term %d)", s.Node, s.MemberID, s.LeaderID, s.RaftTerm), "not asked"
 	}
 	cc, err := rpc.DialAny(c.Curators, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindCurator}})
 	if err != nil {
-		return ""
+		return "", err.Error()
 	}
 	defer cc.Close()
 	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	st, err := curatorv1.NewManagementClient(cc).GetConsensusStatus(cctx, &curatorv1.GetConsensusStatusRequest{})
 	if err != nil {
-		return "" // no curator reads the cluster: no quorum seen from here
+		// No curator reads the cluster: no quorum seen from here.
+		return "", status.Code(err).String()
 	}
 	for _, m := range st.GetMembers() {
 		if m.GetLeader() {
-			return fmt.Sprintf("the curators answer for a cluster of %d voters led by %s's member %s", st.GetVoters(), c.nodeName(m.GetNodeId()), types.ID(m.GetMemberId()))
+			return fmt.Sprintf("the curators answer for a cluster of %d voters led by %s's member %s", st.GetVoters(), c.nodeName(m.GetNodeId()), types.ID(m.GetMemberId())), "answered"
 		}
 	}
-	return ""
+	return "", fmt.Sprintf("answered for %d members, none the leader", len(st.GetMembers()))
+}
+
+// settleLine is one line on what a look for a quorum saw.
+func settleLine(seen, curators string, all []Survivor) string {
+	var ns []string
+	for _, s := range all {
+		switch {
+		case !s.Answered:
+			ns = append(ns, s.Node+": no answer ("+s.code.String()+")")
+		case s.leader != 0:
+			ns = append(ns, fmt.Sprintf("%s: %s, leader %s", s.Node, s.State, s.LeaderID))
+		default:
+			ns = append(ns, fmt.Sprintf("%s: %s, no leader", s.Node, s.State))
+		}
+	}
+	return cmp.Or(seen, "no quorum seen") + " [" + strings.Join(ns, "; ") + "; curators: " + curators + "]"
 }
 
 // survey asks every node's consensus process for its status.
@@ -228,7 +259,7 @@ func survey(ctx context.Context, ns []Node, conns map[string]*grpc.ClientConn) [
 			s := Survivor{Node: n.Name}
 			st, err := consensusv1.NewConsensusClient(conns[n.Name]).Status(sctx, &consensusv1.StatusRequest{})
 			if err != nil {
-				s.Error = err.Error()
+				s.Error, s.code = err.Error(), status.Code(err)
 			} else {
 				s.Answered = true
 				s.State = strings.ToLower(strings.TrimPrefix(st.GetState().String(), "LIFECYCLE_STATE_"))
@@ -373,7 +404,7 @@ func restoreSnapshot(ctx context.Context, cli consensusv1.ConsensusClient, nodeI
 // waitRegrown waits until roles and membership agree with as many voters
 // as the cluster configuration's control_plane_size (else the
 // control-plane node count), and notes which nodes came back.
-func (c *Cluster) waitRegrown(ctx context.Context, creds *rpc.Credentials, rep *RecoveryReport, wait time.Duration) error {
+func (c *Cluster) waitRegrown(ctx context.Context, out io.Writer, creds *rpc.Credentials, rep *RecoveryReport, wait time.Duration) error {
 	cc, err := rpc.DialAny(c.Curators, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindCurator}})
 	if err != nil {
 		return err
@@ -381,7 +412,7 @@ func (c *Cluster) waitRegrown(ctx context.Context, creds *rpc.Credentials, rep *
 	defer cc.Close()
 	m := curatorv1.NewManagementClient(cc)
 	want := c.cfg.ControlPlane
-	fmt.Fprintf(c.cfg.Out, "curia-local: waiting (up to %v) while the reconciler and autopilot grow the control plane back\n", wait)
+	fmt.Fprintf(out, "curia-local: waiting (up to %v) while the reconciler and autopilot grow the control plane back\n", wait)
 	deadline := time.Now().Add(wait)
 	last := errors.New("not asked yet")
 	for time.Now().Before(deadline) {
@@ -409,7 +440,7 @@ func (c *Cluster) waitRegrown(ctx context.Context, creds *rpc.Credentials, rep *
 			slices.Sort(rep.Readded)
 			slices.Sort(names)
 			rep.VotersAfter = rep.VotersAt.Sub(rep.StartedAt).Round(100 * time.Millisecond).String()
-			fmt.Fprintf(c.cfg.Out, "curia-local: %d voters (%s) %s after the recovery began; re-added: %s\n", want, strings.Join(names, ", "), rep.VotersAfter, strings.Join(rep.Readded, ", "))
+			fmt.Fprintf(out, "curia-local: %d voters (%s) %s after the recovery began; re-added: %s\n", want, strings.Join(names, ", "), rep.VotersAfter, strings.Join(rep.Readded, ", "))
 			return nil
 		}
 		select {
@@ -421,7 +452,7 @@ func (c *Cluster) waitRegrown(ctx context.Context, creds *rpc.Credentials, rep *
 	return fmt.Errorf("the control plane did not grow back to %d voters within %v: %w", want, wait, last)
 }
 
-func (c *Cluster) writeRecoveryReport(rep *RecoveryReport) error {
+func (c *Cluster) writeRecoveryReport(out io.Writer, rep *RecoveryReport) error {
 	b, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
 		return err
@@ -430,7 +461,7 @@ func (c *Cluster) writeRecoveryReport(rep *RecoveryReport) error {
 	if err := os.WriteFile(rep.ReportFile, append(b, '\n'), 0o600); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.cfg.Out, "curia-local: report in %s\n", rep.ReportFile)
+	fmt.Fprintf(out, "curia-local: report in %s\n", rep.ReportFile)
 	return nil
 }
 

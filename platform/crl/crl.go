@@ -46,6 +46,9 @@ type Watcher struct {
 	issuer  *x509.Certificate
 	// changed is closed (and replaced) whenever a newer list is loaded.
 	changed chan struct{}
+	// heard is closed once a list came from the curators (Follow).
+	heard     chan struct{}
+	heardOnce sync.Once
 }
 
 // New returns a watcher that trusts CRLs signed by any of cas (the trust
@@ -53,8 +56,14 @@ type Watcher struct {
 // revokes by serial (serials are random, 128 bits); the issuing CA re-signs
 // the list when it changes, so it carries the old CA's revocations over.
 func New(cas []*x509.Certificate, log *slog.Logger) *Watcher {
-	return &Watcher{cas: cas, log: log, revoked: map[string]bool{}, changed: make(chan struct{})}
+	return &Watcher{cas: cas, log: log, revoked: map[string]bool{}, changed: make(chan struct{}), heard: make(chan struct{})}
 }
+
+// Heard is closed once the curators' stream (Follow) delivered a valid
+// list, newer than the one held or not: from then on the list held is at
+// least as new as the curators' was. A process that restarts from what it
+// kept on disk waits for it (a bounded time) before trusting its own list.
+func (w *Watcher) Heard() <-chan struct{} { return w.heard }
 
 // Issuer is the CA that signed the list held (nil before any): the CA the
 // curators issue with (roleserve renews certificates of another).
@@ -168,22 +177,24 @@ func (w *Watcher) followOnce(ctx context.Context, cur curatorv1.CuratorClient) e
 		if err != nil {
 			return err
 		}
-		if len(resp.GetCrl()) > 0 {
-			w.load(resp.GetCrl(), "curator")
+		if len(resp.GetCrl()) > 0 && w.load(resp.GetCrl(), "curator") {
+			w.heardOnce.Do(func() { close(w.heard) })
 		}
 	}
 }
 
-func (w *Watcher) load(pemCRL []byte, from string) {
+// load sets a list from a source, and reports whether the list held is
+// now at least as new as it (it was newer, as new, or older).
+func (w *Watcher) load(pemCRL []byte, from string) bool {
 	newer, err := w.Set(pemCRL)
 	if err != nil {
 		w.log.Error("refusing CRL", "from", from, "err", err)
-		return
+		return errors.Is(err, ErrOlder)
 	}
-	if !newer {
-		return
+	if newer {
+		w.mu.RLock()
+		w.log.Info("CRL loaded", "from", from, "number", w.number, "revoked", len(w.revoked))
+		w.mu.RUnlock()
 	}
-	w.mu.RLock()
-	w.log.Info("CRL loaded", "from", from, "number", w.number, "revoked", len(w.revoked))
-	w.mu.RUnlock()
+	return true
 }

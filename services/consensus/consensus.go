@@ -70,6 +70,9 @@ type Config struct {
 	// Curators are the curator replicas (host:port), from which the
 	// revocation list is followed when no local member runs.
 	Curators []string
+	// RestartCRLWait bounds how long a member kept on disk waits, before
+	// it restarts, for the curators' revocation list (with Curators).
+	RestartCRLWait time.Duration
 
 	// ListenAPI is the gRPC API address (host:port).
 	ListenAPI string
@@ -134,6 +137,7 @@ func DefaultConfig() Config {
 		StartTimeout:      time.Minute,
 		HealthTimeout:     2 * time.Second,
 		MemberCallTimeout: 10 * time.Second,
+		RestartCRLWait:    3 * time.Second,
 	}
 }
 
@@ -149,6 +153,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NodeIDFile, "node-id-file", c.NodeIDFile, "file holding the node id")
 	fs.StringVar(&c.CRL, "crl", c.CRL, "the cluster CA's initial revocation list (PEM, e.g. crl.pem from curia-pki), used until a newer one is known; etcd's ports check revocation only with one")
 	run.ListFlag(fs, "curator", "curator address host:port, to follow the revocation list from while no local member runs", &c.Curators)
+	fs.DurationVar(&c.RestartCRLWait, "restart-crl-wait", c.RestartCRLWait, "with --curator: how long a member kept on disk waits for the curators' revocation list before it restarts (a member revoked meanwhile, e.g. dropped by a quorum-loss recovery, is not restarted); the wait ends at the first list")
 	fs.StringVar(&c.ListenAPI, "listen", c.ListenAPI, "gRPC API address (host:port)")
 	fs.StringVar(&c.ListenPeer, "listen-peer", c.ListenPeer, "etcd peer address (host:port)")
 	fs.StringVar(&c.ListenClient, "listen-client", c.ListenClient, "etcd client address (host:port)")
@@ -400,8 +405,12 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) runMember(ctx context.Context, ready func()) error {
 	s.member.lifeMu.Lock()
 	restarting := false
+	hasData := s.member.hasData()
+	if hasData {
+		s.awaitCuratorsCRL(ctx)
+	}
 	switch {
-	case !s.member.hasData():
+	case !hasData:
 	case s.member.id.memberRevoked():
 		// The node lost ConsensusMember while this process was down: its
 		// member is (being) removed, and the peers refuse its certificate.
@@ -431,6 +440,29 @@ func (s *Service) runMember(ctx context.Context, ready func()) error {
 	<-ctx.Done()
 	s.member.stop()
 	return nil
+}
+
+// awaitCuratorsCRL waits (at most RestartCRLWait) for the curators'
+// revocation list, before a member kept on disk restarts. The list on disk
+// may be older than the cluster: after a quorum-loss recovery, the
+// reconciler revokes the member certificates of the members the recovery
+// dropped, and two of them that come back together with their data would
+// otherwise make the old cluster's quorum between themselves. With the
+// curators' list, a revoked member is not restarted (its node's agent
+// wipes it). The wait is bounded because when the whole control plane
+// restarts, the curators have no list to give until etcd runs.
+func (s *Service) awaitCuratorsCRL(ctx context.Context) {
+	if s.curators == nil || s.cfg.RestartCRLWait <= 0 {
+		return
+	}
+	t := time.NewTimer(s.cfg.RestartCRLWait)
+	defer t.Stop()
+	select {
+	case <-s.crl.Heard():
+	case <-t.C:
+		s.log.Warn("no revocation list from the curators: restarting the member with the list kept on disk", "waited", s.cfg.RestartCRLWait)
+	case <-ctx.Done():
+	}
 }
 
 // finishRecording records a recovery whose process stopped after the

@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,9 +25,11 @@ import (
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
+	"curia.dev/platform/rpc"
 	ct "curia.dev/services/consensus/consensustest"
 )
 
@@ -329,5 +335,171 @@ func TestRecoverFinishesAfterCrash(t *testing.T) {
 				t.Errorf("last audit event %v, want the recovery", ev)
 			}
 		})
+	}
+}
+
+// TestRecoveryFencesOldMembers: two voters lost to a recovery come back
+// together with their data. Between them they hold the old cluster's
+// quorum; but the reconciler revoked their member certificates when it took
+// their roles, and a member kept on disk restarts only after the curators'
+// revocation list: neither runs etcd again. (What is left is their nodes'
+// Leave, which asks the curators, as in the e2e TestRecovery.)
+func TestRecoveryFencesOldMembers(t *testing.T) {
+	proctest.SkipShort(t)
+	c := ct.NewCluster(t)
+	curators := serveCRL(t, c.PKI)
+	c.Flags = append(c.Flags, "--curator", curators.addr, "--restart-crl-wait", "30s")
+	nodes, _ := c.Voters(3)
+	survivor, lost := nodes[0], nodes[1:]
+	before := survivor.Status()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, n := range lost {
+		n.Kill()
+	}
+	leaderless(t, survivor)
+	if _, err := survivor.Consensus(recoverAdmin).Recover(ctx, &consensusv1.RecoverRequest{MemberId: before.MemberId, Reason: "test: two voters lost"}); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	// What the reconciler does once the recovered cluster runs: the lost
+	// members' nodes lose ConsensusMember, and with it their member
+	// certificates.
+	var certs []*x509.Certificate
+	for _, n := range lost {
+		b, err := os.ReadFile(n.MemberCert)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, err := pki.ParseCertPEM(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		certs = append(certs, cert)
+	}
+	curators.revoke(t, certs...)
+
+	// The curators answer slower than etcd elects a leader (a loaded
+	// machine): without waiting for their list, the two old members would
+	// be connected to each other before it came, and etcd checks the list
+	// only on new connections.
+	curators.setDelay(3 * time.Second)
+	for _, n := range lost {
+		n.Start()
+	}
+	ct.Eventually(t, time.Minute, func() error {
+		for _, n := range lost {
+			st := n.Status()
+			if st.LeaderId != 0 || st.State == consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING {
+				t.Fatalf("%s's old member runs again (%v, leader %s): the old cluster's quorum is back", n.ID, st.State, types.ID(st.LeaderId))
+			}
+			if st.State != consensusv1.LifecycleState_LIFECYCLE_STATE_STOPPED {
+				return fmt.Errorf("%s: %v (%s), want STOPPED", n.ID, st.State, st.StateReason)
+			}
+		}
+		return nil
+	})
+	for _, n := range lost {
+		t.Logf("%s: %s", n.ID, n.Status().StateReason)
+	}
+	if got := len(survivor.Members().Members); got != 1 {
+		t.Errorf("%d members after the old members came back, want 1", got)
+	}
+}
+
+// crlServer serves Curator/WatchCRL, as every curator replica does, with a
+// list the test signs.
+type crlServer struct {
+	curatorv1.UnimplementedCuratorServer
+	pki  *ct.PKI
+	addr string
+
+	mu      sync.Mutex
+	delay   time.Duration // before a stream's first list
+	list    []byte
+	number  int64
+	revoked []x509.RevocationListEntry
+	changed chan struct{}
+}
+
+func serveCRL(t *testing.T, k *ct.PKI) *crlServer {
+	t.Helper()
+	initial, err := os.ReadFile(filepath.Join(k.Dir, pki.CRLFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &crlServer{pki: k, list: initial, changed: make(chan struct{})}
+	srv, err := rpc.NewServer(rpc.ServerConfig{
+		Credentials:    k.Creds(t, pki.Principal{Kind: pki.KindCurator}),
+		AllowEnrolling: true,
+		Policy: rpc.Policy{curatorv1.Curator_WatchCRL_FullMethodName: {Allow: []pki.Kind{
+			pki.KindConsensus, pki.KindMember, pki.KindEnrolling,
+		}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	curatorv1.RegisterCuratorServer(srv.GRPC(), s)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.addr = lis.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, lis) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return s
+}
+
+// revoke publishes a newer list that also revokes certs.
+func (s *crlServer) revoke(t *testing.T, certs ...*x509.Certificate) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range certs {
+		s.revoked = append(s.revoked, x509.RevocationListEntry{SerialNumber: c.SerialNumber, RevocationTime: time.Now()})
+	}
+	s.number++
+	list, err := s.pki.CA.CRL(s.revoked, big.NewInt(s.number), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.list = list
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func (s *crlServer) setDelay(d time.Duration) {
+	s.mu.Lock()
+	s.delay = d
+	s.mu.Unlock()
+}
+
+func (s *crlServer) WatchCRL(_ *curatorv1.WatchCRLRequest, stream curatorv1.Curator_WatchCRLServer) error {
+	s.mu.Lock()
+	delay := s.delay
+	s.mu.Unlock()
+	select {
+	case <-stream.Context().Done():
+		return nil
+	case <-time.After(delay):
+	}
+	for {
+		s.mu.Lock()
+		list, changed := s.list, s.changed
+		s.mu.Unlock()
+		if err := stream.Send(&curatorv1.WatchCRLResponse{Crl: list}); err != nil {
+			return err
+		}
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-changed:
+		}
 	}
 }
