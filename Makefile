@@ -185,7 +185,7 @@ test-e2e: build $(GRPCURL) ## end-to-end tests: the process cluster (and every g
 # FAULT_SEED (a number or random), FAULT_DURATION (default 3m) and
 # FAULT_NEMESES (comma-separated kinds) for longer runs by hand.
 test-faults: ## the fault suite: a cluster in network namespaces under kill, pause, partitions and membership faults (root)
-	go test -tags faults -count=1 -timeout 90m -v -run 'TestFaults$$' ./deploy/faults/
+	go test -tags faults -count=1 -timeout 90m -v -run 'TestFaults$$|TestRecoveryRefusedInPartition' ./deploy/faults/
 
 .PHONY: test-faults-mutations
 test-faults-mutations: ## show the fault suite fails when a safety mechanism is switched off (root)

@@ -114,15 +114,10 @@ func (c *Cluster) Recover(ctx context.Context, opts RecoverOptions) (*RecoveryRe
 		}
 		conns[n.Name] = cc
 	}
-	// A loss is a quorum nobody reaches for Settle on end: no curator
-	// answers for a cluster with a leader, and no member follows one.
-	// Right after the loss a survivor may still name its old leader for an
-	// election timeout or so; right after a partition the majority may be
-	// electing: so one look is not enough either way.
-	quiet, begun := time.Now(), time.Now()
+	begun := time.Now()
 	fmt.Fprintf(out, "curia-local: recovering only once no quorum is seen for %v on end (refused if one is still seen after %v)\n", opts.Settle, 2*opts.Settle)
 	last := ""
-	for {
+	err = awaitLoss(ctx, opts.Settle, realClock, func(ctx context.Context) string {
 		rep.Survey = survey(ctx, c.Nodes, conns)
 		seen, curators := c.quorumSeen(ctx, creds, rep.Survey)
 		// Say what changed, so a refusal (or a recovery) can be traced
@@ -131,20 +126,10 @@ func (c *Cluster) Recover(ctx context.Context, opts RecoverOptions) (*RecoveryRe
 			fmt.Fprintf(out, "  +%.1fs %s\n", time.Since(begun).Seconds(), now)
 			last = now
 		}
-		if seen == "" && time.Since(quiet) >= opts.Settle {
-			break
-		}
-		if seen != "" {
-			if time.Since(begun) > 2*opts.Settle {
-				return nil, fmt.Errorf("refused: %s: a quorum is reachable, so this is a partition or a slow election, not a loss; recovery would fork the cluster", seen)
-			}
-			quiet = time.Now()
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
+		return seen
+	})
+	if err != nil {
+		return nil, err
 	}
 	for _, s := range rep.Survey {
 		fmt.Fprintf(out, "  %-8s %s\n", s.Node, s.describe())
@@ -200,6 +185,59 @@ func (c *Cluster) Recover(ctx context.Context, opts RecoverOptions) (*RecoveryRe
 		}
 	}
 	return rep, c.writeRecoveryReport(out, rep)
+}
+
+// clock is time for awaitLoss (a test's is driven by its looks).
+type clock struct {
+	now   func() time.Time
+	sleep func(context.Context, time.Duration) error
+}
+
+var realClock = clock{now: time.Now, sleep: func(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}}
+
+// lookInterval is the pause between two looks for a quorum.
+const lookInterval = 500 * time.Millisecond
+
+// awaitLoss looks for a quorum (look says how one shows, or "") until a
+// loss is established: a look that began settle or more after the last
+// quorum seen (or after the first look began) sees none, and neither did
+// any look in between. A loss is a quorum nobody reaches for settle on
+// end; right after a loss a survivor may still name its old leader for an
+// election timeout or so, and right after a partition the majority may
+// still be electing, so one look is not enough either way; and a look is
+// taken when it begins, not when it ends: a look that waits seconds for a
+// curator says nothing about those seconds. It refuses once a quorum is
+// still seen after twice settle.
+func awaitLoss(ctx context.Context, settle time.Duration, clk clock, look func(context.Context) string) error {
+	begun := clk.now()
+	quiet := begun
+	for {
+		at := clk.now()
+		seen := look(ctx)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		switch {
+		case seen == "" && at.Sub(quiet) >= settle:
+			return nil
+		case seen != "" && clk.now().Sub(begun) > 2*settle:
+			return fmt.Errorf("refused: %s: a quorum is reachable, so this is a partition or a slow election, not a loss; recovery would fork the cluster", seen)
+		case seen != "":
+			quiet = clk.now()
+		}
+		if err := clk.sleep(ctx, lookInterval); err != nil {
+			return err
+		}
+	}
 }
 
 // quorumSeen says how a quorum shows from here, or "": a curator answers
