@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
@@ -306,8 +307,15 @@ func (n *nemesis) inject(ctx context.Context, kind string) (*fault, error) {
 		f.Target = name
 		// The reconciler removes its member meanwhile; the heal reinstalls
 		// the node with a new identity (the deleted id never registers
-		// again), and its agent registers with the ticket.
-		f.heal = func() error { return c.reinstall(name) }
+		// again), and its agent registers with the ticket. Not before the
+		// member is gone: a machine wiped while still a voter is a voter
+		// lost, and with two voters (one just promoted) the quorum with it.
+		f.heal = func() error {
+			if err := c.awaitMemberGone(id); err != nil {
+				return err
+			}
+			return c.reinstall(name)
+		}
 		return f, nil
 	case NemNodeGoneAndBack, NemCorruptNode:
 		id, err := c.memberNode(ctx, n.rng)
@@ -406,6 +414,21 @@ func (c *cluster) reinstall(name string) error {
 				return fmt.Errorf("reinstall %s: node %s is %v after a minute; approve: %w", name, id, node.GetState(), approveErr)
 			}
 			return fmt.Errorf("reinstall %s: node %s is %v after a minute", name, id, node.GetState())
+		}
+	}
+}
+
+// awaitMemberGone waits until no etcd member is named after node id.
+func (c *cluster) awaitMemberGone(id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for {
+		list, err := c.etcd.MemberList(ctx)
+		if err == nil && !slices.ContainsFunc(list.Members, func(m *etcdserverpb.Member) bool { return m.Name == id }) {
+			return nil
+		}
+		if !run.Sleep(ctx, 200*time.Millisecond) {
+			return fmt.Errorf("the deleted node %s still has an etcd member after 2 minutes (last list: %v): not reinstalled", id, err)
 		}
 	}
 }
