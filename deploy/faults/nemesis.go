@@ -422,13 +422,19 @@ func (c *cluster) reinstall(name string) error {
 func (c *cluster) awaitMemberGone(id string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	var why string
 	for {
 		list, err := c.etcd.MemberList(ctx)
-		if err == nil && !slices.ContainsFunc(list.Members, func(m *etcdserverpb.Member) bool { return m.Name == id }) {
+		switch {
+		case err != nil:
+			why = "the last member list failed: " + err.Error()
+		case !slices.ContainsFunc(list.Members, func(m *etcdserverpb.Member) bool { return m.Name == id }):
 			return nil
+		default:
+			why = "it is still a member"
 		}
 		if !run.Sleep(ctx, 200*time.Millisecond) {
-			return fmt.Errorf("the deleted node %s still has an etcd member after 2 minutes (last list: %v): not reinstalled", id, err)
+			return fmt.Errorf("the deleted node %s: its etcd member not removed within 2 minutes (%s): not reinstalled", id, why)
 		}
 	}
 }

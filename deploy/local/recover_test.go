@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -102,7 +103,7 @@ func TestAwaitLoss(t *testing.T) {
 	t.Run("cancelled", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		err := awaitLoss(ctx, settle, realClock, func(context.Context) string { cancel(); return "" })
-		if err != context.Canceled {
+		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("%v, want context.Canceled", err)
 		}
 	})
