@@ -29,7 +29,8 @@ import (
 // script `make up` runs, checks its shape through the published curator
 // port and on the dashboard up.sh starts on the host, has autopilot
 // replace a paused voter, scales the curators and reconcilers, restarts
-// it from its volumes, and stops it and its dashboard with `make down`.
+// it from its volumes, recovers it from the loss of two voters with their
+// data as the README says, and stops it and its dashboard with `make down`.
 // It needs Docker, the curia:dev image and bin/ (make test-e2e builds
 // them); without Docker it is skipped.
 func TestCompose(t *testing.T) {
@@ -45,9 +46,7 @@ func TestCompose(t *testing.T) {
 		"CURIA_COMPOSE_OUT="+out, "CURIA_IMAGE=curia:dev", "GRPCURL="+pinnedGrpcurl(t))
 	compose := func(args ...string) string {
 		t.Helper()
-		cmd := exec.Command("bash", append([]string{"-c", `if docker compose version >/dev/null 2>&1; then exec docker compose "$@"; else exec docker-compose "$@"; fi`, "compose"}, args...)...)
-		cmd.Env = append(env, "COMPOSE_FILE="+filepath.Join("..", "compose", "compose.yaml"))
-		b, err := cmd.CombinedOutput()
+		b, err := composeCmd(context.Background(), env, args...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("compose %v: %v\n%s", args, err, b)
 		}
@@ -244,6 +243,10 @@ func TestCompose(t *testing.T) {
 	}
 	url := checkComposeDashboard(t, printed, out)
 
+	t.Run("quorum-loss recovery, as the README says", func(t *testing.T) {
+		checkComposeRecovery(t, "curia-e2e", env, mgmt(), creds, check)
+	})
+
 	// make down stops the cluster and the dashboard.
 	cmd := exec.Command("make", "-C", filepath.Join("..", ".."), "down")
 	cmd.Env = env
@@ -259,6 +262,14 @@ func TestCompose(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(out, "dashboard.pid")); !os.IsNotExist(err) {
 		t.Fatalf("the dashboard's pid file after make down: %v", err)
 	}
+}
+
+// composeCmd is a compose command (v2's docker compose, else v1.29's
+// docker-compose) on deploy/compose/compose.yaml, in env.
+func composeCmd(ctx context.Context, env []string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "bash", append([]string{"-c", `if docker compose version >/dev/null 2>&1; then exec docker compose "$@"; else exec docker-compose "$@"; fi`, "compose"}, args...)...)
+	cmd.Env = append(env, "COMPOSE_FILE="+filepath.Join("..", "compose", "compose.yaml"))
+	return cmd
 }
 
 // composeDashboardLine is how up.sh's last line begins (as make run's).

@@ -364,6 +364,7 @@ type recoveryReport struct {
 	Chosen        string   `json:"chosen"`
 	Readded       []string `json:"readded"`
 	Voters        int      `json:"voters"`
+	VotersAfter   string   `json:"voters_after"`
 	LostRevisions []string `json:"lost_revisions"`
 	Consensus     struct {
 		Source         string `json:"source"`
