@@ -5,9 +5,7 @@ package local_test
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"os"
@@ -134,22 +132,10 @@ func TestCompose(t *testing.T) {
 		defer cancel()
 		byHost := func() map[string]*curatorv1.Node {
 			out := map[string]*curatorv1.Node{}
-			stream, err := m.GetNodes(ctx, &curatorv1.GetNodesRequest{})
-			if err != nil {
-				t.Fatal(err)
+			for _, n := range nodeRecords(ctx, t, m) {
+				out[n.GetStatus().GetAddress()] = n
 			}
-			for {
-				resp, err := stream.Recv()
-				if errors.Is(err, io.EOF) {
-					return out
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, n := range resp.Nodes {
-					out[n.GetStatus().GetAddress()] = n
-				}
-			}
+			return out
 		}
 		nodes := byHost()
 		paused, worker := nodes["node2"].GetId(), nodes["node4"].GetId()
