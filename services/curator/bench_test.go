@@ -139,3 +139,48 @@ func BenchmarkRoleUpdates(b *testing.B) {
 	b.ReportMetric(ops/etcdTime.Seconds(), "etcd-txns/s")
 	b.ReportMetric(etcdTime.Seconds()/curatorTime.Seconds(), "ratio")
 }
+
+// BenchmarkCuratorFailover kills -9 the curator leader of two replicas
+// (the default session TTL, 5 s) and measures the time until an admin
+// call through the other replica is answered (GetClusterConfig, which
+// only a leader serves: the other replica once it leads): ms/failover,
+// and ms/over-ttl beyond the session TTL, for which a crashed leader's
+// session outlives it by design.
+func BenchmarkCuratorFailover(b *testing.B) {
+	const ttl = 5 * time.Second
+	c := cut.New(b, 2, "--session-ttl", ttl.String())
+	var took time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		leader := c.Leader()
+		other := c.Curators[0]
+		if other == leader {
+			other = c.Curators[1]
+		}
+		c.Serving(other)
+		m := curatorv1.NewManagementClient(c.Conn(other, cut.Admin))
+		b.StartTimer()
+		begun := time.Now()
+		leader.Kill()
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err := m.GetClusterConfig(ctx, &curatorv1.GetClusterConfigRequest{})
+			cancel()
+			if err == nil {
+				break
+			}
+			if time.Since(begun) > time.Minute {
+				b.Fatalf("no admin call answered within a minute of the leader's kill: %v", err)
+			}
+			time.Sleep(10 * time.Millisecond) // a poll's interval
+		}
+		took += time.Since(begun)
+		b.StopTimer()
+		leader.Start()
+		c.Serving(leader)
+		b.StartTimer()
+	}
+	ms := float64(took.Microseconds()) / 1000 / float64(b.N)
+	b.ReportMetric(ms, "ms/failover")
+	b.ReportMetric(ms-float64(ttl.Milliseconds()), "ms/over-ttl")
+}
