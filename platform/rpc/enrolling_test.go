@@ -161,12 +161,24 @@ func TestClientPrincipal(t *testing.T) {
 		"another CA's, with identity": {certs: chain(otherCA.keyPair(t, admin.URI(testCluster).String())), wantErr: "certificate signed by unknown authority"},
 		"none":                        {wantErr: "no certificate presented"},
 	}
+	v := newClientVerifier(creds, isRevoked)
 	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			got, err := clientPrincipal(tc.certs, creds, isRevoked)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("clientPrincipal = %v, %v; want error containing %q", got, err, tc.wantErr)
+		// Once verified, again from what the verifier remembers: the
+		// same answer.
+		for _, call := range []string{"first", "again"} {
+			t.Run(name+"/"+call, func(t *testing.T) { checkClientPrincipal(t, v, name, tc.certs, tc.want, tc.wantErr) })
+		}
+	}
+}
+
+func checkClientPrincipal(t *testing.T, v *clientVerifier, name string, certs []*x509.Certificate, want pki.Principal, wantErr string) {
+	t.Helper()
+	{
+		{
+			got, err := v.principal(certs)
+			if wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), wantErr) {
+					t.Fatalf("clientPrincipal = %v, %v; want error containing %q", got, err, wantErr)
 				}
 				// Only a CA certificate without identity passes the
 				// handshake, for the authorizer to explain.
@@ -175,10 +187,38 @@ func TestClientPrincipal(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != tc.want {
-				t.Fatalf("clientPrincipal = %v, %v; want %v", got, err, tc.want)
+			if err != nil || got != want {
+				t.Fatalf("clientPrincipal = %v, %v; want %v", got, err, want)
 			}
-		})
+		}
+	}
+}
+
+// TestRememberedChainRechecked: a chain of the CA the verifier remembers
+// is still refused once its leaf is revoked, or once a certificate in it
+// is no longer valid; what it skips is the signatures alone.
+func TestRememberedChainRechecked(t *testing.T) {
+	ca := newTestCA(t)
+	creds := &Credentials{Cluster: testCluster, CAPool: poolOf(ca)}
+	pair := ca.keyPair(t, admin.URI(testCluster).String())
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked := false
+	v := newClientVerifier(creds, func(*x509.Certificate) bool { return revoked })
+	certs := []*x509.Certificate{leaf}
+	if got, err := v.principal(certs); err != nil || got != admin {
+		t.Fatalf("first call: %v, %v; want %v", got, err, admin)
+	}
+	revoked = true
+	if _, err := v.principal(certs); err == nil || !strings.Contains(err.Error(), "is revoked") {
+		t.Fatalf("after the revocation: %v, want revoked", err)
+	}
+	revoked = false
+	v.now = func() time.Time { return leaf.NotAfter.Add(time.Second) }
+	if got, err := v.principal(certs); err == nil {
+		t.Fatalf("after the leaf expired: %v, want refused", got)
 	}
 }
 

@@ -148,10 +148,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	tlsConfig := ServerTLSConfig(cfg.Credentials, cfg.IsRevoked)
 	authz := &authorizer{cluster: cfg.Credentials.Cluster, policy: cfg.Policy, trustForwardedFrom: slices.Clone(cfg.TrustForwardedFrom), isRevoked: cfg.IsRevoked}
 	if cfg.AllowEnrolling {
-		tlsConfig = enrollingServerTLSConfig(cfg.Credentials, cfg.IsRevoked)
-		authz.enrolling = func(certs []*x509.Certificate) (pki.Principal, error) {
-			return clientPrincipal(certs, cfg.Credentials, cfg.IsRevoked)
-		}
+		v := newClientVerifier(cfg.Credentials, cfg.IsRevoked)
+		tlsConfig = enrollingServerTLSConfig(v)
+		authz.enrolling = v.principal
 	}
 
 	// The interceptor order, outermost first. Each layer sees what the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"curia.dev/platform/pki"
 )
@@ -99,17 +100,24 @@ func verifyServer(certs []*x509.Certificate, caPool *x509.CertPool, cluster stri
 // verifyChain verifies a presented chain against the cluster CA as Go's TLS
 // stack does.
 func verifyChain(certs []*x509.Certificate, caPool *x509.CertPool, usage x509.ExtKeyUsage) error {
+	_, err := verifiedChains(certs, caPool, usage, time.Time{})
+	return err
+}
+
+// verifiedChains is verifyChain at a time (zero: now), returning the
+// chains verified.
+func verifiedChains(certs []*x509.Certificate, caPool *x509.CertPool, usage x509.ExtKeyUsage, at time.Time) ([][]*x509.Certificate, error) {
 	if len(certs) == 0 {
-		return errors.New("no certificate presented")
+		return nil, errors.New("no certificate presented")
 	}
 	intermediates := x509.NewCertPool()
 	for _, c := range certs[1:] {
 		intermediates.AddCert(c)
 	}
-	_, err := certs[0].Verify(x509.VerifyOptions{
+	return certs[0].Verify(x509.VerifyOptions{
 		Roots:         caPool,
 		Intermediates: intermediates,
 		KeyUsages:     []x509.ExtKeyUsage{usage},
+		CurrentTime:   at,
 	})
-	return err
 }
