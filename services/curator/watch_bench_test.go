@@ -30,8 +30,9 @@ import (
 // the curator process's resident memory with the streams open, MB-rss-idle
 // before they were opened, KB-rss/watcher the difference per stream;
 // µs-cpu/delivery is the curator's CPU time (user and system) per stream
-// per change; ms/write the UpdateNodeStatus call itself (etcd's commit, its
-// fsync included), which every delivery waits for. The streams' clients
+// per change; ms/write the UpdateNodeStatus call itself (etcd's commit:
+// the harness's etcd does not fsync), which every delivery waits for, and
+// which the change's own fan-out already shares the cores with. The streams' clients
 // run in the benchmark's process, on the same cores as the curator.
 func BenchmarkWatchFanout(b *testing.B) {
 	for _, streams := range []int{1000, 10_000} {
