@@ -47,6 +47,16 @@ func TestSnapshotRestore(t *testing.T) {
 	for range 3 {
 		c.NewAgent().Enrol(ctx) // nodes, certificates, audit events: a keyspace worth comparing
 	}
+	// etcd writes its storage version a few seconds after it starts (its
+	// version monitor); a snapshot taken before has none to report.
+	voterCli := c.Etcd(c.Voters[0].ClientURL)
+	proctest.Eventually(t, time.Minute, func() error {
+		st, err := voterCli.Status(ctx, c.Voters[0].ClientURL)
+		if err == nil && st.StorageVersion == "" {
+			err = errors.New("etcd has written no storage version yet")
+		}
+		return err
+	})
 	resp, err := c.Management().TakeSnapshot(ctx, &curatorv1.TakeSnapshotRequest{Reason: "the test restores it"})
 	if err != nil {
 		t.Fatal(err)
