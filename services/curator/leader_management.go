@@ -252,7 +252,16 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 		ev := s.auditEvent(ctx, auditv1.AuditAction_AUDIT_ACTION_ROLES_UPDATE, n.Id, reason)
 		ev.Roles = auditRoles(roles)
 		cmps := append(append([]clientv3.Cmp{unchanged(n)}, guard...), crlCmps...)
-		resp, err := s.lead.txn(ctx, cmps, append(crlOps, putNode(n), audit.Put(ev))...)
+		ops := append(crlOps, putNode(n), audit.Put(ev))
+		resp, err := s.lead.txn(ctx, cmps, ops...)
+		for attempt := 1; errors.Is(err, errUnavailable) && attempt < roleWriteAttempts && ctx.Err() == nil; attempt++ {
+			// The endpoint may be the member this call's own step just
+			// removed ("raft: stopped"): the same write on another. It
+			// is guarded, so it lands once at most: if the first did
+			// land, this one conflicts and the node is read again.
+			run.Sleep(ctx, time.Duration(attempt)*100*time.Millisecond)
+			resp, err = s.lead.txn(ctx, cmps, ops...)
+		}
 		if err == nil {
 			s.log.Info("roles updated", "node", n.Id, "roles", roleNames(roles), "by", caller(ctx).String())
 			n.Revision = resp.Header.Revision // the record as just written
