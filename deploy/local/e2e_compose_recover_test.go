@@ -68,16 +68,11 @@ func checkComposeRecovery(t *testing.T, project string, env []string, m curatorv
 	defer cancel()
 	run := func(args ...string) (string, int) {
 		t.Helper()
-		b, err := composeCmd(ctx, env, args...).CombinedOutput()
-		var ee *exec.ExitError
-		switch {
-		case err == nil:
-			return string(b), 0
-		case errors.As(err, &ee):
-			return string(b), ee.ExitCode()
+		out, code, err := exited(composeCmd(ctx, env, args...).CombinedOutput())
+		if err != nil {
+			t.Fatalf("compose %v: %v\n%s", args, err, out)
 		}
-		t.Fatalf("compose %v: %v\n%s", args, err, b)
-		return "", -1
+		return out, code
 	}
 	must := func(args ...string) string {
 		t.Helper()
@@ -181,16 +176,11 @@ func checkComposeRecovery(t *testing.T, project string, env []string, m curatorv
 	done := make(chan result, 1)
 	confirmAt := time.Now()
 	go func() {
-		b, err := composeCmd(ctx, env, append(slices.Clone(composeRecoverCmd), "--confirm", survivor, "--reason", "e2e: two voters lost with their data")...).CombinedOutput()
-		r := result{string(b), 0}
-		var ee *exec.ExitError
-		switch {
-		case errors.As(err, &ee):
-			r.code = ee.ExitCode()
-		case err != nil:
-			r.out, r.code = r.out+err.Error(), -1
+		out, code, err := exited(composeCmd(ctx, env, append(slices.Clone(composeRecoverCmd), "--confirm", survivor, "--reason", "e2e: two voters lost with their data")...).CombinedOutput())
+		if err != nil {
+			out += err.Error()
 		}
-		done <- r
+		done <- result{out, code}
 	}()
 	proctest.Eventually(t, 2*time.Minute, func() error {
 		select {
@@ -272,6 +262,19 @@ func checkComposeRecovery(t *testing.T, project string, env []string, m curatorv
 			rep.Chosen, rep.Voters, dropped, rep.LostRevisions, survivor, lostIDs, lost, snap.GetSnapshot().GetName())
 	}
 	t.Logf("report %s: chosen %s, re-added %v, 3 voters %s after it began", file[1], rep.Chosen, rep.Readded, rep.VotersAfter)
+}
+
+// exited is a command's output and exit code, as CombinedOutput returned
+// them; err only when it did not run to an exit (code -1).
+func exited(b []byte, err error) (string, int, error) {
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return string(b), 0, nil
+	case errors.As(err, &ee):
+		return string(b), ee.ExitCode(), nil
+	}
+	return string(b), -1, err
 }
 
 // nodeRecords is every node (GetNodes) by id.

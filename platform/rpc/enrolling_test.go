@@ -173,24 +173,20 @@ func TestClientPrincipal(t *testing.T) {
 
 func checkClientPrincipal(t *testing.T, v *clientVerifier, name string, certs []*x509.Certificate, want pki.Principal, wantErr string) {
 	t.Helper()
-	{
-		{
-			got, err := v.principal(certs)
-			if wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), wantErr) {
-					t.Fatalf("clientPrincipal = %v, %v; want error containing %q", got, err, wantErr)
-				}
-				// Only a CA certificate without identity passes the
-				// handshake, for the authorizer to explain.
-				if noIdentity := errors.Is(err, pki.ErrNoIdentity); noIdentity != (name == "CA certificate, no identity") {
-					t.Fatalf("errors.Is(%v, ErrNoIdentity) = %v", err, noIdentity)
-				}
-				return
-			}
-			if err != nil || got != want {
-				t.Fatalf("clientPrincipal = %v, %v; want %v", got, err, want)
-			}
+	got, err := v.principal(certs)
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("principal = %v, %v; want error containing %q", got, err, wantErr)
 		}
+		// Only a CA certificate without identity passes the
+		// handshake, for the authorizer to explain.
+		if noIdentity := errors.Is(err, pki.ErrNoIdentity); noIdentity != (name == "CA certificate, no identity") {
+			t.Fatalf("errors.Is(%v, ErrNoIdentity) = %v", err, noIdentity)
+		}
+		return
+	}
+	if err != nil || got != want {
+		t.Fatalf("principal = %v, %v; want %v", got, err, want)
 	}
 }
 

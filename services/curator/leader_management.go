@@ -64,7 +64,8 @@ func (x *managementServer) UpdateNodeRoles(ctx context.Context, req *curatorv1.U
 }
 
 // roleWriteAttempts bounds how often UpdateNodeRoles decides its role write
-// again when the node's record changed under it (a status update).
+// again when the node's record changed under it (a status update), and how
+// often it sends one write again when etcd did not answer it.
 const roleWriteAttempts = 5
 
 // updateRoles changes roles in DESIGN §5's fixed order: etcd membership
