@@ -195,6 +195,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 
 	s.grpc = grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(tlsConfig)),
+		// Protobuf, and an *Encoded as it is (encoded.go).
+		grpc.ForceServerCodecV2(newEncodedCodec()),
 		grpc.ChainUnaryInterceptor(append(unary, cfg.UnaryInterceptors...)...),
 		grpc.ChainStreamInterceptor(append(stream, cfg.StreamInterceptors...)...),
 		// Clients ping a quiet connection every KeepAliveTime (10 s);

@@ -185,7 +185,10 @@ func echoServiceDesc(f *flaky) *grpc.ServiceDesc {
 			unaryMethod("Flaky", f.handle("Flaky")),
 			unaryMethod("FlakyUnsafe", f.handle("FlakyUnsafe")),
 		},
-		Streams: []grpc.StreamDesc{{StreamName: "Watch", Handler: watch, ServerStreams: true}},
+		Streams: []grpc.StreamDesc{
+			{StreamName: "Watch", Handler: watch, ServerStreams: true},
+			{StreamName: "Shared", Handler: shared, ServerStreams: true},
+		},
 	}
 }
 
@@ -206,6 +209,7 @@ func testPolicy() Policy {
 		echoMethod("Watch"):       echoRule,
 		echoMethod("Flaky"):       adminOnly,
 		echoMethod("FlakyUnsafe"): adminOnly,
+		echoMethod("Shared"):      adminOnly,
 	}
 }
 

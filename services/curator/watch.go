@@ -80,6 +80,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/backoff"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
 )
 
@@ -149,6 +150,20 @@ type watchBatch struct {
 	// all is the batch as an all_nodes watcher gets it. It is shared by
 	// every stream and never changed.
 	all *curatorv1.WatchResponse
+
+	// encoded is all marshalled, by the first stream that sends it, for
+	// every other (encode).
+	encodeOnce sync.Once
+	encoded    *rpc.Encoded
+	encodeErr  error
+}
+
+// encode is the batch's all, marshalled once for every stream that sends
+// it: a change watched by a thousand all_nodes streams costs one marshal,
+// not a thousand.
+func (b *watchBatch) encode() (*rpc.Encoded, error) {
+	b.encodeOnce.Do(func() { b.encoded, b.encodeErr = rpc.Encode(b.all) })
+	return b.encoded, b.encodeErr
 }
 
 // forNode is the batch as a watcher of node id gets it; nil if the
@@ -729,10 +744,22 @@ type watcher struct {
 // moved at all.
 type watchWake struct{ changed, advanced <-chan struct{} }
 
+// watchSend sends r on a stream. shared is the batch r is the all_nodes
+// response of, which every all_nodes stream sends (watchBatch.encode); nil
+// for a response of this stream's own.
+type watchSend func(r *curatorv1.WatchResponse, shared *watchBatch) error
+
+// watchOut is one response read for a stream: r, and the batch it is
+// shared from, if it is.
+type watchOut struct {
+	r      *curatorv1.WatchResponse
+	shared *watchBatch
+}
+
 // read returns what w has not been sent yet and advances its cursor; and
 // the channels that say when there may be more. behind means the hub has
 // not reached w's cursor, or the revision its snapshot must be at, yet.
-func (h *watchHub) read(w *watcher) (out []*curatorv1.WatchResponse, wake watchWake, behind bool) {
+func (h *watchHub) read(w *watcher) (out []watchOut, wake watchWake, behind bool) {
 	h.mu.RLock()
 	wake = watchWake{changed: h.changed, advanced: h.advanced}
 	if !h.ready {
@@ -761,7 +788,10 @@ func (h *watchHub) read(w *watcher) (out []*curatorv1.WatchResponse, wake watchW
 		rev := h.rev
 		h.mu.RUnlock()
 		w.cursor, w.snapshot = rev, false
-		return snapshotResponses(nodes, rev, watchMaxMessageBytes), wake, false
+		for _, r := range snapshotResponses(nodes, rev, watchMaxMessageBytes) {
+			out = append(out, watchOut{r: r})
+		}
+		return out, wake, false
 	}
 	if w.cursor > h.rev {
 		h.mu.RUnlock()
@@ -769,8 +799,11 @@ func (h *watchHub) read(w *watcher) (out []*curatorv1.WatchResponse, wake watchW
 	}
 	for i := h.ring.after(w.cursor); i < h.ring.n; i++ {
 		b := h.ring.at(i)
-		if r := b.forNode(w.node); r != nil {
-			out = append(out, r)
+		switch r := b.forNode(w.node); {
+		case r == b.all:
+			out = append(out, watchOut{r: r, shared: b})
+		case r != nil:
+			out = append(out, watchOut{r: r})
 		}
 	}
 	w.cursor = h.rev
@@ -803,7 +836,7 @@ func snapshotResponses(nodes []*curatorv1.Node, rev int64, maxBytes int) []*cura
 
 // serve sends w what the hub has, and then every change, until ctx ends,
 // sending fails or the hub stops.
-func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.WatchResponse) error) error {
+func (h *watchHub) serve(ctx context.Context, w *watcher, send watchSend) error {
 	// A snapshot that must reach a revision waits for it a bounded time,
 	// the hub's first load included; a client waiting on a lagging replica
 	// is better off on another one.
@@ -813,6 +846,7 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.W
 		defer t.Stop()
 		deadline = t.C
 	}
+	done := ctx.Done()
 	// Wait for the hub's first snapshot.
 	for {
 		h.mu.RLock()
@@ -821,7 +855,7 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.W
 		if ready {
 			break
 		}
-		if err := h.wait(ctx, w, changed, nil, deadline); err != nil {
+		if err := h.wait(ctx, done, w, changed, nil, deadline); err != nil {
 			return err
 		}
 	}
@@ -842,12 +876,12 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.W
 	}
 	for {
 		out, wake, behind := h.read(w)
-		for _, r := range out {
-			if err := send(r); err != nil {
+		for _, o := range out {
+			if err := send(o.r, o.shared); err != nil {
 				return err
 			}
-			if r.Revision != 0 {
-				w.sent = r.Revision
+			if o.r.Revision != 0 {
+				w.sent = o.r.Revision
 			}
 		}
 		if !w.snapshot {
@@ -865,7 +899,7 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.W
 			timer = time.NewTimer(watchNudgeInterval)
 			fire, until = timer.C, wake.advanced
 		case pending && time.Since(w.progressed) >= watchProgressInterval:
-			if err := send(&curatorv1.WatchResponse{Revision: w.cursor}); err != nil {
+			if err := send(&curatorv1.WatchResponse{Revision: w.cursor}, nil); err != nil {
 				return err
 			}
 			w.sent, w.progressed = w.cursor, time.Now()
@@ -876,7 +910,7 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.W
 		case w.progress:
 			until = wake.advanced
 		}
-		err := h.wait(ctx, w, until, fire, deadline)
+		err := h.wait(ctx, done, w, until, fire, deadline)
 		if timer != nil {
 			timer.Stop()
 		}
@@ -887,10 +921,12 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send func(*curatorv1.W
 }
 
 // wait blocks until changed is closed or nudge fires; it fails when ctx
-// ends, the hub stops, or deadline (for w's min_revision) fires.
-func (h *watchHub) wait(ctx context.Context, w *watcher, changed <-chan struct{}, nudge, deadline <-chan time.Time) error {
+// ends (done is its Done, looked up once per stream: a stream's context
+// sits under a dozen values, and a change wakes every stream), the hub
+// stops, or deadline (for w's min_revision) fires.
+func (h *watchHub) wait(ctx context.Context, done <-chan struct{}, w *watcher, changed <-chan struct{}, nudge, deadline <-chan time.Time) error {
 	select {
-	case <-ctx.Done():
+	case <-done:
 		return ctx.Err()
 	case <-h.stopped:
 		return fmt.Errorf("%w: this curator replica is shutting down; watch again (any replica) with start_revision=%d", errUnavailable, w.cursor)
@@ -970,7 +1006,16 @@ func (h *watchHub) currentNodes(ctx context.Context) ([]*curatorv1.Node, error) 
 
 // Watch streams nodes from this replica's hub (see the top of this file).
 func (x *curatorServer) Watch(req *curatorv1.WatchRequest, stream curatorv1.Curator_WatchServer) error {
-	return x.s.watch.serve(stream.Context(), newWatcher(req), stream.Send)
+	return x.s.watch.serve(stream.Context(), newWatcher(req), func(r *curatorv1.WatchResponse, shared *watchBatch) error {
+		if shared == nil {
+			return stream.Send(r)
+		}
+		e, err := shared.encode()
+		if err != nil {
+			return fmt.Errorf("encode the changes at revision %d: %w", shared.rev, err)
+		}
+		return stream.SendMsg(e)
+	})
 }
 
 // newWatcher decides what a WatchRequest watches. Who may watch what (a

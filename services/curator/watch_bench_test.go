@@ -13,6 +13,10 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
@@ -26,23 +30,86 @@ import (
 // (ms/delivery-to-all; ms/first-delivery for the first stream;
 // ms/delivery-p99 over every stream's delivery of every change;
 // ms/delivery-p99-past-write the same counted from the write call's
-// return, which is the curator's part: the fan-out). MB-rss is
-// the curator process's resident memory with the streams open, MB-rss-idle
+// return, which is the curator's part: the fan-out). MB-rss is the
+// curator process's resident memory with the streams open, MB-rss-idle
 // before they were opened, KB-rss/watcher the difference per stream;
 // µs-cpu/delivery is the curator's CPU time (user and system) per stream
 // per change; ms/write the UpdateNodeStatus call itself (etcd's commit:
 // the harness's etcd does not fsync), which every delivery waits for, and
-// which the change's own fan-out already shares the cores with. The streams' clients
-// run in the benchmark's process, on the same cores as the curator.
+// which the change's own fan-out already shares the cores with. The
+// streams' clients run in the benchmark's process, on the same cores as
+// the curator.
+//
+// The peer, measured side by side in the same rounds: etcd's own watch,
+// as many streams (one per watcher, over 8 clients) on one key outside
+// curia's, a put of a value the size of the curator's message →
+// ms/etcd-delivery-p99 and ms/etcd-delivery-to-all, and ratio-p99-vs-etcd,
+// curia's p99 over etcd's. Each round writes both, the order alternating.
 func BenchmarkWatchFanout(b *testing.B) {
 	for _, streams := range []int{1000, 10_000} {
 		b.Run(fmt.Sprintf("watchers=%d", streams), func(b *testing.B) { benchmarkWatchFanout(b, streams) })
 	}
 }
 
+// fanoutDelivery is one stream's receipt of a change: the version it
+// carried, and when it arrived (taken as it arrived, not when the
+// benchmark read it: a delivery may come before the write's call returns).
+type fanoutDelivery struct {
+	version string
+	at      time.Time
+}
+
+// fanoutSide is one side of the benchmark, curia or etcd: how to write a
+// change, where its streams report what they receive, and what was
+// measured.
+type fanoutSide struct {
+	write     func(ctx context.Context, version string) error
+	delivered chan fanoutDelivery
+	streams   int
+
+	toAll, toFirst, wrote time.Duration
+	each                  []time.Duration // every stream's delivery of every change
+	past                  []time.Duration // the same, from when the write's call returned
+}
+
+// change writes version and waits for every stream to receive it.
+func (s *fanoutSide) change(b *testing.B, ctx context.Context, version string) {
+	const deadline = 30 * time.Second // the benchmark fails instead of hanging
+	begun := time.Now()
+	if err := s.write(ctx, version); err != nil {
+		b.Fatal(err)
+	}
+	wrote := time.Since(begun)
+	s.wrote += wrote
+	timeout := time.After(deadline)
+	first, last := time.Duration(math.MaxInt64), time.Duration(0)
+	for got := 0; got < s.streams; got++ {
+		select {
+		case d := <-s.delivered:
+			if d.version != version {
+				b.Fatalf("a stream got version %q while waiting for %q", d.version, version)
+			}
+			took := d.at.Sub(begun)
+			s.each = append(s.each, took)
+			s.past = append(s.past, max(took-wrote, 0))
+			first, last = min(first, took), max(last, took)
+		case <-timeout:
+			b.Fatalf("%d of %d streams got the change within %v", got, s.streams, deadline)
+		}
+	}
+	s.toFirst += first
+	s.toAll += last
+}
+
+// p99 is the 99th percentile of ds, in ms.
+func p99(ds []time.Duration) float64 {
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	return float64(ds[len(ds)*99/100]) / float64(time.Millisecond)
+}
+
 func benchmarkWatchFanout(b *testing.B, streams int) {
 	const conns = 8
-	const deadline = 30 * time.Second // per change; the benchmark fails instead of hanging
 
 	c := cut.New(b, 1)
 	cur := c.Running()
@@ -55,6 +122,7 @@ func benchmarkWatchFanout(b *testing.B, streams int) {
 
 	creds := c.PKI.Creds(b, cut.Admin)
 	var clients []curatorv1.CuratorClient
+	var etcds []*clientv3.Client
 	for range conns {
 		cc, err := rpc.Dial(cur.Addr, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindCurator}})
 		if err != nil {
@@ -62,20 +130,20 @@ func benchmarkWatchFanout(b *testing.B, streams int) {
 		}
 		b.Cleanup(func() { cc.Close() })
 		clients = append(clients, curatorv1.NewCuratorClient(cc))
+		etcds = append(etcds, c.Etcd(c.Voters[0].ClientURL))
 	}
 
-	// Every stream reports each version of the node it receives, and
-	// when: the time is taken as it arrives, not when the benchmark reads
-	// it (a delivery may come before the write's call returns).
-	type delivery struct {
-		version string
-		at      time.Time
+	curia := &fanoutSide{streams: streams, delivered: make(chan fanoutDelivery, 4*streams)}
+	curia.write = func(ctx context.Context, v string) error {
+		_, err := node.UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: &curatorv1.NodeStatus{Version: v}})
+		return err
 	}
-	delivered := make(chan delivery, 4*streams)
-	opened := make(chan error, streams)
+	opened := make(chan error, 2*streams)
 	sctx, scancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { scancel(); wg.Wait() }()
+	var size int // of the curator's message for a change, for etcd's value
+	var sizeOnce sync.Once
 	for i := range streams {
 		stream, err := clients[i%conns].Watch(sctx, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}})
 		if err != nil {
@@ -86,6 +154,9 @@ func benchmarkWatchFanout(b *testing.B, streams int) {
 			if err == nil && !snap.Snapshot {
 				err = fmt.Errorf("first response is no snapshot: %v", snap)
 			}
+			if err == nil {
+				sizeOnce.Do(func() { size = proto.Size(snap) })
+			}
 			opened <- err
 			for err == nil {
 				var r *curatorv1.WatchResponse
@@ -94,7 +165,7 @@ func benchmarkWatchFanout(b *testing.B, streams int) {
 				}
 				for _, n := range r.Nodes {
 					if n.Id == a.ID {
-						delivered <- delivery{n.GetStatus().GetVersion(), time.Now()}
+						curia.delivered <- fanoutDelivery{n.GetStatus().GetVersion(), time.Now()}
 					}
 				}
 			}
@@ -107,51 +178,73 @@ func benchmarkWatchFanout(b *testing.B, streams int) {
 	}
 	withStreams := fanoutRSS(b, cur.PID())
 
-	var toAll, toFirst, write time.Duration
-	var each []time.Duration // every stream's delivery of every change
-	var past []time.Duration // the same, from when the write's call returned
+	// etcd's side: the value is the version, then padding to the size of
+	// the curator's message.
+	const peerKey = "/bench/watch-fanout"
+	pad := "|" + strings.Repeat("x", max(size-len("fanout-0000")-1, 0))
+	peer := &fanoutSide{streams: streams, delivered: make(chan fanoutDelivery, 4*streams)}
+	peer.write = func(ctx context.Context, v string) error {
+		_, err := etcds[0].Put(ctx, peerKey, v+pad)
+		return err
+	}
+	for i := range streams {
+		// Distinct metadata: etcd's client gives each watcher a gRPC
+		// stream of its own, as each curia watcher has, instead of
+		// sharing one.
+		wctx := metadata.AppendToOutgoingContext(sctx, "watcher", strconv.Itoa(i))
+		wch := etcds[i%conns].Watch(clientv3.WithRequireLeader(wctx), peerKey, clientv3.WithCreatedNotify())
+		wg.Go(func() {
+			created, ok := <-wch
+			if !ok || !created.Created {
+				opened <- fmt.Errorf("etcd watch not created: %v", created.Err())
+				return
+			}
+			opened <- nil
+			for resp := range wch {
+				for _, ev := range resp.Events {
+					v, _, _ := strings.Cut(string(ev.Kv.Value), "|")
+					peer.delivered <- fanoutDelivery{v, time.Now()}
+				}
+			}
+		})
+	}
+	for range streams {
+		if err := <-opened; err != nil {
+			b.Fatalf("open etcd watch: %v", err)
+		}
+	}
+
+	var cpu time.Duration // the curator's, during its own changes
+	curiaChange := func(v string) {
+		cpu0 := fanoutCPU(b, cur.PID())
+		curia.change(b, ctx, v)
+		cpu += fanoutCPU(b, cur.PID()) - cpu0
+	}
 	version := 0
-	cpu0 := fanoutCPU(b, cur.PID())
 	for b.Loop() {
 		version++
 		v := "fanout-" + strconv.Itoa(version)
-		begun := time.Now()
-		if _, err := node.UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: &curatorv1.NodeStatus{Version: v}}); err != nil {
-			b.Fatal(err)
+		if version%2 == 0 {
+			peer.change(b, ctx, v)
+			curiaChange(v)
+		} else {
+			curiaChange(v)
+			peer.change(b, ctx, v)
 		}
-		wrote := time.Since(begun)
-		write += wrote
-		timeout := time.After(deadline)
-		first, last := time.Duration(math.MaxInt64), time.Duration(0)
-		for got := 0; got < streams; got++ {
-			select {
-			case d := <-delivered:
-				if d.version != v {
-					b.Fatalf("a stream got version %q while waiting for %q", d.version, v)
-				}
-				took := d.at.Sub(begun)
-				each = append(each, took)
-				past = append(past, max(took-wrote, 0))
-				first, last = min(first, took), max(last, took)
-			case <-timeout:
-				b.Fatalf("%d of %d streams got the change within %v", got, streams, deadline)
-			}
-		}
-		toFirst += first
-		toAll += last
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / float64(b.N) }
-	slices.Sort(each)
-	slices.Sort(past)
-	b.ReportMetric(float64(each[len(each)*99/100])/float64(time.Millisecond), "ms/delivery-p99")
-	b.ReportMetric(float64(past[len(past)*99/100])/float64(time.Millisecond), "ms/delivery-p99-past-write")
-	b.ReportMetric(ms(toAll), "ms/delivery-to-all")
-	b.ReportMetric(ms(toFirst), "ms/first-delivery")
-	b.ReportMetric(ms(write), "ms/write")
+	b.ReportMetric(p99(curia.each), "ms/delivery-p99")
+	b.ReportMetric(p99(curia.past), "ms/delivery-p99-past-write")
+	b.ReportMetric(ms(curia.toAll), "ms/delivery-to-all")
+	b.ReportMetric(ms(curia.toFirst), "ms/first-delivery")
+	b.ReportMetric(ms(curia.wrote), "ms/write")
+	b.ReportMetric(p99(peer.each), "ms/etcd-delivery-p99")
+	b.ReportMetric(ms(peer.toAll), "ms/etcd-delivery-to-all")
+	b.ReportMetric(p99(curia.each)/p99(peer.each), "ratio-p99-vs-etcd")
 	b.ReportMetric(withStreams, "MB-rss")
 	b.ReportMetric(idle, "MB-rss-idle")
 	b.ReportMetric((withStreams-idle)*1024/float64(streams), "KB-rss/watcher")
-	b.ReportMetric(float64((fanoutCPU(b, cur.PID())-cpu0).Microseconds())/float64(b.N*streams), "µs-cpu/delivery")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*streams), "µs-cpu/delivery")
 }
 
 // fanoutCPU is the CPU time (user and system) process pid has used.

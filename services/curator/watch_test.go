@@ -55,6 +55,16 @@ func wdel(rev int64, c string) nodeChange {
 	return nodeChange{rev: rev, key: keys.Node(wid(c)), deleted: true}
 }
 
+// readResponses is h.read(w) with the responses alone.
+func readResponses(h *watchHub, w *watcher) ([]*curatorv1.WatchResponse, watchWake, bool) {
+	out, wake, behind := h.read(w)
+	rs := make([]*curatorv1.WatchResponse, len(out))
+	for i, o := range out {
+		rs[i] = o.r
+	}
+	return rs, wake, behind
+}
+
 // summary renders responses compactly: "snap@15[a:v2 c:v1]", "@12[a:v2 -b]";
 // a node whose record does not decode is "d:unreadable".
 func summary(rs []*curatorv1.WatchResponse) []string {
@@ -166,7 +176,7 @@ func TestWatchHubRead(t *testing.T) {
 			h.apply(tc.more)
 
 			w := tc.w
-			items, _, behind := h.read(&w)
+			items, _, behind := readResponses(h, &w)
 			got := items
 			if !slices.Equal(summary(got), tc.want) || behind != tc.behind {
 				t.Fatalf("read = %q, behind %v; want %q, behind %v", summary(got), behind, tc.want, tc.behind)
@@ -182,7 +192,7 @@ func TestWatchHubRead(t *testing.T) {
 				t.Fatalf("cursor %d after the read, want the hub's revision %d", w.cursor, h.revision())
 			}
 			// The next read has nothing new.
-			if again, _, _ := h.read(&w); !behind && len(again) > 0 {
+			if again, _, _ := readResponses(h, &w); !behind && len(again) > 0 {
 				t.Fatalf("second read = %q", summary(again))
 			}
 		})
@@ -202,7 +212,7 @@ func TestWatchHubReload(t *testing.T) {
 	}
 	for cursor, want := range map[int64]string{10: "snap@20[b:]", 11: "snap@20[b:]", 19: "snap@20[b:]", 20: ""} {
 		w := watcher{cursor: cursor}
-		got, _, _ := h.read(&w)
+		got, _, _ := readResponses(h, &w)
 		if strings.Join(summary(got), " ") != want {
 			t.Errorf("from %d: %q, want %q", cursor, summary(got), want)
 		}
@@ -329,7 +339,7 @@ func watchServe(t *testing.T, h *watchHub, w *watcher) (<-chan *curatorv1.WatchR
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		done <- h.serve(ctx, w, func(r *curatorv1.WatchResponse) error { out <- r; return nil })
+		done <- h.serve(ctx, w, func(r *curatorv1.WatchResponse, _ *watchBatch) error { out <- r; return nil })
 	}()
 	t.Cleanup(func() { cancel(); <-finished })
 	return out, done
@@ -407,7 +417,7 @@ func TestWatchHubServe(t *testing.T) {
 			finished := make(chan struct{})
 			go func() {
 				defer close(finished)
-				err := h.serve(ctx, &watcher{cursor: 10}, func(r *curatorv1.WatchResponse) error {
+				err := h.serve(ctx, &watcher{cursor: 10}, func(r *curatorv1.WatchResponse, _ *watchBatch) error {
 					if _, err := proto.Marshal(r); err != nil {
 						return err
 					}
@@ -741,7 +751,7 @@ func TestWatchHubEtcd(t *testing.T) {
 	stop := start()
 	w := &watcher{snapshot: true}
 	waitRev(put("a", "v1"))
-	got, _, _ := h.read(w)
+	got, _, _ := readResponses(h, w)
 	if s := summary(got); len(s) != 1 || !strings.HasPrefix(s[0], "snap@") || !strings.HasSuffix(s[0], "[a:v1]") {
 		t.Fatalf("first read %q", s)
 	}
@@ -752,7 +762,7 @@ func TestWatchHubEtcd(t *testing.T) {
 	}
 	r3 := del.Header.Revision
 	waitRev(r3)
-	got, _, _ = h.read(w)
+	got, _, _ = readResponses(h, w)
 	if s, want := summary(got), []string{fmt.Sprintf("@%d[b:v1]", r2), fmt.Sprintf("@%d[-a]", r3)}; !slices.Equal(s, want) {
 		t.Fatalf("updates %q, want %q", s, want)
 	}
@@ -778,7 +788,7 @@ func TestWatchHubEtcd(t *testing.T) {
 	defer stop()
 	waitRev(last)
 	w = &watcher{cursor: behind}
-	got, _, _ = h.read(w)
+	got, _, _ = readResponses(h, w)
 	if s := summary(got); len(s) != 1 || s[0] != fmt.Sprintf("snap@%d[b:v2 c:v1]", h.revision()) {
 		t.Fatalf("after the compaction %q, want a snapshot of b:v2 c:v1", s)
 	}
@@ -796,7 +806,7 @@ func TestWatchHubEtcd(t *testing.T) {
 	r4 := put("c", "v2")
 	r5 := put("b", "v3")
 	waitRev(r5)
-	got, _, _ = h.read(w)
+	got, _, _ = readResponses(h, w)
 	if s, want := summary(got), []string{fmt.Sprintf("@%d[c:v2]", r4), fmt.Sprintf("@%d[b:v3]", r5)}; !slices.Equal(s, want) {
 		t.Fatalf("after etcd restarted %q, want %q", s, want)
 	}
@@ -943,7 +953,7 @@ func TestWatchHubEtcdUnreadable(t *testing.T) {
 		}
 	}
 	w := &watcher{snapshot: true}
-	got, _, _ := h.read(w)
+	got, _, _ := readResponses(h, w)
 	if s := summary(got); len(s) != 1 || s[0] != fmt.Sprintf("snap@%d[a:v0 d:unreadable e:unreadable]", h.revision()) {
 		t.Fatalf("snapshot %q, want a:v0 and d, e unreadable", s)
 	}
@@ -986,7 +996,7 @@ func TestWatchHubEtcdUnreadable(t *testing.T) {
 	}
 	rde := del.Header.Revision
 	waitRev(rde)
-	got, _, _ = h.read(w)
+	got, _, _ = readResponses(h, w)
 	want := []string{fmt.Sprintf("@%d[f:unreadable]", rf), fmt.Sprintf("@%d[d:v1]", rd2), fmt.Sprintf("@%d[f:unreadable]", rf2), fmt.Sprintf("@%d[-e]", rde)}
 	if s := summary(got); !slices.Equal(s, want) {
 		t.Fatalf("batches %q, want %q", s, want)
@@ -996,7 +1006,7 @@ func TestWatchHubEtcdUnreadable(t *testing.T) {
 	if n := errs.n.Load(); n != 4 {
 		t.Fatalf("%d errors logged, want 4 (d, e, and f at two revisions)", n)
 	}
-	got, _, _ = h.read(&watcher{snapshot: true})
+	got, _, _ = readResponses(h, &watcher{snapshot: true})
 	if s := summary(got); len(s) != 1 || s[0] != fmt.Sprintf("snap@%d[a:v0 d:v1 f:unreadable]", h.revision()) {
 		t.Fatalf("snapshot %q", s)
 	}
