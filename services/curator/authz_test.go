@@ -116,6 +116,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"/curia.curator.v1.Management/GetRegisterTicket", &curatorv1.GetRegisterTicketRequest{}, false, []string{"admin"}},
 		{"/curia.curator.v1.Management/WatchAuditLog", &curatorv1.WatchAuditLogRequest{NoFollow: true}, true, []string{"admin"}},
 		{"/curia.curator.v1.Management/GetClusterConfig", &curatorv1.GetClusterConfigRequest{}, false, []string{"admin", "reconciler"}},
+		{"/curia.curator.v1.Management/WatchClusterConfig", &curatorv1.WatchClusterConfigRequest{}, true, []string{"admin", "reconciler"}},
 		// Without a mask: the admin's call fails on its contract, and writes nothing.
 		{"/curia.curator.v1.Management/UpdateClusterConfig", &curatorv1.UpdateClusterConfigRequest{}, false, []string{"admin"}},
 		// Snapshots are off here: the allowed get FailedPrecondition.

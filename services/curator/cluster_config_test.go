@@ -14,6 +14,7 @@ import (
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/pki"
 	"curia.dev/platform/records"
 	"curia.dev/platform/rpcerr"
 	cut "curia.dev/services/curator/curatortest"
@@ -260,4 +261,49 @@ func TestClusterConfigCorrupt(t *testing.T) {
 	wantCode(t, err, codes.DataLoss, "etcdctl del "+keys.ClusterConfig)
 	_, err = m.UpdateClusterConfig(context.Background(), configUpdate(&curatorv1.ClusterConfig{Paused: true}, "", "paused"))
 	wantCode(t, err, codes.DataLoss, "does not decode")
+}
+
+// TestWatchClusterConfig: through a follower (which answers it itself),
+// the stream sends the configuration as read, then each update as
+// GetClusterConfig would answer it at the update's revision, in order, and
+// the defaults at revision 0 once the record is deleted; a record that
+// does not decode ends the stream with DataLoss and the way out.
+func TestWatchClusterConfig(t *testing.T) {
+	c := cut.New(t, 2)
+	ctx := ctxT(t)
+	m := curatorv1.NewManagementClient(c.Conn(c.Leader(), cut.Admin))
+	etcd := c.Etcd(c.Voters[0].ClientURL)
+	stream, err := curatorv1.NewManagementClient(c.Conn(leaseFollower(c), pki.Principal{Kind: pki.KindReconciler})).WatchClusterConfig(ctx, &curatorv1.WatchClusterConfigRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func(t *testing.T, want *curatorv1.ClusterConfig, rev int64) {
+		t.Helper()
+		got, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(got.Config, want) || got.Revision != rev {
+			t.Fatalf("got %v at revision %d, want %v at %d", got.Config, got.Revision, want, rev)
+		}
+	}
+	want := records.DefaultClusterConfig()
+	next(t, want, 0)
+	for _, size := range []uint32{3, 5} {
+		resp, err := m.UpdateClusterConfig(ctx, configUpdate(&curatorv1.ClusterConfig{ControlPlaneSize: size}, "", "control_plane_size"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want.ControlPlaneSize = size
+		next(t, want, resp.Revision)
+	}
+	if _, err := etcd.Delete(ctx, keys.ClusterConfig); err != nil {
+		t.Fatal(err)
+	}
+	next(t, records.DefaultClusterConfig(), 0)
+	if _, err := etcd.Put(ctx, keys.ClusterConfig, "\xff\xfe not a config record"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = stream.Recv()
+	wantCode(t, err, codes.DataLoss, "etcdctl del "+keys.ClusterConfig)
 }

@@ -33,6 +33,8 @@ var localMethods = map[string]bool{
 	// Every replica's watch hub answers GetNodes at etcd's current
 	// revision (leader_nodes.go): reads scale with the replicas.
 	"/curia.curator.v1.Management/GetNodes": true,
+	// Every replica watches the configuration's key (leader_cluster_config.go).
+	"/curia.curator.v1.Management/WatchClusterConfig": true,
 }
 
 func forwarded(method string) bool {

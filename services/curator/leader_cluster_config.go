@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -29,6 +30,53 @@ func (x *managementServer) GetClusterConfig(ctx context.Context, _ *curatorv1.Ge
 	return &curatorv1.GetClusterConfigResponse{Config: c, Revision: rev}, nil
 }
 
+// WatchClusterConfig sends the configuration as read, then every change
+// from this replica's etcd watch of its key, from the read's revision on:
+// none is missed, none sent twice.
+func (x *managementServer) WatchClusterConfig(_ *curatorv1.WatchClusterConfigRequest, stream curatorv1.Management_WatchClusterConfigServer) error {
+	ctx := stream.Context()
+	resp, err := x.s.etcd.Get(ctx, keys.ClusterConfig)
+	if err != nil {
+		return fmt.Errorf("%w: read cluster config: %v", errUnavailable, err)
+	}
+	var kv *mvccpb.KeyValue
+	if len(resp.Kvs) > 0 {
+		kv = resp.Kvs[0]
+	}
+	if err := sendClusterConfig(stream, kv); err != nil {
+		return err
+	}
+	// Require a leader: a replica cut off from the quorum ends the stream
+	// instead of holding it silent; the client watches again, anywhere.
+	for w := range x.s.etcd.Watch(clientv3.WithRequireLeader(ctx), keys.ClusterConfig, clientv3.WithRev(resp.Header.Revision+1)) {
+		if err := w.Err(); err != nil {
+			return fmt.Errorf("%w: watch cluster config: %v; watch again", errUnavailable, err)
+		}
+		for _, ev := range w.Events {
+			kv := ev.Kv
+			if ev.Type == mvccpb.DELETE {
+				kv = nil
+			}
+			if err := sendClusterConfig(stream, kv); err != nil {
+				return err
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("%w: the watch of the cluster config ended; watch again", errUnavailable)
+}
+
+// sendClusterConfig sends the configuration record kv holds (nil: none).
+func sendClusterConfig(stream curatorv1.Management_WatchClusterConfigServer, kv *mvccpb.KeyValue) error {
+	c, rev, err := clusterConfigOf(kv)
+	if err != nil {
+		return err
+	}
+	return stream.Send(&curatorv1.WatchClusterConfigResponse{Config: c, Revision: rev})
+}
+
 func (x *managementServer) UpdateClusterConfig(ctx context.Context, req *curatorv1.UpdateClusterConfigRequest) (*curatorv1.UpdateClusterConfigResponse, error) {
 	return x.s.updateClusterConfig(ctx, req)
 }
@@ -41,13 +89,23 @@ func (s *Service) readClusterConfig(ctx context.Context) (*curatorv1.ClusterConf
 		return nil, 0, fmt.Errorf("read cluster config: %w", err)
 	}
 	if len(resp.Kvs) == 0 {
+		return clusterConfigOf(nil)
+	}
+	return clusterConfigOf(resp.Kvs[0])
+}
+
+// clusterConfigOf is the configuration the record kv holds, defaults
+// filled in, and its revision; for no record (nil: never written, or
+// deleted), the defaults at revision 0.
+func clusterConfigOf(kv *mvccpb.KeyValue) (*curatorv1.ClusterConfig, int64, error) {
+	if kv == nil {
 		return records.DefaultClusterConfig(), 0, nil
 	}
-	c, err := records.DecodeClusterConfig(resp.Kvs[0].Value)
+	c, err := records.DecodeClusterConfig(kv.Value)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: the cluster configuration record %s does not decode (%v): restore it from a backup, or delete the key (etcdctl del %s) to go back to the defaults and set it again with UpdateClusterConfig", errCorrupt, keys.ClusterConfig, err, keys.ClusterConfig)
 	}
-	return c, resp.Kvs[0].ModRevision, nil
+	return c, kv.ModRevision, nil
 }
 
 // updateClusterConfig applies req to the stored configuration. Without

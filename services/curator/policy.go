@@ -28,7 +28,8 @@ import (
 //	            IssueCertificates  nodes, for themselves
 //	            GetMembership      consensus processes
 //	Management  everything         admin
-//	            GetClusterConfig   admin, reconciler (it follows the config)
+//	            GetClusterConfig,  admin, reconciler (it follows the config)
+//	            WatchClusterConfig
 //	            TakeSnapshot       admin, reconciler (before a membership change)
 //	Leases      everything         reconciler
 //	Reconciliation  ReconcileNodeRoles  reconciler
@@ -56,6 +57,7 @@ func policy() rpc.Policy {
 		p[method(curatorv1.Management_ServiceDesc.ServiceName, m.StreamName)] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin}}
 	}
 	p[curatorv1.Management_GetClusterConfig_FullMethodName] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindReconciler}}
+	p[curatorv1.Management_WatchClusterConfig_FullMethodName] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindReconciler}}
 	p[curatorv1.Management_TakeSnapshot_FullMethodName] = rpc.Rule{Allow: []pki.Kind{pki.KindAdmin, pki.KindReconciler}}
 	for _, m := range curatorv1.Leases_ServiceDesc.Methods {
 		p[method(curatorv1.Leases_ServiceDesc.ServiceName, m.MethodName)] = rpc.Rule{Allow: []pki.Kind{pki.KindReconciler}}

@@ -167,6 +167,33 @@ func (r *Reconciler) learnerClocks(members []plan.Member, now time.Time) (since,
 	return since, ready
 }
 
+// watchConfig triggers a pass on every change of the cluster
+// configuration, from whichever curator replica answers: a new
+// control_plane_size, or paused, is acted on at once, not at the next tick.
+// A stream (re)opened also triggers one: the configuration may have
+// changed while none was open.
+func (r *Reconciler) watchConfig(ctx context.Context) error {
+	for ctx.Err() == nil {
+		stream, err := curatorv1.NewManagementClient(r.curator).WatchClusterConfig(ctx, &curatorv1.WatchClusterConfigRequest{})
+		if err == nil {
+			for {
+				if _, err = stream.Recv(); err != nil {
+					break
+				}
+				r.kick()
+			}
+		}
+		if ctx.Err() == nil {
+			r.log.Debug("cluster config watch ended", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+	return nil
+}
+
 // watchMembership triggers a pass on every membership change made through
 // curia (each bumps the epoch), from whichever consensus service answers.
 func (r *Reconciler) watchMembership(ctx context.Context) error {

@@ -4,8 +4,9 @@
 // truth; every change is fenced on the lease, the term that granted it, and
 // the membership epoch the plan was made from.
 //
-//	trigger (node watch event, membership epoch change, tick, previous action,
-//	         the plan's next deadline: plan.Recheck)
+//	trigger (node watch event, membership epoch change, cluster config
+//	         change, tick, previous action, the plan's next deadline:
+//	         plan.Recheck)
 //	   │
 //	   ▼
 //	observe ── consensus ListMembers (epoch, members) ─┐
@@ -306,6 +307,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	g.Add("lease", func(ctx context.Context) error { return r.lease.run(ctx, func() { g.Ready("lease") }) })
 	g.AddReady("watch", r.followNodes)
 	g.AddReady("watch-membership", r.watchMembership)
+	g.AddReady("watch-config", r.watchConfig)
 	g.AddReady("loop", r.loop)
 	g.AddReady("crl", func(ctx context.Context) error {
 		return r.crl.Follow(ctx, func() (curatorv1.CuratorClient, error) { return curatorv1.NewCuratorClient(r.curator), nil })

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
@@ -279,6 +282,49 @@ func TestDriftOutsideCuria(t *testing.T) {
 		return nil
 	})
 	t.Logf("a learner added outside curia removed %v later", time.Since(begun).Round(time.Millisecond))
+}
+
+// TestConfigChangeTriggersPass: a change of the cluster configuration
+// starts a pass at once, with no tick to wait for (an hour here) and no
+// node or membership change to trigger one.
+func TestConfigChangeTriggersPass(t *testing.T) {
+	c := cut.New(t, 1)
+	ctx := ctxT(t)
+	r := startReconciler(t, c, "reconciler-0", "--tick", "1h")
+	r.untilConverged(t, c)
+	// The passes the start triggered are over once the count holds still
+	// for 2 s; the hour's tick brings no other.
+	var before int64
+	since := time.Now()
+	proctest.Eventually(t, time.Minute, func() error {
+		st, err := r.status(t, c)
+		if err != nil {
+			return err
+		}
+		if st.Passes != before {
+			before, since = st.Passes, time.Now()
+		}
+		if time.Since(since) < 2*time.Second {
+			return fmt.Errorf("%d passes so far, the last within 2 s", before)
+		}
+		return nil
+	})
+	if _, err := c.Management().UpdateClusterConfig(ctx, &curatorv1.UpdateClusterConfigRequest{
+		Config:     &curatorv1.ClusterConfig{DeadNodeThreshold: durationpb.New(time.Minute)},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"dead_node_threshold"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	proctest.Eventually(t, 30*time.Second, func() error {
+		st, err := r.status(t, c)
+		if err != nil {
+			return err
+		}
+		if st.Passes == before {
+			return fmt.Errorf("no pass since the configuration changed (%d passes)", st.Passes)
+		}
+		return nil
+	})
 }
 
 func pause(t *testing.T, c *cut.Cluster, r *replica, on bool) {

@@ -227,6 +227,103 @@ func (x *GetClusterConfigResponse) GetRevision() int64 {
 	return 0
 }
 
+// WatchClusterConfigRequest asks for the cluster configuration and its
+// changes.
+type WatchClusterConfigRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchClusterConfigRequest) Reset() {
+	*x = WatchClusterConfigRequest{}
+	mi := &file_curia_curator_v1_cluster_config_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchClusterConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchClusterConfigRequest) ProtoMessage() {}
+
+func (x *WatchClusterConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_cluster_config_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchClusterConfigRequest.ProtoReflect.Descriptor instead.
+func (*WatchClusterConfigRequest) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_cluster_config_proto_rawDescGZIP(), []int{3}
+}
+
+// WatchClusterConfigResponse is the cluster configuration as of a
+// revision: the current one first, then one per change.
+type WatchClusterConfigResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The configuration, every field filled in (defaults for those never
+	// written, or after the record was deleted).
+	Config *ClusterConfig `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
+	// The etcd mod revision of the stored configuration, as
+	// GetClusterConfigResponse.revision: 0 when it was never written or was
+	// deleted.
+	Revision      int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchClusterConfigResponse) Reset() {
+	*x = WatchClusterConfigResponse{}
+	mi := &file_curia_curator_v1_cluster_config_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchClusterConfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchClusterConfigResponse) ProtoMessage() {}
+
+func (x *WatchClusterConfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_cluster_config_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchClusterConfigResponse.ProtoReflect.Descriptor instead.
+func (*WatchClusterConfigResponse) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_cluster_config_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *WatchClusterConfigResponse) GetConfig() *ClusterConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+func (x *WatchClusterConfigResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 // UpdateClusterConfigRequest changes the fields of the cluster
 // configuration that update_mask names and leaves the others as they are.
 type UpdateClusterConfigRequest struct {
@@ -256,7 +353,7 @@ type UpdateClusterConfigRequest struct {
 
 func (x *UpdateClusterConfigRequest) Reset() {
 	*x = UpdateClusterConfigRequest{}
-	mi := &file_curia_curator_v1_cluster_config_proto_msgTypes[3]
+	mi := &file_curia_curator_v1_cluster_config_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -268,7 +365,7 @@ func (x *UpdateClusterConfigRequest) String() string {
 func (*UpdateClusterConfigRequest) ProtoMessage() {}
 
 func (x *UpdateClusterConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_cluster_config_proto_msgTypes[3]
+	mi := &file_curia_curator_v1_cluster_config_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -281,7 +378,7 @@ func (x *UpdateClusterConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateClusterConfigRequest.ProtoReflect.Descriptor instead.
 func (*UpdateClusterConfigRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_cluster_config_proto_rawDescGZIP(), []int{3}
+	return file_curia_curator_v1_cluster_config_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *UpdateClusterConfigRequest) GetConfig() *ClusterConfig {
@@ -335,7 +432,7 @@ type UpdateClusterConfigResponse struct {
 
 func (x *UpdateClusterConfigResponse) Reset() {
 	*x = UpdateClusterConfigResponse{}
-	mi := &file_curia_curator_v1_cluster_config_proto_msgTypes[4]
+	mi := &file_curia_curator_v1_cluster_config_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -347,7 +444,7 @@ func (x *UpdateClusterConfigResponse) String() string {
 func (*UpdateClusterConfigResponse) ProtoMessage() {}
 
 func (x *UpdateClusterConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_cluster_config_proto_msgTypes[4]
+	mi := &file_curia_curator_v1_cluster_config_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -360,7 +457,7 @@ func (x *UpdateClusterConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateClusterConfigResponse.ProtoReflect.Descriptor instead.
 func (*UpdateClusterConfigResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_cluster_config_proto_rawDescGZIP(), []int{4}
+	return file_curia_curator_v1_cluster_config_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *UpdateClusterConfigResponse) GetConfig() *ClusterConfig {
@@ -397,6 +494,10 @@ const file_curia_curator_v1_cluster_config_proto_rawDesc = "" +
 	"\x17GetClusterConfigRequest\"o\n" +
 	"\x18GetClusterConfigResponse\x127\n" +
 	"\x06config\x18\x01 \x01(\v2\x1f.curia.curator.v1.ClusterConfigR\x06config\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"\x1b\n" +
+	"\x19WatchClusterConfigRequest\"q\n" +
+	"\x1aWatchClusterConfigResponse\x127\n" +
+	"\x06config\x18\x01 \x01(\v2\x1f.curia.curator.v1.ClusterConfigR\x06config\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"\xd2\x06\n" +
 	"\x1aUpdateClusterConfigRequest\x12?\n" +
 	"\x06config\x18\x01 \x01(\v2\x1f.curia.curator.v1.ClusterConfigB\x06\xbaH\x03\xc8\x01\x01R\x06config\x12\xf5\x04\n" +
@@ -423,28 +524,31 @@ func file_curia_curator_v1_cluster_config_proto_rawDescGZIP() []byte {
 	return file_curia_curator_v1_cluster_config_proto_rawDescData
 }
 
-var file_curia_curator_v1_cluster_config_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_curia_curator_v1_cluster_config_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_curia_curator_v1_cluster_config_proto_goTypes = []any{
 	(*ClusterConfig)(nil),               // 0: curia.curator.v1.ClusterConfig
 	(*GetClusterConfigRequest)(nil),     // 1: curia.curator.v1.GetClusterConfigRequest
 	(*GetClusterConfigResponse)(nil),    // 2: curia.curator.v1.GetClusterConfigResponse
-	(*UpdateClusterConfigRequest)(nil),  // 3: curia.curator.v1.UpdateClusterConfigRequest
-	(*UpdateClusterConfigResponse)(nil), // 4: curia.curator.v1.UpdateClusterConfigResponse
-	(*durationpb.Duration)(nil),         // 5: google.protobuf.Duration
-	(*fieldmaskpb.FieldMask)(nil),       // 6: google.protobuf.FieldMask
+	(*WatchClusterConfigRequest)(nil),   // 3: curia.curator.v1.WatchClusterConfigRequest
+	(*WatchClusterConfigResponse)(nil),  // 4: curia.curator.v1.WatchClusterConfigResponse
+	(*UpdateClusterConfigRequest)(nil),  // 5: curia.curator.v1.UpdateClusterConfigRequest
+	(*UpdateClusterConfigResponse)(nil), // 6: curia.curator.v1.UpdateClusterConfigResponse
+	(*durationpb.Duration)(nil),         // 7: google.protobuf.Duration
+	(*fieldmaskpb.FieldMask)(nil),       // 8: google.protobuf.FieldMask
 }
 var file_curia_curator_v1_cluster_config_proto_depIdxs = []int32{
-	5, // 0: curia.curator.v1.ClusterConfig.dead_node_threshold:type_name -> google.protobuf.Duration
-	5, // 1: curia.curator.v1.ClusterConfig.stabilization:type_name -> google.protobuf.Duration
+	7, // 0: curia.curator.v1.ClusterConfig.dead_node_threshold:type_name -> google.protobuf.Duration
+	7, // 1: curia.curator.v1.ClusterConfig.stabilization:type_name -> google.protobuf.Duration
 	0, // 2: curia.curator.v1.GetClusterConfigResponse.config:type_name -> curia.curator.v1.ClusterConfig
-	0, // 3: curia.curator.v1.UpdateClusterConfigRequest.config:type_name -> curia.curator.v1.ClusterConfig
-	6, // 4: curia.curator.v1.UpdateClusterConfigRequest.update_mask:type_name -> google.protobuf.FieldMask
-	0, // 5: curia.curator.v1.UpdateClusterConfigResponse.config:type_name -> curia.curator.v1.ClusterConfig
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	0, // 3: curia.curator.v1.WatchClusterConfigResponse.config:type_name -> curia.curator.v1.ClusterConfig
+	0, // 4: curia.curator.v1.UpdateClusterConfigRequest.config:type_name -> curia.curator.v1.ClusterConfig
+	8, // 5: curia.curator.v1.UpdateClusterConfigRequest.update_mask:type_name -> google.protobuf.FieldMask
+	0, // 6: curia.curator.v1.UpdateClusterConfigResponse.config:type_name -> curia.curator.v1.ClusterConfig
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_cluster_config_proto_init() }
@@ -458,7 +562,7 @@ func file_curia_curator_v1_cluster_config_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_cluster_config_proto_rawDesc), len(file_curia_curator_v1_cluster_config_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

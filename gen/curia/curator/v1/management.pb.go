@@ -2051,8 +2051,7 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x1cSNAPSHOT_TRIGGER_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aSNAPSHOT_TRIGGER_SCHEDULED\x10\x01\x12\x1e\n" +
 	"\x1aSNAPSHOT_TRIGGER_ON_DEMAND\x10\x02\x12-\n" +
-	")SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE\x10\x032\xcc\n" +
-	"\n" +
+	")SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE\x10\x032\xc4\v\n" +
 	"\n" +
 	"Management\x12X\n" +
 	"\bGetNodes\x12!.curia.curator.v1.GetNodesRequest\x1a\".curia.curator.v1.GetNodesResponse\"\x03\x90\x02\x010\x01\x12Z\n" +
@@ -2064,7 +2063,8 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x12GetConsensusStatus\x12+.curia.curator.v1.GetConsensusStatusRequest\x1a,.curia.curator.v1.GetConsensusStatusResponse\"\x03\x90\x02\x01\x12q\n" +
 	"\x11GetRegisterTicket\x12*.curia.curator.v1.GetRegisterTicketRequest\x1a+.curia.curator.v1.GetRegisterTicketResponse\"\x03\x90\x02\x01\x12n\n" +
 	"\x10GetClusterConfig\x12).curia.curator.v1.GetClusterConfigRequest\x1a*.curia.curator.v1.GetClusterConfigResponse\"\x03\x90\x02\x01\x12r\n" +
-	"\x13UpdateClusterConfig\x12,.curia.curator.v1.UpdateClusterConfigRequest\x1a-.curia.curator.v1.UpdateClusterConfigResponse\x12g\n" +
+	"\x13UpdateClusterConfig\x12,.curia.curator.v1.UpdateClusterConfigRequest\x1a-.curia.curator.v1.UpdateClusterConfigResponse\x12v\n" +
+	"\x12WatchClusterConfig\x12+.curia.curator.v1.WatchClusterConfigRequest\x1a,.curia.curator.v1.WatchClusterConfigResponse\"\x03\x90\x02\x010\x01\x12g\n" +
 	"\rWatchAuditLog\x12&.curia.curator.v1.WatchAuditLogRequest\x1a'.curia.curator.v1.WatchAuditLogResponse\"\x03\x90\x02\x010\x01\x12]\n" +
 	"\fTakeSnapshot\x12%.curia.curator.v1.TakeSnapshotRequest\x1a&.curia.curator.v1.TakeSnapshotResponse\x12e\n" +
 	"\rListSnapshots\x12&.curia.curator.v1.ListSnapshotsRequest\x1a'.curia.curator.v1.ListSnapshotsResponse\"\x03\x90\x02\x01\x12a\n" +
@@ -2122,8 +2122,10 @@ var file_curia_curator_v1_management_proto_goTypes = []any{
 	(*v1.Event)(nil),                    // 33: curia.audit.v1.Event
 	(*GetClusterConfigRequest)(nil),     // 34: curia.curator.v1.GetClusterConfigRequest
 	(*UpdateClusterConfigRequest)(nil),  // 35: curia.curator.v1.UpdateClusterConfigRequest
-	(*GetClusterConfigResponse)(nil),    // 36: curia.curator.v1.GetClusterConfigResponse
-	(*UpdateClusterConfigResponse)(nil), // 37: curia.curator.v1.UpdateClusterConfigResponse
+	(*WatchClusterConfigRequest)(nil),   // 36: curia.curator.v1.WatchClusterConfigRequest
+	(*GetClusterConfigResponse)(nil),    // 37: curia.curator.v1.GetClusterConfigResponse
+	(*UpdateClusterConfigResponse)(nil), // 38: curia.curator.v1.UpdateClusterConfigResponse
+	(*WatchClusterConfigResponse)(nil),  // 39: curia.curator.v1.WatchClusterConfigResponse
 }
 var file_curia_curator_v1_management_proto_depIdxs = []int32{
 	29, // 0: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
@@ -2158,25 +2160,27 @@ var file_curia_curator_v1_management_proto_depIdxs = []int32{
 	24, // 29: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
 	34, // 30: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
 	35, // 31: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
-	26, // 32: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
-	15, // 33: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
-	17, // 34: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
-	19, // 35: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
-	2,  // 36: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
-	4,  // 37: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
-	6,  // 38: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
-	8,  // 39: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
-	10, // 40: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
-	23, // 41: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
-	25, // 42: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
-	36, // 43: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
-	37, // 44: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
-	27, // 45: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
-	16, // 46: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
-	18, // 47: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
-	20, // 48: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
-	36, // [36:49] is the sub-list for method output_type
-	23, // [23:36] is the sub-list for method input_type
+	36, // 32: curia.curator.v1.Management.WatchClusterConfig:input_type -> curia.curator.v1.WatchClusterConfigRequest
+	26, // 33: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
+	15, // 34: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
+	17, // 35: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
+	19, // 36: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
+	2,  // 37: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
+	4,  // 38: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
+	6,  // 39: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
+	8,  // 40: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
+	10, // 41: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
+	23, // 42: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
+	25, // 43: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
+	37, // 44: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
+	38, // 45: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
+	39, // 46: curia.curator.v1.Management.WatchClusterConfig:output_type -> curia.curator.v1.WatchClusterConfigResponse
+	27, // 47: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
+	16, // 48: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
+	18, // 49: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
+	20, // 50: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
+	37, // [37:51] is the sub-list for method output_type
+	23, // [23:37] is the sub-list for method input_type
 	23, // [23:23] is the sub-list for extension type_name
 	23, // [23:23] is the sub-list for extension extendee
 	0,  // [0:23] is the sub-list for field type_name

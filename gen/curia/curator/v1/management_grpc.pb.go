@@ -28,6 +28,7 @@ const (
 	Management_GetRegisterTicket_FullMethodName   = "/curia.curator.v1.Management/GetRegisterTicket"
 	Management_GetClusterConfig_FullMethodName    = "/curia.curator.v1.Management/GetClusterConfig"
 	Management_UpdateClusterConfig_FullMethodName = "/curia.curator.v1.Management/UpdateClusterConfig"
+	Management_WatchClusterConfig_FullMethodName  = "/curia.curator.v1.Management/WatchClusterConfig"
 	Management_WatchAuditLog_FullMethodName       = "/curia.curator.v1.Management/WatchAuditLog"
 	Management_TakeSnapshot_FullMethodName        = "/curia.curator.v1.Management/TakeSnapshot"
 	Management_ListSnapshots_FullMethodName       = "/curia.curator.v1.Management/ListSnapshots"
@@ -64,6 +65,12 @@ type ManagementClient interface {
 	// UpdateClusterConfig changes the fields of the cluster configuration
 	// that its update_mask names, in one write with its audit event.
 	UpdateClusterConfig(ctx context.Context, in *UpdateClusterConfigRequest, opts ...grpc.CallOption) (*UpdateClusterConfigResponse, error)
+	// WatchClusterConfig streams the cluster configuration as
+	// GetClusterConfig answers it: the current one, then each change, in
+	// revision order. The reconciler follows it, so that a change
+	// (control_plane_size, paused) is acted on at once, not at its next
+	// periodic pass. Served by every replica from its own etcd watch.
+	WatchClusterConfig(ctx context.Context, in *WatchClusterConfigRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchClusterConfigResponse], error)
 	// WatchAuditLog streams the audit log: the recent past (or everything
 	// after a revision), then every new event. The log keeps events for
 	// --audit-max-age and at most --audit-max-events of them.
@@ -209,9 +216,28 @@ func (c *managementClient) UpdateClusterConfig(ctx context.Context, in *UpdateCl
 	return out, nil
 }
 
+func (c *managementClient) WatchClusterConfig(ctx context.Context, in *WatchClusterConfigRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchClusterConfigResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Management_ServiceDesc.Streams[1], Management_WatchClusterConfig_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchClusterConfigRequest, WatchClusterConfigResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Management_WatchClusterConfigClient = grpc.ServerStreamingClient[WatchClusterConfigResponse]
+
 func (c *managementClient) WatchAuditLog(ctx context.Context, in *WatchAuditLogRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchAuditLogResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Management_ServiceDesc.Streams[1], Management_WatchAuditLog_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Management_ServiceDesc.Streams[2], Management_WatchAuditLog_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -250,7 +276,7 @@ func (c *managementClient) ListSnapshots(ctx context.Context, in *ListSnapshotsR
 
 func (c *managementClient) GetSnapshot(ctx context.Context, in *GetSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetSnapshotResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Management_ServiceDesc.Streams[2], Management_GetSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Management_ServiceDesc.Streams[3], Management_GetSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -297,6 +323,12 @@ type ManagementServer interface {
 	// UpdateClusterConfig changes the fields of the cluster configuration
 	// that its update_mask names, in one write with its audit event.
 	UpdateClusterConfig(context.Context, *UpdateClusterConfigRequest) (*UpdateClusterConfigResponse, error)
+	// WatchClusterConfig streams the cluster configuration as
+	// GetClusterConfig answers it: the current one, then each change, in
+	// revision order. The reconciler follows it, so that a change
+	// (control_plane_size, paused) is acted on at once, not at its next
+	// periodic pass. Served by every replica from its own etcd watch.
+	WatchClusterConfig(*WatchClusterConfigRequest, grpc.ServerStreamingServer[WatchClusterConfigResponse]) error
 	// WatchAuditLog streams the audit log: the recent past (or everything
 	// after a revision), then every new event. The log keeps events for
 	// --audit-max-age and at most --audit-max-events of them.
@@ -369,6 +401,9 @@ func (UnimplementedManagementServer) GetClusterConfig(context.Context, *GetClust
 }
 func (UnimplementedManagementServer) UpdateClusterConfig(context.Context, *UpdateClusterConfigRequest) (*UpdateClusterConfigResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UpdateClusterConfig not implemented")
+}
+func (UnimplementedManagementServer) WatchClusterConfig(*WatchClusterConfigRequest, grpc.ServerStreamingServer[WatchClusterConfigResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchClusterConfig not implemented")
 }
 func (UnimplementedManagementServer) WatchAuditLog(*WatchAuditLogRequest, grpc.ServerStreamingServer[WatchAuditLogResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchAuditLog not implemented")
@@ -558,6 +593,17 @@ func _Management_UpdateClusterConfig_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Management_WatchClusterConfig_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchClusterConfigRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ManagementServer).WatchClusterConfig(m, &grpc.GenericServerStream[WatchClusterConfigRequest, WatchClusterConfigResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Management_WatchClusterConfigServer = grpc.ServerStreamingServer[WatchClusterConfigResponse]
+
 func _Management_WatchAuditLog_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchAuditLogRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -668,6 +714,11 @@ var Management_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "GetNodes",
 			Handler:       _Management_GetNodes_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchClusterConfig",
+			Handler:       _Management_WatchClusterConfig_Handler,
 			ServerStreams: true,
 		},
 		{

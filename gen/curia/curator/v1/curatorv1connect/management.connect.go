@@ -57,6 +57,9 @@ const (
 	// ManagementUpdateClusterConfigProcedure is the fully-qualified name of the Management's
 	// UpdateClusterConfig RPC.
 	ManagementUpdateClusterConfigProcedure = "/curia.curator.v1.Management/UpdateClusterConfig"
+	// ManagementWatchClusterConfigProcedure is the fully-qualified name of the Management's
+	// WatchClusterConfig RPC.
+	ManagementWatchClusterConfigProcedure = "/curia.curator.v1.Management/WatchClusterConfig"
 	// ManagementWatchAuditLogProcedure is the fully-qualified name of the Management's WatchAuditLog
 	// RPC.
 	ManagementWatchAuditLogProcedure = "/curia.curator.v1.Management/WatchAuditLog"
@@ -94,6 +97,12 @@ type ManagementClient interface {
 	// UpdateClusterConfig changes the fields of the cluster configuration
 	// that its update_mask names, in one write with its audit event.
 	UpdateClusterConfig(context.Context, *connect.Request[v1.UpdateClusterConfigRequest]) (*connect.Response[v1.UpdateClusterConfigResponse], error)
+	// WatchClusterConfig streams the cluster configuration as
+	// GetClusterConfig answers it: the current one, then each change, in
+	// revision order. The reconciler follows it, so that a change
+	// (control_plane_size, paused) is acted on at once, not at its next
+	// periodic pass. Served by every replica from its own etcd watch.
+	WatchClusterConfig(context.Context, *connect.Request[v1.WatchClusterConfigRequest]) (*connect.ServerStreamForClient[v1.WatchClusterConfigResponse], error)
 	// WatchAuditLog streams the audit log: the recent past (or everything
 	// after a revision), then every new event. The log keeps events for
 	// --audit-max-age and at most --audit-max-events of them.
@@ -202,6 +211,13 @@ func NewManagementClient(httpClient connect.HTTPClient, baseURL string, opts ...
 			connect.WithSchema(managementMethods.ByName("UpdateClusterConfig")),
 			connect.WithClientOptions(opts...),
 		),
+		watchClusterConfig: connect.NewClient[v1.WatchClusterConfigRequest, v1.WatchClusterConfigResponse](
+			httpClient,
+			baseURL+ManagementWatchClusterConfigProcedure,
+			connect.WithSchema(managementMethods.ByName("WatchClusterConfig")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 		watchAuditLog: connect.NewClient[v1.WatchAuditLogRequest, v1.WatchAuditLogResponse](
 			httpClient,
 			baseURL+ManagementWatchAuditLogProcedure,
@@ -243,6 +259,7 @@ type managementClient struct {
 	getRegisterTicket   *connect.Client[v1.GetRegisterTicketRequest, v1.GetRegisterTicketResponse]
 	getClusterConfig    *connect.Client[v1.GetClusterConfigRequest, v1.GetClusterConfigResponse]
 	updateClusterConfig *connect.Client[v1.UpdateClusterConfigRequest, v1.UpdateClusterConfigResponse]
+	watchClusterConfig  *connect.Client[v1.WatchClusterConfigRequest, v1.WatchClusterConfigResponse]
 	watchAuditLog       *connect.Client[v1.WatchAuditLogRequest, v1.WatchAuditLogResponse]
 	takeSnapshot        *connect.Client[v1.TakeSnapshotRequest, v1.TakeSnapshotResponse]
 	listSnapshots       *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
@@ -294,6 +311,11 @@ func (c *managementClient) UpdateClusterConfig(ctx context.Context, req *connect
 	return c.updateClusterConfig.CallUnary(ctx, req)
 }
 
+// WatchClusterConfig calls curia.curator.v1.Management.WatchClusterConfig.
+func (c *managementClient) WatchClusterConfig(ctx context.Context, req *connect.Request[v1.WatchClusterConfigRequest]) (*connect.ServerStreamForClient[v1.WatchClusterConfigResponse], error) {
+	return c.watchClusterConfig.CallServerStream(ctx, req)
+}
+
 // WatchAuditLog calls curia.curator.v1.Management.WatchAuditLog.
 func (c *managementClient) WatchAuditLog(ctx context.Context, req *connect.Request[v1.WatchAuditLogRequest]) (*connect.ServerStreamForClient[v1.WatchAuditLogResponse], error) {
 	return c.watchAuditLog.CallServerStream(ctx, req)
@@ -339,6 +361,12 @@ type ManagementHandler interface {
 	// UpdateClusterConfig changes the fields of the cluster configuration
 	// that its update_mask names, in one write with its audit event.
 	UpdateClusterConfig(context.Context, *connect.Request[v1.UpdateClusterConfigRequest]) (*connect.Response[v1.UpdateClusterConfigResponse], error)
+	// WatchClusterConfig streams the cluster configuration as
+	// GetClusterConfig answers it: the current one, then each change, in
+	// revision order. The reconciler follows it, so that a change
+	// (control_plane_size, paused) is acted on at once, not at its next
+	// periodic pass. Served by every replica from its own etcd watch.
+	WatchClusterConfig(context.Context, *connect.Request[v1.WatchClusterConfigRequest], *connect.ServerStream[v1.WatchClusterConfigResponse]) error
 	// WatchAuditLog streams the audit log: the recent past (or everything
 	// after a revision), then every new event. The log keeps events for
 	// --audit-max-age and at most --audit-max-events of them.
@@ -443,6 +471,13 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 		connect.WithSchema(managementMethods.ByName("UpdateClusterConfig")),
 		connect.WithHandlerOptions(opts...),
 	)
+	managementWatchClusterConfigHandler := connect.NewServerStreamHandler(
+		ManagementWatchClusterConfigProcedure,
+		svc.WatchClusterConfig,
+		connect.WithSchema(managementMethods.ByName("WatchClusterConfig")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	managementWatchAuditLogHandler := connect.NewServerStreamHandler(
 		ManagementWatchAuditLogProcedure,
 		svc.WatchAuditLog,
@@ -490,6 +525,8 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 			managementGetClusterConfigHandler.ServeHTTP(w, r)
 		case ManagementUpdateClusterConfigProcedure:
 			managementUpdateClusterConfigHandler.ServeHTTP(w, r)
+		case ManagementWatchClusterConfigProcedure:
+			managementWatchClusterConfigHandler.ServeHTTP(w, r)
 		case ManagementWatchAuditLogProcedure:
 			managementWatchAuditLogHandler.ServeHTTP(w, r)
 		case ManagementTakeSnapshotProcedure:
@@ -541,6 +578,10 @@ func (UnimplementedManagementHandler) GetClusterConfig(context.Context, *connect
 
 func (UnimplementedManagementHandler) UpdateClusterConfig(context.Context, *connect.Request[v1.UpdateClusterConfigRequest]) (*connect.Response[v1.UpdateClusterConfigResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.UpdateClusterConfig is not implemented"))
+}
+
+func (UnimplementedManagementHandler) WatchClusterConfig(context.Context, *connect.Request[v1.WatchClusterConfigRequest], *connect.ServerStream[v1.WatchClusterConfigResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.WatchClusterConfig is not implemented"))
 }
 
 func (UnimplementedManagementHandler) WatchAuditLog(context.Context, *connect.Request[v1.WatchAuditLogRequest], *connect.ServerStream[v1.WatchAuditLogResponse]) error {
