@@ -71,6 +71,13 @@ func TestClientRetriesReads(t *testing.T) {
 	if got := env.flaky.count("FlakyUnsafe"); got != 1 {
 		t.Fatalf("FlakyUnsafe called %d times, want 1", got)
 	}
+	// A refusal of the server's own state (rpcerr's SubOwnState) tells the
+	// client not to retry it there: one attempt, though Flaky is a read.
+	_, err = callEcho(ctx, conn, echoMethod("Flaky"), "own-state")
+	wantCode(t, err, codes.Unavailable, "this replica cannot answer")
+	if got := env.flaky.count("Flaky"); got != 4 {
+		t.Fatalf("Flaky called %d times in all, want 4: one for the own-state refusal", got)
+	}
 }
 
 func TestRetryServiceConfig(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/rpcerr/rpcerrtest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -116,7 +118,8 @@ func echo(ctx context.Context, req *echoRequest) (*wrapperspb.StringValue, error
 	return wrapperspb.String(reply), nil
 }
 
-// flaky fails the first two calls to each method with UNAVAILABLE.
+// flaky fails the first two calls to each method with UNAVAILABLE; a
+// request for "own-state" fails every call with errOwnState.
 type flaky struct {
 	mu    sync.Mutex
 	calls map[string]int
@@ -127,12 +130,18 @@ func (f *flaky) handle(method string) func(context.Context, *echoRequest) (*wrap
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.calls[method]++
+		if req.GetValue() == "own-state" {
+			return nil, fmt.Errorf("%w: flaky", errOwnState)
+		}
 		if f.calls[method] <= 2 {
 			return nil, status.Error(codes.Unavailable, "try again")
 		}
 		return wrapperspb.String(req.GetValue()), nil
 	}
 }
+
+// errOwnState is an UNAVAILABLE of the server's own state.
+var errOwnState = rpcerr.Unavailable.SubOwnState("this replica cannot answer")
 
 func (f *flaky) count(method string) int {
 	f.mu.Lock()

@@ -29,7 +29,9 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -45,6 +47,8 @@ type Kind struct {
 	reason string
 	text   string
 	parent *Kind
+	// ownState: the failure is this server's own state (SubOwnState).
+	ownState bool
 }
 
 func (k *Kind) Error() string { return k.text }
@@ -68,8 +72,27 @@ func (k *Kind) Is(target error) bool {
 // Sub refines k with a service's own text ("the local etcd member is not
 // running"): the same code and reason, and errors.Is(sub, k).
 func (k *Kind) Sub(text string) *Kind {
-	return &Kind{code: k.code, reason: k.reason, text: text, parent: k}
+	return &Kind{code: k.code, reason: k.reason, text: text, parent: k, ownState: k.ownState}
 }
+
+// SubOwnState is Sub for a failure of this server's own state that another
+// replica of the service need not share (its local etcd member is not
+// running). Asking this server again a few hundred milliseconds later
+// meets the same answer, so the status tells the client's channel not to
+// retry it (the trailer grpc-retry-pushback-ms: -1, gRFC A6): a caller
+// that rotates over replicas moves on at once instead of after gRPC's
+// retries here (rpc.Dial retries reads on UNAVAILABLE: 4 attempts, about a
+// second), and one that has only this server gets the answer sooner and
+// retries on its own schedule.
+func (k *Kind) SubOwnState(text string) *Kind {
+	sub := k.Sub(text)
+	sub.ownState = true
+	return sub
+}
+
+// retryPushback is gRPC's trailer by which a server tells the client's
+// channel whether, and when, to retry (gRFC A6); a negative value: not.
+const retryPushback = "grpc-retry-pushback-ms"
 
 // The code table. Reasons name what a caller does differently.
 var (
@@ -200,6 +223,11 @@ func ToStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 			}
 			return status.FromProto(p).Err()
 		}
+	}
+	if k != nil && k.ownState {
+		// Best effort: a context without a gRPC call (a test's) has
+		// nowhere to put it.
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(retryPushback, "-1"))
 	}
 	code, reason, known := classify(err)
 	if !known {

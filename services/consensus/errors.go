@@ -14,7 +14,7 @@ import (
 // the facts (which member, which node), and the server's error interceptor
 // turns them into statuses.
 var (
-	errNotRunning    = rpcerr.Unavailable.Sub("the local etcd member is not running")
+	errNotRunning    = rpcerr.Unavailable.SubOwnState("the local etcd member is not running")
 	errBadRequest    = rpcerr.Invalid
 	errRefused       = rpcerr.Refused
 	errStillMember   = rpcerr.Refused.Sub("this node is still an etcd member")
