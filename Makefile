@@ -155,7 +155,7 @@ test-unit: ## the fast tier: go test -short, no processes, no etcd (under 30s wi
 # none).
 BENCHTIME       ?= 3x
 BENCHCOUNT      ?= 1
-BENCH_PACKAGES  := ./services/consensus/ ./services/curator/ ./services/reconciler/ ./services/dashboard/
+BENCH_PACKAGES  := ./services/consensus/ ./services/curator/ ./services/reconciler/ ./services/dashboard/ ./deploy/local/
 SCALE_BENCH     := ^(BenchmarkAgents|BenchmarkHeartbeatDesigns)$$
 SCALE           ?= .
 SCALE_BENCHTIME ?= 1x

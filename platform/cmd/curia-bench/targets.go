@@ -14,6 +14,8 @@ var knownTargets = []Target{
 		Source: `issue "Speed and scale": GetNodes streams 10k nodes in ≤ 50 ms`},
 	{Benchmark: "BenchmarkWatchFanout/watchers=1000", Metric: "ms/delivery-p99", Value: 10, Better: Lower,
 		Source: `issue "Speed and scale": a change reaches 1000 watchers in ≤ 10 ms p99`},
+	{Benchmark: "BenchmarkColdStart", Metric: "s/cluster-ready", Value: 15, Better: Lower,
+		Source: `issue "Speed and scale": make run cold start (binaries built) → 3 voters in ≤ 15 s`},
 	{Benchmark: "BenchmarkLearnerToVoter", Metric: "ns/op", Value: 5e9, Better: Lower,
 		Source: `issue "Speed and scale": a learner started is a voter in ≤ 5 s, with the default stabilization`},
 	{Benchmark: "BenchmarkTakeover", Metric: "ms/over-ttl", Value: 500, Better: Lower,
