@@ -49,7 +49,7 @@ func BenchmarkColdStart(b *testing.B) {
 		}
 		// The line is read as it is printed; a cluster that is not ready
 		// in 3 minutes fails the benchmark instead of hanging it.
-		timer := time.AfterFunc(3*time.Minute, func() { cmd.Process.Kill() })
+		timer := time.AfterFunc(3*time.Minute, func() { _ = cmd.Process.Kill() })
 		var printed []string
 		isReady := false
 		sc := bufio.NewScanner(out)
@@ -71,8 +71,8 @@ func BenchmarkColdStart(b *testing.B) {
 		}
 		timer.Stop()
 		if !isReady {
-			cmd.Process.Kill()
-			cmd.Wait()
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
 			b.Fatalf("curia-local ended before the cluster was ready (logs in %s):\n%s", filepath.Join(state, "logs"), strings.Join(printed, "\n"))
 		}
 		// Stop it as Ctrl-C would; it stops every process it started.
@@ -83,7 +83,7 @@ func BenchmarkColdStart(b *testing.B) {
 		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			b.Fatal(err)
 		}
-		kill := time.AfterFunc(time.Minute, func() { cmd.Process.Kill() })
+		kill := time.AfterFunc(time.Minute, func() { _ = cmd.Process.Kill() })
 		if err := cmd.Wait(); err != nil {
 			b.Fatalf("curia-local after SIGTERM: %v", err)
 		}
