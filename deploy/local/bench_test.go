@@ -22,17 +22,7 @@ import (
 // (SIGTERM) before the next; the PKI is made in every round, as a first
 // make run makes it.
 func BenchmarkColdStart(b *testing.B) {
-	bin := b.TempDir()
-	build := exec.Command("go", "build", "-o", bin+"/",
-		"curia.dev/services/consensus/cmd/consensus",
-		"curia.dev/services/curator/cmd/curator",
-		"curia.dev/services/reconciler/cmd/reconciler",
-		"curia.dev/services/roleserve/cmd/roleserve",
-		"curia.dev/services/dashboard/cmd/curia-dashboard",
-		"curia.dev/deploy/local/cmd/curia-local")
-	if out, err := build.CombinedOutput(); err != nil {
-		b.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := buildAll(b, "curia.dev/services/dashboard/cmd/curia-dashboard")
 	voters := regexp.MustCompile(`(\d+) voters ([0-9.]+m?s) after control_plane_size was set`)
 	var ready, grown time.Duration
 	for b.Loop() {

@@ -58,22 +58,6 @@ type cluster struct {
 // that autopilot can grow to 5.
 const nodeCount = 5
 
-// buildAll builds every binary curia-local needs into one directory.
-func buildAll(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/",
-		"curia.dev/services/consensus/cmd/consensus",
-		"curia.dev/services/curator/cmd/curator",
-		"curia.dev/services/reconciler/cmd/reconciler",
-		"curia.dev/services/roleserve/cmd/roleserve",
-		"curia.dev/deploy/local/cmd/curia-local")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	return dir
-}
-
 func start(t *testing.T) *cluster { return startOn(t, "127.0.99", nodeCount) }
 
 // startOn starts a cluster of nodes nodes (3 control-plane, the rest

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc"
+
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/failpoint"
@@ -173,32 +175,24 @@ func (r *Reconciler) learnerClocks(members []plan.Member, now time.Time) (since,
 // A stream (re)opened also triggers one: the configuration may have
 // changed while none was open.
 func (r *Reconciler) watchConfig(ctx context.Context) error {
-	for ctx.Err() == nil {
-		stream, err := curatorv1.NewManagementClient(r.curator).WatchClusterConfig(ctx, &curatorv1.WatchClusterConfigRequest{})
-		if err == nil {
-			for {
-				if _, err = stream.Recv(); err != nil {
-					break
-				}
-				r.kick()
-			}
-		}
-		if ctx.Err() == nil {
-			r.log.Debug("cluster config watch ended", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
-	return nil
+	return kickOnEach(ctx, r, "cluster config", func(ctx context.Context) (grpc.ServerStreamingClient[curatorv1.WatchClusterConfigResponse], error) {
+		return curatorv1.NewManagementClient(r.curator).WatchClusterConfig(ctx, &curatorv1.WatchClusterConfigRequest{})
+	})
 }
 
 // watchMembership triggers a pass on every membership change made through
 // curia (each bumps the epoch), from whichever consensus service answers.
 func (r *Reconciler) watchMembership(ctx context.Context) error {
+	return kickOnEach(ctx, r, "membership", func(ctx context.Context) (grpc.ServerStreamingClient[consensusv1.WatchMembershipResponse], error) {
+		return r.members().WatchMembership(ctx, &consensusv1.WatchMembershipRequest{})
+	})
+}
+
+// kickOnEach triggers one of r's passes at every message of the stream
+// open opens, and opens it again a second after it ends, until ctx ends.
+func kickOnEach[M any](ctx context.Context, r *Reconciler, what string, open func(context.Context) (grpc.ServerStreamingClient[M], error)) error {
 	for ctx.Err() == nil {
-		stream, err := r.members().WatchMembership(ctx, &consensusv1.WatchMembershipRequest{})
+		stream, err := open(ctx)
 		if err == nil {
 			for {
 				if _, err = stream.Recv(); err != nil {
@@ -208,7 +202,7 @@ func (r *Reconciler) watchMembership(ctx context.Context) error {
 			}
 		}
 		if ctx.Err() == nil {
-			r.log.Debug("membership watch ended", "err", err)
+			r.log.Debug(what+" watch ended", "err", err)
 		}
 		select {
 		case <-ctx.Done():
