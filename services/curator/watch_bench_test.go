@@ -5,11 +5,14 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net"
 	"os"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
 	cut "curia.dev/services/curator/curatortest"
 )
@@ -40,11 +44,22 @@ import (
 // streams' clients run in the benchmark's process, on the same cores as
 // the curator.
 //
-// The peer, measured side by side in the same rounds: etcd's own watch,
-// as many streams (one per watcher, over 8 clients) on one key outside
-// curia's, a put of a value the size of the curator's message →
-// ms/etcd-delivery-p99 and ms/etcd-delivery-to-all, and ratio-p99-vs-etcd,
-// curia's p99 over etcd's. Each round writes both, the order alternating.
+// Two more sides are measured in the same rounds, with as many streams
+// over 8 connections of their own:
+//   - the peer, etcd's own watch: streams on one key outside curia's, a
+//     put of a value the size of the curator's message →
+//     ms/etcd-delivery-p99, ms/etcd-delivery-to-all and ratio-p99-vs-etcd
+//     (curia's p99 over etcd's);
+//   - the floor, the same fan-out with nothing of the curator but its gRPC
+//     server (rpc.NewServer: the same mTLS, interceptors and codec) in a
+//     process of its own, this test binary (fanoutFloor): its
+//     UpdateNodeStatus marshals one response (the node's id and status)
+//     and wakes every Watch stream, which sends it. No etcd write, no hub:
+//     what gRPC, TLS and the clients on this machine cost alone →
+//     ms/floor-delivery-p99 and ratio-p99-vs-floor (curia's p99 over
+//     the floor's, both from the write's call).
+//
+// Each round changes all three, the order rotating.
 func BenchmarkWatchFanout(b *testing.B) {
 	for _, streams := range []int{1000, 10_000} {
 		b.Run(fmt.Sprintf("watchers=%d", streams), func(b *testing.B) { benchmarkWatchFanout(b, streams) })
@@ -214,22 +229,49 @@ func benchmarkWatchFanout(b *testing.B, streams int) {
 		}
 	}
 
-	var cpu time.Duration // the curator's, during its own changes
-	curiaChange := func(v string) {
-		cpu0 := fanoutCPU(b, cur.PID())
-		curia.change(b, ctx, v)
-		cpu += fanoutCPU(b, cur.PID()) - cpu0
+	floor := startFanoutFloor(b, c, sctx, &wg, streams, conns, opened)
+	status, err := c.Management().GetNodes(ctx, &curatorv1.GetNodesRequest{})
+	if err != nil {
+		b.Fatal(err)
 	}
+	first, err := status.Recv()
+	if err != nil {
+		b.Fatalf("read the node: %v", err)
+	}
+	i := slices.IndexFunc(first.Nodes, func(n *curatorv1.Node) bool { return n.Id == a.ID })
+	if i < 0 {
+		b.Fatalf("node %s not in GetNodes", a.ID)
+	}
+	floor.write = func(ctx context.Context, v string) error {
+		st := proto.CloneOf(first.Nodes[i].GetStatus())
+		if st == nil {
+			st = &curatorv1.NodeStatus{}
+		}
+		st.Version = v
+		_, err := floor.client.UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: st})
+		return err
+	}
+
+	// One change each before the rounds, not counted: a stream's first
+	// send after its snapshot (stack growth, flow-control windows) is
+	// what a round of three changes would otherwise measure.
+	sides := []*fanoutSide{curia, peer, &floor.fanoutSide}
+	for _, side := range sides {
+		side.change(b, ctx, "fanout-0")
+		side.each, side.past, side.toAll, side.toFirst, side.wrote = nil, nil, 0, 0, 0
+	}
+	var cpu time.Duration // the curator's, during its own changes
 	version := 0
 	for b.Loop() {
 		version++
 		v := "fanout-" + strconv.Itoa(version)
-		if version%2 == 0 {
-			peer.change(b, ctx, v)
-			curiaChange(v)
-		} else {
-			curiaChange(v)
-			peer.change(b, ctx, v)
+		for i := range sides {
+			side := sides[(version+i)%len(sides)]
+			cpu0 := fanoutCPU(b, cur.PID())
+			side.change(b, ctx, v)
+			if side == curia {
+				cpu += fanoutCPU(b, cur.PID()) - cpu0
+			}
 		}
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / float64(b.N) }
@@ -241,10 +283,160 @@ func benchmarkWatchFanout(b *testing.B, streams int) {
 	b.ReportMetric(p99(peer.each), "ms/etcd-delivery-p99")
 	b.ReportMetric(ms(peer.toAll), "ms/etcd-delivery-to-all")
 	b.ReportMetric(p99(curia.each)/p99(peer.each), "ratio-p99-vs-etcd")
+	b.ReportMetric(p99(floor.each), "ms/floor-delivery-p99")
+	b.ReportMetric(p99(curia.each)/p99(floor.each), "ratio-p99-vs-floor")
 	b.ReportMetric(withStreams, "MB-rss")
 	b.ReportMetric(idle, "MB-rss-idle")
 	b.ReportMetric((withStreams-idle)*1024/float64(streams), "KB-rss/watcher")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*streams), "µs-cpu/delivery")
+}
+
+// fanoutFloorEnv, set, makes this test binary the floor's server
+// (TestMain): its arguments are the address, the cluster and the TLS files.
+const fanoutFloorEnv = "CURIA_FANOUT_FLOOR"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(fanoutFloorEnv) != "" {
+		if err := serveFanoutFloor(os.Args[1:]); err != nil {
+			fmt.Fprintln(os.Stderr, "fanout floor:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// fanoutFloor is BenchmarkWatchFanout's floor: a curator's gRPC server and
+// the least a fan-out does (one marshal per change, one wake-up, a send
+// per stream), with nothing of curia behind it.
+type fanoutFloor struct {
+	curatorv1.UnimplementedCuratorServer
+	mu      sync.Mutex
+	latest  *rpc.Encoded
+	changed chan struct{} // closed and replaced at every change
+}
+
+func serveFanoutFloor(args []string) error {
+	if len(args) != 5 {
+		return fmt.Errorf("want address, cluster, CA, certificate and key; got %q", args)
+	}
+	creds, err := rpc.LoadCredentials(args[1], rpc.TLSFiles{CA: args[2], Cert: args[3], Key: args[4]})
+	if err != nil {
+		return err
+	}
+	admin := rpc.Rule{Allow: []pki.Kind{pki.KindAdmin}}
+	srv, err := rpc.NewServer(rpc.ServerConfig{Credentials: creds, Policy: rpc.Policy{
+		curatorv1.Curator_Watch_FullMethodName:            admin,
+		curatorv1.Curator_UpdateNodeStatus_FullMethodName: admin,
+	}})
+	if err != nil {
+		return err
+	}
+	curatorv1.RegisterCuratorServer(srv.GRPC(), &fanoutFloor{changed: make(chan struct{})})
+	lis, err := net.Listen("tcp", args[0])
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return srv.Serve(ctx, lis)
+}
+
+func (f *fanoutFloor) UpdateNodeStatus(_ context.Context, req *curatorv1.UpdateNodeStatusRequest) (*curatorv1.UpdateNodeStatusResponse, error) {
+	e, err := rpc.Encode(&curatorv1.WatchResponse{Nodes: []*curatorv1.Node{{Id: req.GetNodeId(), Status: req.GetStatus()}}})
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.latest = e
+	close(f.changed)
+	f.changed = make(chan struct{})
+	f.mu.Unlock()
+	return &curatorv1.UpdateNodeStatusResponse{}, nil
+}
+
+func (f *fanoutFloor) Watch(_ *curatorv1.WatchRequest, stream curatorv1.Curator_WatchServer) error {
+	f.mu.Lock()
+	changed := f.changed
+	f.mu.Unlock()
+	if err := stream.Send(&curatorv1.WatchResponse{Snapshot: true}); err != nil {
+		return err
+	}
+	done := stream.Context().Done()
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-changed:
+		}
+		f.mu.Lock()
+		e := f.latest
+		changed = f.changed
+		f.mu.Unlock()
+		if err := stream.SendMsg(e); err != nil {
+			return err
+		}
+	}
+}
+
+// floorSide is the floor's side of the benchmark, and the client its
+// changes are written through.
+type floorSide struct {
+	fanoutSide
+	client curatorv1.CuratorClient
+}
+
+// startFanoutFloor starts the floor's server and opens streams Watch
+// streams on it over conns connections, each reporting to the side's
+// deliveries and, once open, to opened.
+func startFanoutFloor(b *testing.B, c *cut.Cluster, ctx context.Context, wg *sync.WaitGroup, streams, conns int, opened chan error) *floorSide {
+	b.Helper()
+	files := c.PKI.Files(b, pki.Principal{Kind: pki.KindCurator})
+	addr := proctest.FreeAddr(b)
+	p := proctest.New(b, "fanout-floor", os.Args[0], addr, c.PKI.Cluster, files.CA, files.Cert, files.Key)
+	p.Env = append(p.Env, fanoutFloorEnv+"=1")
+	p.Start()
+	floor := &floorSide{fanoutSide: fanoutSide{streams: streams, delivered: make(chan fanoutDelivery, 4*streams)}}
+	creds := c.PKI.Creds(b, cut.Admin)
+	var clients []curatorv1.CuratorClient
+	for range conns {
+		cc, err := rpc.Dial(addr, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindCurator}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { cc.Close() })
+		clients = append(clients, curatorv1.NewCuratorClient(cc))
+	}
+	floor.client = clients[0]
+	proctest.Eventually(b, 30*time.Second, func() error { // the server is up
+		_, err := floor.client.UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: "node-00000000000000000000000000000000", Status: &curatorv1.NodeStatus{Version: "probe"}})
+		return err
+	})
+	for i := range streams {
+		stream, err := clients[i%conns].Watch(ctx, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Go(func() {
+			_, err := stream.Recv()
+			opened <- err
+			for err == nil {
+				var r *curatorv1.WatchResponse
+				if r, err = stream.Recv(); err != nil {
+					return
+				}
+				for _, n := range r.Nodes {
+					floor.delivered <- fanoutDelivery{n.GetStatus().GetVersion(), time.Now()}
+				}
+			}
+		})
+	}
+	for range streams {
+		if err := <-opened; err != nil {
+			b.Fatalf("open a watch of the floor: %v", err)
+		}
+	}
+	return floor
 }
 
 // fanoutCPU is the CPU time (user and system) process pid has used.
