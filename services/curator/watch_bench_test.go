@@ -135,16 +135,8 @@ func benchmarkWatchFanout(b *testing.B, streams int) {
 	node := a.Curator(cur)
 	idle := fanoutRSS(b, cur.PID())
 
-	creds := c.PKI.Creds(b, cut.Admin)
-	var clients []curatorv1.CuratorClient
 	var etcds []*clientv3.Client
 	for range conns {
-		cc, err := rpc.Dial(cur.Addr, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindCurator}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { cc.Close() })
-		clients = append(clients, curatorv1.NewCuratorClient(cc))
 		etcds = append(etcds, c.Etcd(c.Voters[0].ClientURL))
 	}
 
@@ -153,44 +145,11 @@ func benchmarkWatchFanout(b *testing.B, streams int) {
 		_, err := node.UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: a.ID, Status: &curatorv1.NodeStatus{Version: v}})
 		return err
 	}
-	opened := make(chan error, 2*streams)
 	sctx, scancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { scancel(); wg.Wait() }()
-	var size int // of the curator's message for a change, for etcd's value
-	var sizeOnce sync.Once
-	for i := range streams {
-		stream, err := clients[i%conns].Watch(sctx, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		wg.Go(func() {
-			snap, err := stream.Recv()
-			if err == nil && !snap.Snapshot {
-				err = fmt.Errorf("first response is no snapshot: %v", snap)
-			}
-			if err == nil {
-				sizeOnce.Do(func() { size = proto.Size(snap) })
-			}
-			opened <- err
-			for err == nil {
-				var r *curatorv1.WatchResponse
-				if r, err = stream.Recv(); err != nil {
-					return
-				}
-				for _, n := range r.Nodes {
-					if n.Id == a.ID {
-						curia.delivered <- fanoutDelivery{n.GetStatus().GetVersion(), time.Now()}
-					}
-				}
-			}
-		})
-	}
-	for range streams {
-		if err := <-opened; err != nil {
-			b.Fatalf("open watch: %v", err)
-		}
-	}
+	snap := watchAll(sctx, b, &wg, dialCurators(b, c, cur.Addr, conns), curia, a.ID)
+	size := proto.Size(snap) // of the curator's message for a change, for etcd's value
 	withStreams := fanoutRSS(b, cur.PID())
 
 	// etcd's side: the value is the version, then padding to the size of
@@ -202,6 +161,7 @@ func benchmarkWatchFanout(b *testing.B, streams int) {
 		_, err := etcds[0].Put(ctx, peerKey, v+pad)
 		return err
 	}
+	opened := make(chan error, streams)
 	for i := range streams {
 		// Distinct metadata: etcd's client gives each watcher a gRPC
 		// stream of its own, as each curia watcher has, instead of
@@ -229,21 +189,14 @@ func benchmarkWatchFanout(b *testing.B, streams int) {
 		}
 	}
 
-	floor := startFanoutFloor(b, c, sctx, &wg, streams, conns, opened)
-	status, err := c.Management().GetNodes(ctx, &curatorv1.GetNodesRequest{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	first, err := status.Recv()
-	if err != nil {
-		b.Fatalf("read the node: %v", err)
-	}
-	i := slices.IndexFunc(first.Nodes, func(n *curatorv1.Node) bool { return n.Id == a.ID })
+	floor := startFanoutFloor(sctx, b, c, &wg, streams, conns, a.ID)
+	// The floor's message carries the node's status as the snapshot has it.
+	i := slices.IndexFunc(snap.Nodes, func(n *curatorv1.Node) bool { return n.Id == a.ID })
 	if i < 0 {
-		b.Fatalf("node %s not in GetNodes", a.ID)
+		b.Fatalf("node %s not in the snapshot", a.ID)
 	}
 	floor.write = func(ctx context.Context, v string) error {
-		st := proto.CloneOf(first.Nodes[i].GetStatus())
+		st := proto.CloneOf(snap.Nodes[i].GetStatus())
 		if st == nil {
 			st = &curatorv1.NodeStatus{}
 		}
@@ -387,9 +340,9 @@ type floorSide struct {
 }
 
 // startFanoutFloor starts the floor's server and opens streams Watch
-// streams on it over conns connections, each reporting to the side's
-// deliveries and, once open, to opened.
-func startFanoutFloor(b *testing.B, c *cut.Cluster, ctx context.Context, wg *sync.WaitGroup, streams, conns int, opened chan error) *floorSide {
+// streams on it over conns connections, reporting node id's versions to
+// the side.
+func startFanoutFloor(ctx context.Context, b *testing.B, c *cut.Cluster, wg *sync.WaitGroup, streams, conns int, id string) *floorSide {
 	b.Helper()
 	files := c.PKI.Files(b, pki.Principal{Kind: pki.KindCurator})
 	addr := proctest.FreeAddr(b)
@@ -397,6 +350,20 @@ func startFanoutFloor(b *testing.B, c *cut.Cluster, ctx context.Context, wg *syn
 	p.Env = append(p.Env, fanoutFloorEnv+"=1")
 	p.Start()
 	floor := &floorSide{fanoutSide: fanoutSide{streams: streams, delivered: make(chan fanoutDelivery, 4*streams)}}
+	clients := dialCurators(b, c, addr, conns)
+	floor.client = clients[0]
+	proctest.Eventually(b, 30*time.Second, func() error { // the server is up
+		_, err := floor.client.UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: "node-00000000000000000000000000000000", Status: &curatorv1.NodeStatus{Version: "probe"}})
+		return err
+	})
+	watchAll(ctx, b, wg, clients, &floor.fanoutSide, id)
+	return floor
+}
+
+// dialCurators opens conns connections to the curator (or the floor) at
+// addr, as an admin.
+func dialCurators(b *testing.B, c *cut.Cluster, addr string, conns int) []curatorv1.CuratorClient {
+	b.Helper()
 	creds := c.PKI.Creds(b, cut.Admin)
 	var clients []curatorv1.CuratorClient
 	for range conns {
@@ -407,36 +374,54 @@ func startFanoutFloor(b *testing.B, c *cut.Cluster, ctx context.Context, wg *syn
 		b.Cleanup(func() { cc.Close() })
 		clients = append(clients, curatorv1.NewCuratorClient(cc))
 	}
-	floor.client = clients[0]
-	proctest.Eventually(b, 30*time.Second, func() error { // the server is up
-		_, err := floor.client.UpdateNodeStatus(ctx, &curatorv1.UpdateNodeStatusRequest{NodeId: "node-00000000000000000000000000000000", Status: &curatorv1.NodeStatus{Version: "probe"}})
-		return err
-	})
-	for i := range streams {
-		stream, err := clients[i%conns].Watch(ctx, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}})
+	return clients
+}
+
+// watchAll opens side.streams all_nodes Watch streams over clients, in
+// turn, and waits until each has sent its snapshot; each then reports to
+// side every version of node id it receives, until ctx ends. It returns
+// one of the snapshots.
+func watchAll(ctx context.Context, b *testing.B, wg *sync.WaitGroup, clients []curatorv1.CuratorClient, side *fanoutSide, id string) *curatorv1.WatchResponse {
+	b.Helper()
+	snaps := make(chan *curatorv1.WatchResponse, side.streams)
+	errs := make(chan error, side.streams)
+	for i := range side.streams {
+		stream, err := clients[i%len(clients)].Watch(ctx, &curatorv1.WatchRequest{Kind: &curatorv1.WatchRequest_AllNodes{AllNodes: true}})
 		if err != nil {
 			b.Fatal(err)
 		}
 		wg.Go(func() {
-			_, err := stream.Recv()
-			opened <- err
-			for err == nil {
-				var r *curatorv1.WatchResponse
-				if r, err = stream.Recv(); err != nil {
+			snap, err := stream.Recv()
+			if err == nil && !snap.Snapshot {
+				err = fmt.Errorf("first response is no snapshot: %v", snap)
+			}
+			if err != nil {
+				errs <- err
+				return
+			}
+			snaps <- snap
+			for {
+				r, err := stream.Recv()
+				if err != nil {
 					return
 				}
 				for _, n := range r.Nodes {
-					floor.delivered <- fanoutDelivery{n.GetStatus().GetVersion(), time.Now()}
+					if n.Id == id {
+						side.delivered <- fanoutDelivery{n.GetStatus().GetVersion(), time.Now()}
+					}
 				}
 			}
 		})
 	}
-	for range streams {
-		if err := <-opened; err != nil {
-			b.Fatalf("open a watch of the floor: %v", err)
+	var snap *curatorv1.WatchResponse
+	for range side.streams {
+		select {
+		case snap = <-snaps:
+		case err := <-errs:
+			b.Fatalf("open watch: %v", err)
 		}
 	}
-	return floor
+	return snap
 }
 
 // fanoutCPU is the CPU time (user and system) process pid has used.
