@@ -505,16 +505,27 @@ func median(vs []float64) float64 {
 }
 
 // ratio is how far value meets target: value ÷ target where higher is
-// better, target ÷ value where lower is better; ≥ 1 meets it.
+// better, target ÷ value where lower is better; ≥ 1 meets it. There is
+// none for a value of 0 or below where lower is better (a failover
+// answered before the TTL ran out: -96 ms over it), which meets any
+// positive target: meets says.
 func ratio(value, target float64, b Better) (float64, bool) {
 	num, den := value, target
 	if b == Lower {
 		num, den = target, value
 	}
-	if den == 0 || math.IsNaN(num) || math.IsNaN(den) {
+	if den <= 0 || math.IsNaN(num) || math.IsNaN(den) {
 		return 0, false
 	}
 	return num / den, true
+}
+
+// meets says whether value meets target.
+func meets(value, target float64, b Better) bool {
+	if b == Lower {
+		return value <= target
+	}
+	return value >= target
 }
 
 func writeReport(path string, rep *Report) error {
@@ -670,10 +681,10 @@ func printReport(w io.Writer, rep *Report, targets map[targetKey]Target) {
 			target = sign(r.Better) + " " + short(*r.Target*f)
 			if q, ok := ratio(r.Value, *r.Target, r.Better); ok {
 				rt = fmt.Sprintf("%.2f", q)
-				verdict = "missed"
-				if q >= 1 {
-					verdict = "met"
-				}
+			}
+			verdict = "missed"
+			if meets(r.Value, *r.Target, r.Better) {
+				verdict = "met"
 			}
 			notes = append(notes, fmt.Sprintf("  %s %s: %s", name, label, r.Source))
 		}

@@ -310,12 +310,18 @@ func TestRatio(t *testing.T) {
 		{"lower, met", 25e6, 50e6, Lower, 2, true},
 		{"lower, missed", 199425728, 50e6, Lower, 50e6 / 199425728, true},
 		{"lower, zero value", 0, 50, Lower, 0, false},
+		{"lower, below zero", -95.91, 500, Lower, 0, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, ok := ratio(tt.value, tt.target, tt.better)
 			if ok != tt.ok || math.Abs(got-tt.want) > 1e-9 {
 				t.Errorf("ratio = %v, %v; want %v, %v", got, ok, tt.want, tt.ok)
+			}
+			// Met exactly when the ratio, where there is one, is ≥ 1;
+			// a value at or below zero meets a lower-is-better target.
+			if want := !ok && tt.better == Lower || ok && got >= 1; meets(tt.value, tt.target, tt.better) != want {
+				t.Errorf("meets = %v, want %v", !want, want)
 			}
 		})
 	}
