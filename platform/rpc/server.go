@@ -79,6 +79,11 @@ type Server struct {
 	logger      *slog.Logger
 	gracePeriod time.Duration
 	checkOnce   sync.Once
+
+	// stopping ends when Serve begins to stop: every stream ends then
+	// (endStreamsOnStop).
+	stopping    context.Context
+	stopStreams context.CancelFunc
 }
 
 // NewServer builds a server. Its health status starts NOT_SERVING: the
@@ -105,6 +110,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		logger:      cfg.Logger,
 		gracePeriod: cfg.GracePeriod,
 	}
+	s.stopping, s.stopStreams = context.WithCancel(context.Background())
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
@@ -189,6 +195,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		s.metrics.StreamServerInterceptor(),
 		logging.StreamServerInterceptor(logger, logOpts...),
 		errorsStream(s.logger),
+		s.endStreamsOnStop,
 		authz.stream,
 		validateStream, // every message the client sends
 	}
@@ -283,6 +290,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	}
 
 	s.health.Shutdown()
+	s.stopStreams()
 	stopped := make(chan struct{})
 	go func() {
 		s.grpc.GracefulStop()
@@ -302,6 +310,40 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	}
 	return nil
 }
+
+// errStopping ends a stream when its server stops. This server's own
+// state: the client's channel does not retry it here, and a caller that
+// rotates over replicas moves on to the next one at once.
+var errStopping = rpcerr.Unavailable.SubOwnState("the server is stopping; streams end, reconnect (to another replica if there is one)")
+
+// endStreamsOnStop ends a stream as soon as its server begins to stop:
+// the handler's context is cancelled and the client gets Unavailable
+// (errStopping). Streams (watches, heartbeats) never end on their own, so
+// without it every stop of a server with clients waited out the whole
+// grace period, which is meant for unary calls in flight; and the clients
+// learnt only at its end that they should go elsewhere.
+func (s *Server) endStreamsOnStop(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, cancel := context.WithCancelCause(ss.Context())
+	defer cancel(nil)
+	defer context.AfterFunc(s.stopping, func() { cancel(errStopping) })()
+	err := handler(srv, &stoppableStream{ServerStream: ss, ctx: ctx})
+	if context.Cause(ctx) == errStopping { //nolint:errorlint // the sentinel itself, never wrapped
+		// Whatever the handler made of its cancelled context (nil, or
+		// Canceled): a clean end would tell a watcher that nothing more
+		// comes.
+		return errStopping
+	}
+	return err
+}
+
+// stoppableStream is a stream whose context also ends when its server
+// stops.
+type stoppableStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *stoppableStream) Context() context.Context { return s.ctx }
 
 // warnUnlisted logs registered methods that the policy does not list: they
 // are denied to everyone, which is safe but rarely meant.

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"curia.dev/platform/pki"
+	"curia.dev/platform/proctest"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
@@ -22,6 +22,7 @@ import (
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -209,8 +210,10 @@ func openWatch(ctx context.Context, conn *grpc.ClientConn, value string) (string
 	return out.GetValue(), nil
 }
 
-func TestServeStopsWithOpenStreams(t *testing.T) {
-	env := startServer(t, func(cfg *ServerConfig) { cfg.GracePeriod = 50 * time.Millisecond })
+func TestServeEndsStreamsWhenStopping(t *testing.T) {
+	// A grace period far longer than the test: a stop that waited for the
+	// watch would time out (and say so) only after it.
+	env := startServer(t, func(cfg *ServerConfig) { cfg.GracePeriod = time.Minute })
 	conn := env.dial(t, admin)
 	ctx := testContext(t)
 	cs, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, echoMethod("Watch"))
@@ -225,12 +228,46 @@ func TestServeStopsWithOpenStreams(t *testing.T) {
 		t.Fatalf("first reply: %v", err)
 	}
 
-	// The watch never ends by itself: Serve must give up waiting for it.
+	// The watch never ends by itself (its handler returns nil once its
+	// context ends): the stop ends it, and the client learns why.
 	if err := env.stop(); err != nil {
 		t.Fatalf("Serve = %v, want nil", err)
 	}
-	if err := cs.RecvMsg(&out); err == nil || errors.Is(err, io.EOF) {
-		t.Fatalf("stream after stop: %v, want an error", err)
+	err = cs.RecvMsg(&out)
+	if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "the server is stopping") {
+		t.Fatalf("stream after stop: %v, want Unavailable: the server is stopping", err)
+	}
+	if strings.Contains(env.logs.String(), "graceful stop timed out") {
+		t.Fatalf("the stop waited out its grace period for the watch:\n%s", env.logs)
+	}
+}
+
+func TestServeCutsCallsAfterGracePeriod(t *testing.T) {
+	env := startServer(t, func(cfg *ServerConfig) { cfg.GracePeriod = 50 * time.Millisecond })
+	conn := env.dial(t, admin)
+	ctx := testContext(t)
+	called := make(chan error, 1)
+	go func() {
+		called <- conn.Invoke(ctx, echoMethod("Stuck"), wrapperspb.String("hold"), &wrapperspb.StringValue{})
+	}()
+	proctest.Eventually(t, 10*time.Second, func() error {
+		select {
+		case err := <-called:
+			t.Fatalf("the call ended before the stop: %v", err)
+		default:
+		}
+		if env.flaky.count("Stuck") == 0 {
+			return errors.New("the call is not in its handler yet")
+		}
+		return nil
+	})
+
+	// The call never ends by itself: Serve gives up waiting for it.
+	if err := env.stop(); err != nil {
+		t.Fatalf("Serve = %v, want nil", err)
+	}
+	if err := <-called; err == nil {
+		t.Fatal("the stuck call succeeded")
 	}
 	if !strings.Contains(env.logs.String(), "graceful stop timed out") {
 		t.Fatalf("forced stop not logged:\n%s", env.logs)

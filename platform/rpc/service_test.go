@@ -140,6 +140,15 @@ func (f *flaky) handle(method string) func(context.Context, *echoRequest) (*wrap
 	}
 }
 
+// stuck is a call that ends only when the server cuts it off.
+func (f *flaky) stuck(ctx context.Context, _ *echoRequest) (*wrapperspb.StringValue, error) {
+	f.mu.Lock()
+	f.calls["Stuck"]++
+	f.mu.Unlock()
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
 // errOwnState is an UNAVAILABLE of the server's own state.
 var errOwnState = rpcerr.Unavailable.SubOwnState("this replica cannot answer")
 
@@ -193,6 +202,7 @@ func echoServiceDesc(f *flaky) *grpc.ServiceDesc {
 			unaryMethod("Unlisted", echo),
 			unaryMethod("Flaky", f.handle("Flaky")),
 			unaryMethod("FlakyUnsafe", f.handle("FlakyUnsafe")),
+			unaryMethod("Stuck", f.stuck),
 		},
 		Streams: []grpc.StreamDesc{
 			{StreamName: "Watch", Handler: watch, ServerStreams: true},
@@ -218,6 +228,7 @@ func testPolicy() Policy {
 		echoMethod("Watch"):       echoRule,
 		echoMethod("Flaky"):       adminOnly,
 		echoMethod("FlakyUnsafe"): adminOnly,
+		echoMethod("Stuck"):       adminOnly,
 		echoMethod("Shared"):      adminOnly,
 	}
 }
