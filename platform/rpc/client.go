@@ -14,6 +14,7 @@ import (
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -104,6 +105,22 @@ const (
 	KeepAliveTimeout = 2 * time.Second
 )
 
+// Reconnect is how a client tries again to reach a server it could not
+// connect to: after 0.1 s, then 1.6 times longer each time, at most every
+// 2 s (±20 %). gRPC's default (1 s, up to 2 minutes) is made for servers
+// across the internet; curia's are on the same network and come back
+// within seconds (a restart, a failover), and a client that waits out a
+// long backoff meanwhile is a node that rejoins late. At make run's cold
+// start every agent dials curators that are not serving yet: the default
+// kept them away for about a second after the curators served. A refused
+// connection costs the server nothing, so 10,000 agents each trying every
+// 2 s during an outage is no load; a handshake is attempted only once one
+// connects.
+var Reconnect = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+	MinConnectTimeout: 20 * time.Second, // gRPC's default: a handshake with a frozen server gives up after it
+}
+
 func dial(target string, tlsConfig *tls.Config, cfg ClientConfig, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsConfig)),
@@ -112,6 +129,7 @@ func dial(target string, tlsConfig *tls.Config, cfg ClientConfig, extra ...grpc.
 			Timeout:             KeepAliveTimeout,
 			PermitWithoutStream: true,
 		}),
+		grpc.WithConnectParams(Reconnect),
 	}
 	if methods := declaredWithoutSideEffects(); len(methods) > 0 {
 		sc, err := retryServiceConfig(methods)

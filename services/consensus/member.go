@@ -580,7 +580,7 @@ func (m *member) dial(endpoints []string) (*clientv3.Client, error) {
 		DialKeepAliveTime:    rpc.KeepAliveTime,
 		DialKeepAliveTimeout: rpc.KeepAliveTimeout,
 		// Never idle: see below.
-		DialOptions: []grpc.DialOption{grpc.WithIdleTimeout(0)},
+		DialOptions: []grpc.DialOption{grpc.WithIdleTimeout(0), grpc.WithConnectParams(rpc.Reconnect)},
 		Logger:      m.zap,
 	})
 	if err != nil {

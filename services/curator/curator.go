@@ -266,6 +266,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    rpc.KeepAliveTime,
 		DialKeepAliveTimeout: rpc.KeepAliveTimeout,
+		DialOptions:          []grpc.DialOption{grpc.WithConnectParams(rpc.Reconnect)},
 		// No AutoSyncInterval: probeEndpoints keeps the clients on the
 		// voters that answer (endpoints.go).
 		Logger: zap.NewNop(),
