@@ -12,6 +12,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	fencev1 "curia.dev/gen/curia/fence/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
+	"curia.dev/platform/backoff"
 	"curia.dev/platform/rpcerr"
 )
 
@@ -89,6 +90,7 @@ func (k *leaseKeeper) drop(why string) {
 func (k *leaseKeeper) run(ctx context.Context, ready func()) error {
 	ttl := k.r.cfg.LeaseTTL
 	every := ttl / 3
+	unreached := backoff.New(standbyMinRetry, every)
 	for {
 		k.mu.Lock()
 		held := k.held
@@ -101,9 +103,10 @@ func (k *leaseKeeper) run(ctx context.Context, ready func()) error {
 				k.set(resp.GetLease(), k.r.holder)
 			} else if ctx.Err() == nil {
 				k.r.setRole(reconcilerv1.Role_ROLE_STANDBY, status.Convert(err).Message(), nil)
-				next = standbyRetry(err, every)
+				next = standbyRetry(err, every, unreached)
 			}
 			if answered(err) {
+				unreached.Reset()
 				ready()
 			}
 		} else {
@@ -139,12 +142,19 @@ func (k *leaseKeeper) run(ctx context.Context, ready func()) error {
 const standbyMinRetry = 100 * time.Millisecond
 
 // standbyRetry is how long a standby waits after Acquire failed with err:
-// a held lease says when it expires (LEASE_HELD's RetryInfo), and the
-// standby asks again then, not up to a third of the TTL later; any other
-// failure waits every.
-func standbyRetry(err error, every time.Duration) time.Duration {
-	if d, ok := rpcerr.RetryDelay(err); ok && rpcerr.Is(err, rpcerr.LeaseHeld) {
+// as long as the curator says (a held lease's expiry, in LEASE_HELD's
+// RetryInfo: the standby asks again then, not up to a third of the TTL
+// later), within [standbyMinRetry, every]; after a failure to reach the
+// curators, unreached's backoff, from standbyMinRetry doubling to every
+// (a reconciler that starts before the curators serve holds the lease a
+// moment after they do, not up to a third of the TTL after); after any
+// other refusal, every.
+func standbyRetry(err error, every time.Duration, unreached *backoff.Backoff) time.Duration {
+	if d, ok := rpcerr.RetryDelay(err); ok {
 		return min(max(d, standbyMinRetry), every)
+	}
+	if !answered(err) {
+		return unreached.Next()
 	}
 	return every
 }
