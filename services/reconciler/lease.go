@@ -141,20 +141,16 @@ func (k *leaseKeeper) run(ctx context.Context, ready func()) error {
 // of etcd's, so the last second is polled at this pace.
 const standbyMinRetry = 100 * time.Millisecond
 
-// standbyRetry is how long a standby waits after Acquire failed with err:
-// as long as the curator says (a held lease's expiry, in LEASE_HELD's
-// RetryInfo: the standby asks again then, not up to a third of the TTL
-// later), within [standbyMinRetry, every]; after a failure to reach the
-// curators, unreached's backoff, from standbyMinRetry doubling to every
-// (a reconciler that starts before the curators serve holds the lease a
-// moment after they do, not up to a third of the TTL after); after any
-// other refusal, every.
-func standbyRetry(err error, every time.Duration, unreached *backoff.Backoff) time.Duration {
-	if d, ok := rpcerr.RetryDelay(err); ok {
-		return min(max(d, standbyMinRetry), every)
-	}
-	if !answered(err) {
-		return unreached.Next()
+// standbyRetry is how long a standby waits after Acquire failed with err,
+// as bo (standbyMinRetry to every) says: as long as the curator says (a
+// held lease's expiry, in LEASE_HELD's RetryInfo: the standby asks again
+// then, not up to a third of the TTL later), or, after a failure to reach
+// the curators, its next backoff, doubling from standbyMinRetry (a
+// reconciler that starts before the curators serve holds the lease a
+// moment after they do). After any other refusal: every.
+func standbyRetry(err error, every time.Duration, bo *backoff.Backoff) time.Duration {
+	if _, says := rpcerr.RetryDelay(err); says || !answered(err) {
+		return bo.After(err)
 	}
 	return every
 }
