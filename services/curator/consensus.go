@@ -17,6 +17,7 @@ import (
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpcerr"
 )
 
 // consensusPool reaches the consensus services: the addresses configured,
@@ -70,7 +71,10 @@ func (p *consensusPool) conn(addr string) (consensusv1.ConsensusClient, error) {
 }
 
 // do calls f on consensus services until one answers with anything but
-// Unavailable.
+// Unavailable, or with an Unavailable that says when to try again: etcd's
+// reconfiguration window, which every service meets alike, and which for a
+// membership change means that the change was tried and not applied (its
+// epoch moved on, so the next service would only find the fence stale).
 func (p *consensusPool) do(ctx context.Context, what string, f func(consensusv1.ConsensusClient) error) error {
 	addrs := p.addresses(ctx)
 	if len(addrs) == 0 {
@@ -85,7 +89,7 @@ func (p *consensusPool) do(ctx context.Context, what string, f func(consensusv1.
 		if err == nil {
 			return nil
 		}
-		if status.Code(err) != codes.Unavailable {
+		if _, later := rpcerr.RetryDelay(err); later || status.Code(err) != codes.Unavailable {
 			return fmt.Errorf("%s via consensus %s: %w", what, a, err)
 		}
 		last = err

@@ -100,21 +100,31 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 	// member list and fenced on its epoch: when another change lands in
 	// between (the reconciler's), etcd is not touched and the step is
 	// planned again from a fresh read, a few times, instead of handing
-	// the caller a stale fence it never held.
+	// the caller a stale fence it never held. When etcd refused the step
+	// for a moment (its reconfiguration window after a membership change
+	// or a new leader: UNAVAILABLE with a retry delay; the change was not
+	// applied), it is planned again after that delay, so that a call made
+	// just after the cluster formed waits the window out.
 	var join *consensusv1.JoinParameters
 	var epoch int64
 	for attempt := 1; ; attempt++ {
 		join, epoch, err = s.membershipStep(ctx, req, n, f, hadCM, wantCM)
 		stale := rpcerr.Is(err, rpcerr.FenceStale) && rpcerr.Meta(err, "part") == fence.PartEpoch
+		delay, later := rpcerr.RetryDelay(err)
+		later = later && !stale && rpcerr.Is(err, rpcerr.Unavailable)
 		if stale && attempt == membershipStepAttempts {
 			// Still moving: the caller's request was never wrong, so it
 			// gets a conflict to retry, not a fence it never held.
 			return nil, fmt.Errorf("%w: etcd membership changed under each of %d attempts to plan this call's step (another change landed in between each time); retry: %v", errConflict, attempt, err)
 		}
-		if !stale {
+		if (!stale && !later) || attempt == membershipStepAttempts {
 			break
 		}
-		if !run.Sleep(ctx, time.Duration(attempt)*100*time.Millisecond) {
+		wait := time.Duration(attempt) * 100 * time.Millisecond
+		if later {
+			wait = delay
+		}
+		if !run.Sleep(ctx, wait) {
 			return nil, ctx.Err()
 		}
 	}
@@ -138,7 +148,9 @@ func touchesMembership(n *curatorv1.Node, req *curatorv1.UpdateNodeRolesRequest,
 
 // membershipStepAttempts bounds how often UpdateNodeRoles plans its etcd
 // step again when membership changed between its read and its call (with
-// 100 ms more between each); then the caller gets CONFLICT (Aborted).
+// 100 ms more between each; then the caller gets CONFLICT, Aborted), or
+// after etcd refused it for a moment (after the delay etcd's refusal
+// names; then the caller gets that UNAVAILABLE).
 const membershipStepAttempts = 5
 
 // membershipStep makes etcd membership what req asks for node n, from a
