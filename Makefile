@@ -121,6 +121,10 @@ breaking: $(BUF) proto-deps ## buf breaking against main (BREAKING_AGAINST=<git 
 	(cd "$$against" && buf build proto -o "$$against/image.binpb"); \
 	buf breaking proto --against "$$against/image.binpb"
 
+.PHONY: check-files
+check-files: ## fail if git tracks a build output (an executable or a file over 1 MB not in .ci/allowed-files)
+	@bash .ci/check-files
+
 .PHONY: check-tidy
 check-tidy: ## fail if any module's go.mod/go.sum is not what `make tidy` makes
 	@stale=; for m in $(MODULES); do \
