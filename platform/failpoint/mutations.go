@@ -16,4 +16,9 @@ const (
 	// NoDefragOrder: the curator leader defragments etcd's members in id
 	// order, the etcd leader among them, without moving its leadership.
 	NoDefragOrder = "no-defrag-order"
+	// NoRecorderDeadline: the recorder of a membership change counts its
+	// call's deadline from the commit's answer, not from before it was
+	// sent, and does not check its record is still pending before the
+	// call. Caught by consensus TestPausedChangeResolvedNeverApplied/committed.
+	NoRecorderDeadline = "no-recorder-deadline"
 )

@@ -160,16 +160,24 @@ func (c *change) commit(ctx context.Context, nodeID string, memberID uint64, pee
 	if !noPending {
 		extra = append(extra, clientv3.Compare(clientv3.CreateRevision(keys.MembershipPending), "=", 0))
 	}
+	// The call's deadline counts from before the commit is sent: the
+	// record may be applied (and watched by a resolver) long before this
+	// process hears so.
+	sent := time.Now()
 	resp, err := fence.Apply(ctx, c.cli, c.fence, extra, ops...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", c.action, c.whyNotCommitted(ctx, err))
 	}
+	failpoint.Hold("committed")
+	if failpoint.Mutated(failpoint.NoRecorderDeadline) {
+		sent = time.Now()
+	}
 	s.log.Info("membership change started", "change", p.Id, "action", c.action, "node", nodeID, "member", types.ID(memberID).String(), "actor", c.actor.String(), "fence", c.fence.String(), "reason", reason)
 	if noPending {
 		// No record: the finish's guard expects none.
-		return &pendingChange{PendingChange: p}, nil
+		return &pendingChange{PendingChange: p, sent: sent}, nil
 	}
-	return &pendingChange{PendingChange: p, createRev: resp.Header.Revision}, nil
+	return &pendingChange{PendingChange: p, createRev: resp.Header.Revision, sent: sent}, nil
 }
 
 // whyNotCommitted explains a failed commit whose fence still held: another
@@ -195,19 +203,35 @@ func (c *change) whyNotCommitted(ctx context.Context, err error) error {
 // the call was never made). When the outcome cannot be known, the record
 // stays: whoever comes next resolves it from the member list. It returns
 // the epoch after the finish and the call's error.
+//
+// The call is made only before the deadline, counted from before the
+// commit was sent, and only while the record is still there (read from
+// etcd, not from this process's memory or clock, which a pause stops): a
+// resolver finishes a record only after watching it for twice the
+// deadline, so a recorder that was paused anywhere past its commit never
+// calls after a resolver decided.
 func (c *change) carryOut(p *pendingChange, call func(context.Context) error) (int64, error) {
-	begun := time.Now()
 	failpoint.Hold("after-commit")
-	deadline := begun.Add(p.deadline())
+	deadline := p.sent.Add(p.deadline())
+	if failpoint.Mutated(failpoint.NoRecorderDeadline) {
+		deadline = time.Now().Add(p.deadline())
+	}
 	var callErr error
 	if time.Now().Before(deadline) {
 		// Not the caller's context: a client that hangs up must not leave
 		// the change half done.
 		mctx, cancel := context.WithDeadline(context.Background(), deadline)
-		callErr = call(mctx)
+		callErr = c.stillPending(mctx, p)
+		if callErr == nil {
+			callErr = call(mctx)
+		}
 		cancel()
 	} else {
-		callErr = fmt.Errorf("%w: its deadline (%v) passed before it could be made", errNeverCalled, p.deadline())
+		callErr = fmt.Errorf("%w: its deadline (%v from the commit) passed before it could be made", errNeverCalled, p.deadline())
+	}
+	if errors.Is(callErr, errFinishedElsewhere) {
+		c.x.s.log.Warn("membership change resolved by another process before its call; not made", "change", p.Id, "action", c.action)
+		return 0, fmt.Errorf("%s: %w: %s was resolved by another process before this one could make its etcd call (the call was not made); read members again", c.action, errFinishedElsewhere, p)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
@@ -532,6 +556,23 @@ func (x *server) remove(ctx context.Context, req *consensusv1.RemoveMemberReques
 		return nil, explain(err, fmt.Sprintf("remove member %s (node %q)", types.ID(m.ID), node))
 	}
 	return &consensusv1.RemoveMemberResponse{MemberId: m.ID, MovedLeadership: moved, MembershipEpoch: epoch}, nil
+}
+
+// stillPending checks, in etcd, that p's record is still the pending one
+// right before its member call: a resolver that finished it decided the
+// change's outcome from a member list without it.
+func (c *change) stillPending(ctx context.Context, p *pendingChange) error {
+	if p.createRev == 0 || failpoint.Mutated(failpoint.NoRecorderDeadline) {
+		return nil // no record (the no-pending mutation)
+	}
+	resp, err := c.cli.Get(ctx, keys.MembershipPending)
+	if err != nil {
+		return fmt.Errorf("%w: read the pending record before the call: %v", errNeverCalled, err)
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != p.createRev {
+		return errFinishedElsewhere
+	}
+	return nil
 }
 
 // untilFinished retries f until it succeeds, the change turns out finished

@@ -69,6 +69,10 @@ type pendingChange struct {
 	*consensusv1.PendingChange
 	// createRev is the record's create revision: the finish is guarded by it.
 	createRev int64
+	// sent is when its recorder sent the commit, by the recorder's clock:
+	// its deadline counts from then, not from the commit's answer, which a
+	// partition or a pause can delay past any resolver's wait.
+	sent time.Time
 }
 
 // decodePending reads the record stored under keys.MembershipPending

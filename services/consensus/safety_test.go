@@ -142,49 +142,59 @@ func TestOneChangeAtATime(t *testing.T) {
 }
 
 // TestPausedChangeResolvedNeverApplied: a consensus process stops for good
-// after the fenced start of a removal (as a SIGSTOP there would). Another
-// process resolves the pending change from the member list once it has
-// watched it for twice the call's deadline; when the first one wakes up,
-// its deadline has passed and it makes no etcd call: the member stays.
+// after the fenced start of a removal (as a SIGSTOP or a partition there
+// would): after the commit was applied but before its answer arrived
+// ("committed"), or after the answer, before the etcd call
+// ("after-commit"). Another process resolves the pending change from the
+// member list once it has watched it for twice the call's deadline; when
+// the first one wakes up, it makes no etcd call (its deadline counts from
+// before it sent the commit, and the record is gone): the member stays.
+// Without the recorder's deadline (no-recorder-deadline), the process held
+// at "committed" starts its deadline on waking and removes the member
+// after it was resolved as not applied.
 func TestPausedChangeResolvedNeverApplied(t *testing.T) {
-	c := ct.NewCluster(t)
-	nodes, leader := c.Voters(3)
-	a, b, victim := nodes[0], nodes[1], nodes[2]
-	cli := c.Etcd(b.ClientURL)
+	for _, point := range []string{"committed", "after-commit"} {
+		t.Run(point, func(t *testing.T) {
+			c := ct.NewCluster(t)
+			nodes, leader := c.Voters(3)
+			a, b, victim := nodes[0], nodes[1], nodes[2]
+			cli := c.Etcd(b.ClientURL)
 
-	release := a.Hold("after-commit")
-	held := removeAsync(a, victim.ID, a.Fenced(leader.Fence))
-	a.Reached("after-commit")
-	started := time.Now()
+			release := a.Hold(point)
+			held := removeAsync(a, victim.ID, a.Fenced(leader.Fence))
+			a.Reached(point)
+			started := time.Now()
 
-	// B resolves it on its own, from the member list: not applied.
-	ct.Eventually(t, time.Minute, func() error {
-		if p := b.Members().Pending; p != nil {
-			return fmt.Errorf("still pending: %v", p)
-		}
-		return nil
-	})
-	t.Logf("resolved %v after the fenced start", time.Since(started).Round(100*time.Millisecond))
-	var resolved *auditv1.Event
-	for _, ev := range auditLog(t, cli) {
-		if ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
-			resolved = ev
-		}
-	}
-	if resolved == nil || resolved.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_NOT_APPLIED || !strings.Contains(resolved.Reason, "resolved by") {
-		t.Fatalf("outcome %v, want NOT_APPLIED resolved from the member list", resolved)
-	}
+			// B resolves it on its own, from the member list: not applied.
+			ct.Eventually(t, time.Minute, func() error {
+				if p := b.Members().Pending; p != nil {
+					return fmt.Errorf("still pending: %v", p)
+				}
+				return nil
+			})
+			t.Logf("resolved %v after the fenced start", time.Since(started).Round(100*time.Millisecond))
+			var resolved *auditv1.Event
+			for _, ev := range auditLog(t, cli) {
+				if ev.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNSPECIFIED {
+					resolved = ev
+				}
+			}
+			if resolved == nil || resolved.Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_NOT_APPLIED || !strings.Contains(resolved.Reason, "resolved by") {
+				t.Fatalf("outcome %v, want NOT_APPLIED resolved from the member list", resolved)
+			}
 
-	// A wakes up past its deadline: no etcd call, an error to its caller.
-	release()
-	if err := result(t, held); err == nil {
-		t.Fatal("the paused removal reported success")
-	}
-	if got := memberIDs(b.Members()); !got[victim.ID] || len(got) != 3 {
-		t.Fatalf("members after the paused removal woke up: %v", got)
-	}
-	if got := outcomes(auditLog(t, cli)); got["AUDIT_ACTION_MEMBER_REMOVE CHANGE_OUTCOME_APPLIED"] != 0 {
-		t.Fatalf("audited outcomes %v: the woken removal was applied", got)
+			// A wakes up: no etcd call, an error to its caller.
+			release()
+			if err := result(t, held); err == nil {
+				t.Fatal("the paused removal reported success")
+			}
+			if got := memberIDs(b.Members()); !got[victim.ID] || len(got) != 3 {
+				t.Fatalf("members after the paused removal woke up: %v: the change resolved as not applied was applied", got)
+			}
+			if got := outcomes(auditLog(t, cli)); got["AUDIT_ACTION_MEMBER_REMOVE CHANGE_OUTCOME_APPLIED"] != 0 {
+				t.Fatalf("audited outcomes %v: the woken removal was applied", got)
+			}
+		})
 	}
 }
 
