@@ -21,4 +21,8 @@ const (
 	// sent, and does not check its record is still pending before the
 	// call. Caught by consensus TestPausedChangeResolvedNeverApplied/committed.
 	NoRecorderDeadline = "no-recorder-deadline"
+	// AnyLeaderHealthy: the quorum guard counts a voter that answers and
+	// names any leader, of any term, as healthy. Caught by consensus
+	// TestQuorumGuardJudgesTheCurrentTerm.
+	AnyLeaderHealthy = "any-leader-healthy"
 )

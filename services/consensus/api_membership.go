@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -663,65 +664,113 @@ func (c *change) whyNotAbsent(ctx context.Context, nodeID string, err error) err
 // returns the healthiest other voter (to hand leadership to) and whether the
 // target leads.
 func (c *change) quorumGuard(ctx context.Context, target *etcdMember) (*etcdMember, bool, error) {
-	node := c.snap.nodeID(target)
 	voters := c.snap.voters()
 	if len(voters) <= 1 {
-		return nil, false, fmt.Errorf("%w: member %s (node %q) is the last voter: removing it would destroy the cluster", errQuorumAtRisk, types.ID(target.ID), node)
+		return nil, false, fmt.Errorf("%w: member %s (node %q) is the last voter: removing it would destroy the cluster", errQuorumAtRisk, types.ID(target.ID), c.snap.nodeID(target))
 	}
-	var (
-		healthy, unhealthy []string
-		best               *etcdMember
-		bestIndex          uint64
-		leader             uint64
-	)
-	for _, v := range voters {
-		st, err := c.probe(ctx, v)
-		if v.ID == target.ID {
-			if err == nil {
-				leader = st.Leader
-			}
-			continue
-		}
-		if err != nil {
-			unhealthy = append(unhealthy, fmt.Sprintf("%s (node %q: %v)", types.ID(v.ID), c.snap.nodeID(v), err))
-			continue
-		}
-		healthy = append(healthy, types.ID(v.ID).String())
-		if leader == 0 {
-			leader = st.Leader
-		}
-		if best == nil || st.RaftIndex > bestIndex {
-			best, bestIndex = v, st.RaftIndex
-		}
-	}
+	j := judgeVoters(target.ID, c.probeAll(ctx, voters))
 	remaining := len(voters) - 1
 	quorum := remaining/2 + 1
-	if len(healthy) < quorum {
+	if len(j.healthy) < quorum {
 		return nil, false, fmt.Errorf("%w: removing member %s (node %q) would leave %d healthy voters of %d, below the quorum of %d; bring these voters back first: %s",
-			errQuorumAtRisk, types.ID(target.ID), node, len(healthy), remaining, quorum, strings.Join(unhealthy, "; "))
+			errQuorumAtRisk, types.ID(target.ID), c.snap.nodeID(target), len(j.healthy), remaining, quorum, strings.Join(j.unhealthy, "; "))
 	}
-	return best, leader == target.ID, nil
+	return j.best, j.leader == target.ID, nil
 }
 
-// probe asks one voter for its status within the health timeout. A voter is
-// healthy when it answers, knows a leader and raises no alarm.
-func (c *change) probe(ctx context.Context, m *etcdMember) (*clientv3.StatusResponse, error) {
-	if len(m.ClientURLs) == 0 {
-		return nil, errors.New("never started")
-	}
+// probeResult is one voter's answer to the quorum guard's probe.
+type probeResult struct {
+	member *etcdMember
+	node   string // the member's node, for messages
+	status *clientv3.StatusResponse
+	err    error
+}
+
+// probeAll asks every voter for its status at once, all within one health
+// timeout: a guard in front of five hung voters waits one timeout, not five,
+// and every answer describes the same moment.
+func (c *change) probeAll(ctx context.Context, voters []*etcdMember) []probeResult {
 	pctx, cancel := context.WithTimeout(ctx, c.x.s.cfg.HealthTimeout)
 	defer cancel()
-	st, err := statusAt(pctx, c.cli, m.ClientURLs[0])
-	if err != nil {
-		return nil, err
+	results := make([]probeResult, len(voters))
+	var wg sync.WaitGroup
+	for i, v := range voters {
+		results[i] = probeResult{member: v, node: c.snap.nodeID(v)}
+		if len(v.ClientURLs) == 0 {
+			results[i].err = errors.New("never started")
+			continue
+		}
+		wg.Go(func() {
+			results[i].status, results[i].err = statusAt(pctx, c.cli, v.ClientURLs[0])
+		})
 	}
-	if st.Leader == 0 {
-		return nil, errors.New("knows no leader")
+	wg.Wait()
+	return results
+}
+
+// judgement is what the quorum guard concludes from one round of probes.
+type judgement struct {
+	healthy   []string    // the other voters that count towards the quorum
+	unhealthy []string    // the others, each with why
+	best      *etcdMember // the healthy voter furthest ahead: the transferee
+	leader    uint64      // the current term's leader, 0 when none is known
+}
+
+// judgeVoters decides, from one round of probes, which voters other than the
+// target count as healthy. The current term is the highest any voter
+// reports; a voter counts only when it answers at that term, names that
+// term's leader (a member of the probed voters) and raises no alarm. A voter
+// cut off from the others still names the leader of the term it last saw:
+// counting it would let a removal through that leaves a partitioned
+// minority behind.
+func judgeVoters(target uint64, probes []probeResult) judgement {
+	var (
+		j       judgement
+		term    uint64
+		isVoter = map[uint64]bool{}
+		bestIdx uint64
+	)
+	for _, p := range probes {
+		isVoter[p.member.ID] = true
+		if p.err == nil && p.status.RaftTerm > term {
+			term = p.status.RaftTerm
+		}
 	}
-	if len(st.Errors) > 0 {
-		return nil, fmt.Errorf("reports %s", strings.Join(st.Errors, ", "))
+	for _, p := range probes {
+		if p.err == nil && p.status.RaftTerm == term && p.status.Leader != 0 && isVoter[p.status.Leader] {
+			j.leader = p.status.Leader
+			break
+		}
 	}
-	return st, nil
+	anyLeader := failpoint.Mutated(failpoint.AnyLeaderHealthy)
+	for _, p := range probes {
+		var why string
+		switch st := p.status; {
+		case p.err != nil:
+			why = p.err.Error()
+		case st.Leader == 0:
+			why = "knows no leader"
+		case len(st.Errors) > 0:
+			why = "reports " + strings.Join(st.Errors, ", ")
+		case anyLeader:
+		case st.RaftTerm != term:
+			why = fmt.Sprintf("is at term %d, behind the current term %d", st.RaftTerm, term)
+		case st.Leader != j.leader:
+			why = fmt.Sprintf("names %s as leader, not the current term's leader %s", types.ID(st.Leader), types.ID(j.leader))
+		}
+		if p.member.ID == target {
+			continue
+		}
+		if why != "" {
+			j.unhealthy = append(j.unhealthy, fmt.Sprintf("%s (node %q: %s)", types.ID(p.member.ID), p.node, why))
+			continue
+		}
+		j.healthy = append(j.healthy, types.ID(p.member.ID).String())
+		if j.best == nil || p.status.RaftIndex > bestIdx {
+			j.best, bestIdx = p.member, p.status.RaftIndex
+		}
+	}
+	return j
 }
 
 // moveLeader hands etcd leadership from the target to the transferee before
