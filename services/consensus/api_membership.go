@@ -190,10 +190,8 @@ func (c *change) whyNotCommitted(ctx context.Context, err error) error {
 	}
 	resp, rerr := c.cli.Get(ctx, keys.MembershipPending)
 	if rerr == nil && len(resp.Kvs) > 0 {
-		if p, derr := decodePending(resp.Kvs[0].Value, resp.Kvs[0].CreateRevision); derr == nil {
-			return fmt.Errorf("%w: %s", errChangePending, p)
-		}
-		return fmt.Errorf("%w: another change started meanwhile", errChangePending)
+		p := decodePending(resp.Kvs[0].Value, resp.Kvs[0].CreateRevision, resp.Kvs[0].ModRevision)
+		return fmt.Errorf("%w: %s", errChangePending, p)
 	}
 	return err
 }
@@ -238,7 +236,7 @@ func (c *change) carryOut(p *pendingChange, call func(context.Context) error) (i
 	defer cancel()
 	cli, done, err := c.finishClient(p)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %s: %v; it stays pending and is resolved from the member list within %v", errOutcomeUnknown, p, err, resolveAfter(p))
+		return 0, fmt.Errorf("%w: %s: %v; it stays pending and is resolved from the member list within %v", errOutcomeUnknown, p, err, c.x.s.resolveAfter(p))
 	}
 	defer done()
 	outcome := auditv1.ChangeOutcome_CHANGE_OUTCOME_APPLIED
@@ -257,7 +255,7 @@ func (c *change) carryOut(p *pendingChange, call func(context.Context) error) (i
 			reason = fmt.Sprintf("etcd refused the change: %v", callErr)
 		default:
 			c.x.s.log.Warn("membership change outcome unknown; it stays pending", "change", p.Id, "action", c.action, "err", callErr)
-			return 0, fmt.Errorf("%w: %s: %v; it stays pending and is resolved from the member list within %v", errOutcomeUnknown, p, callErr, resolveAfter(p))
+			return 0, fmt.Errorf("%w: %s: %v; it stays pending and is resolved from the member list within %v", errOutcomeUnknown, p, callErr, c.x.s.resolveAfter(p))
 		}
 	}
 	var epoch int64

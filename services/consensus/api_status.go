@@ -176,9 +176,7 @@ func readMembership(ctx context.Context, cli *clientv3.Client) (*membership, err
 			case key == keys.MembershipEpoch:
 				snap.epoch = kv.ModRevision
 			case key == keys.MembershipPending:
-				if snap.pending, err = decodePending(kv.Value, kv.CreateRevision); err != nil {
-					return nil, err
-				}
+				snap.pending = decodePending(kv.Value, kv.CreateRevision, kv.ModRevision)
 			case strings.HasPrefix(key, keys.MembershipJoining):
 				if u, err := keys.JoiningPeerURL(key); err == nil {
 					snap.joining[u] = string(kv.Value)

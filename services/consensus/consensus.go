@@ -110,6 +110,11 @@ type Config struct {
 	// the call, and another process may resolve the pending change after
 	// twice as long.
 	MemberCallTimeout time.Duration
+	// MaxMemberCallTimeout is the longest MemberCallTimeout any consensus
+	// process of the cluster uses. A pending record that cannot be read
+	// names no deadline: it is cleared after twice this, when no recorder
+	// can still be making its call.
+	MaxMemberCallTimeout time.Duration
 	// UnsafeNoFsync turns off fsync in etcd. Tests only.
 	UnsafeNoFsync bool
 	// UnsafeNoStrictReconfig turns off etcd's own checks before a
@@ -127,17 +132,18 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
-		Cluster:           "curia",
-		DataDir:           "consensus-data",
-		ListenAPI:         "127.0.0.1:7100",
-		ListenPeer:        "127.0.0.1:2380",
-		ListenClient:      "127.0.0.1:2379",
-		TickInterval:      100 * time.Millisecond,
-		ElectionTimeout:   1000 * time.Millisecond,
-		StartTimeout:      time.Minute,
-		HealthTimeout:     2 * time.Second,
-		MemberCallTimeout: 10 * time.Second,
-		RestartCRLWait:    3 * time.Second,
+		Cluster:              "curia",
+		DataDir:              "consensus-data",
+		ListenAPI:            "127.0.0.1:7100",
+		ListenPeer:           "127.0.0.1:2380",
+		ListenClient:         "127.0.0.1:2379",
+		TickInterval:         100 * time.Millisecond,
+		ElectionTimeout:      1000 * time.Millisecond,
+		StartTimeout:         time.Minute,
+		HealthTimeout:        2 * time.Second,
+		MemberCallTimeout:    10 * time.Second,
+		MaxMemberCallTimeout: time.Minute,
+		RestartCRLWait:       3 * time.Second,
 	}
 }
 
@@ -167,6 +173,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.StartTimeout, "start-timeout", c.StartTimeout, "how long Start waits for etcd to serve")
 	fs.DurationVar(&c.HealthTimeout, "health-timeout", c.HealthTimeout, "timeout of each voter health probe before a removal")
 	fs.DurationVar(&c.MemberCallTimeout, "member-call-timeout", c.MemberCallTimeout, "deadline of the etcd member call of a membership change; a change left pending by a dead process is resolved after twice this")
+	fs.DurationVar(&c.MaxMemberCallTimeout, "max-member-call-timeout", c.MaxMemberCallTimeout, "the longest --member-call-timeout of any consensus process of the cluster: an unreadable pending membership record is cleared after twice this")
 	fs.BoolVar(&c.UnsafeNoFsync, "unsafe-no-fsync", c.UnsafeNoFsync, "turn off fsync in etcd: data loss on power failure; for tests only")
 	fs.BoolVar(&c.UnsafeNoStrictReconfig, "unsafe-no-strict-reconfig", c.UnsafeNoStrictReconfig, "turn off etcd's own quorum checks before membership changes (curia's guards still run); for tests only")
 }
@@ -217,6 +224,9 @@ func (c *Config) Validate() error {
 	}
 	if c.StartTimeout <= 0 || c.HealthTimeout <= 0 || c.MemberCallTimeout <= 0 {
 		return errors.New("--start-timeout, --health-timeout and --member-call-timeout must be positive")
+	}
+	if c.MemberCallTimeout > c.MaxMemberCallTimeout {
+		return fmt.Errorf("--member-call-timeout %v is longer than --max-member-call-timeout %v, the longest any process of the cluster may use: raise the maximum on every consensus process first", c.MemberCallTimeout, c.MaxMemberCallTimeout)
 	}
 	c.etcdLogLevel = slog.LevelDebug - 1 // the process's level decides
 	if c.EtcdLogLevel != "" {

@@ -43,6 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -73,16 +74,36 @@ type pendingChange struct {
 	// its deadline counts from then, not from the commit's answer, which a
 	// partition or a pause can delay past any resolver's wait.
 	sent time.Time
+	// unreadable says why the record names no change: it blocks every
+	// change like any pending record, and is cleared, audited, once no
+	// recorder can still be making a call (Service.resolveAfter).
+	unreadable error
 }
 
 // decodePending reads the record stored under keys.MembershipPending
-// (curia.storage.v1.PendingChangeRecord) at createRev.
-func decodePending(value []byte, createRev int64) (*pendingChange, error) {
+// (curia.storage.v1.PendingChangeRecord) at createRev. A record that is not
+// one, or names no change (id, operation, deadline), comes back unreadable,
+// under an id of its revisions: still pending, never ignored.
+func decodePending(value []byte, createRev, modRev int64) *pendingChange {
 	p, err := records.DecodePendingChange(value)
-	if err != nil {
-		return nil, fmt.Errorf("decode %s: %w", keys.MembershipPending, err)
+	if err == nil {
+		switch {
+		case p.GetId() == "":
+			err = errors.New("it names no change id")
+		case p.GetOperation() == consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_UNSPECIFIED:
+			err = errors.New("it names no operation")
+		case p.GetDeadline().AsDuration() <= 0:
+			err = errors.New("it names no deadline")
+		}
 	}
-	return &pendingChange{PendingChange: p, createRev: createRev}, nil
+	if err != nil {
+		return &pendingChange{
+			PendingChange: &consensusv1.PendingChange{Id: fmt.Sprintf("unreadable-%d-%d", createRev, modRev)},
+			createRev:     createRev,
+			unreadable:    fmt.Errorf("%d bytes: %w", len(value), err),
+		}
+	}
+	return &pendingChange{PendingChange: p, createRev: createRev}
 }
 
 func newChangeID() string {
@@ -118,6 +139,9 @@ func (p *pendingChange) action() string {
 }
 
 func (p *pendingChange) String() string {
+	if p.unreadable != nil {
+		return fmt.Sprintf("an unreadable pending membership record (%s, created at revision %d: %v)", keys.MembershipPending, p.createRev, p.unreadable)
+	}
 	return fmt.Sprintf("%s of node %q (member %s, change %s) by %s via %s since %s",
 		p.action(), p.GetNodeId(), types.ID(p.GetMemberId()), p.GetId(), p.GetActor(), p.GetRecordedBy(), p.GetStarted().AsTime().UTC().Format(time.RFC3339))
 }
@@ -166,13 +190,17 @@ var errFinishedElsewhere = rpcerr.ChangePending.Sub("the membership change was f
 // record's create revision, deletes the record, bumps the epoch and writes
 // the outcome to the audit log. It returns the epoch after it.
 func finish(ctx context.Context, cli *clientv3.Client, p *pendingChange, outcome auditv1.ChangeOutcome, recorder, reason string) (int64, error) {
+	action := auditAction(p.GetOperation())
+	if p.unreadable != nil {
+		action = auditv1.AuditAction_AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE
+	}
 	ops := append(p.finishOps(outcome),
 		clientv3.OpDelete(keys.MembershipPending),
 		fence.BumpEpoch(recorder),
 		audit.Put(&auditv1.Event{
 			Actor:      p.GetActor(),
 			RecordedBy: recorder,
-			Action:     auditAction(p.GetOperation()),
+			Action:     action,
 			NodeId:     p.GetNodeId(),
 			MemberId:   p.GetMemberId(),
 			Fence:      p.GetFence(),
@@ -243,14 +271,21 @@ func (c *pendingClock) age(p *pendingChange, now time.Time) time.Duration {
 // resolveAfter is how long a pending change must have been seen before a
 // process other than its recorder resolves it: the recorder's deadline,
 // and as much again for etcd to apply a proposal it accepted just before.
-func resolveAfter(p *pendingChange) time.Duration { return 2 * p.deadline() }
+// An unreadable record names no deadline: the longest any process of the
+// cluster may use stands in for it.
+func (s *Service) resolveAfter(p *pendingChange) time.Duration {
+	if p.unreadable != nil {
+		return 2 * s.cfg.MaxMemberCallTimeout
+	}
+	return 2 * p.deadline()
+}
 
 // blockedBy answers a change that finds p pending: resolved, when this
 // process has seen p for long enough, and refused either way (the caller's
 // snapshot is stale once p ends: the finish bumps the epoch).
 func (s *Service) blockedBy(ctx context.Context, cli *clientv3.Client, p *pendingChange) error {
 	age := s.pending.age(p, time.Now())
-	if wait := resolveAfter(p); age < wait {
+	if wait := s.resolveAfter(p); age < wait {
 		return rpcerr.RetryAfter(fmt.Errorf("%w: %s; this process resolves it if it is still pending in %v; retry with a fresh member list once it finished", errChangePending, p, (wait-age).Round(time.Second)), wait-age)
 	}
 	outcome, err := s.resolve(ctx, cli, p)
@@ -267,16 +302,43 @@ func (s *Service) resolve(ctx context.Context, cli *clientv3.Client, p *pendingC
 	if err != nil {
 		return 0, fmt.Errorf("read the member list to resolve it: %w", err)
 	}
+	if p.unreadable != nil {
+		return s.clearUnreadable(ctx, cli, p, list.Members)
+	}
 	outcome := auditv1.ChangeOutcome_CHANGE_OUTCOME_NOT_APPLIED
 	if p.applied(list.Members) {
 		outcome = auditv1.ChangeOutcome_CHANGE_OUTCOME_APPLIED
 	}
 	recorder := s.recorder()
-	why := fmt.Sprintf("resolved by %s after %v pending: the live member list shows the change %s", recorder, resolveAfter(p), map[bool]string{true: "done", false: "not done"}[outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_APPLIED])
+	why := fmt.Sprintf("resolved by %s after %v pending: the live member list shows the change %s", recorder, s.resolveAfter(p), map[bool]string{true: "done", false: "not done"}[outcome == auditv1.ChangeOutcome_CHANGE_OUTCOME_APPLIED])
 	if _, err := finish(ctx, cli, p, outcome, recorder, why); err != nil {
 		return 0, err
 	}
 	s.log.Warn("resolved a membership change left pending", "change", p.GetId(), "action", p.action(), "node", p.GetNodeId(), "member", types.ID(p.GetMemberId()).String(), "recorded_by", p.GetRecordedBy(), "outcome", outcome.String())
+	return outcome, nil
+}
+
+// clearUnreadable finishes an unreadable record: what it recorded, and so
+// whether it happened, is not known, so the outcome is UNKNOWN and etcd's
+// live member list stands; the finish's epoch bump makes every caller
+// plan from that list again. The audit event names the list.
+func (s *Service) clearUnreadable(ctx context.Context, cli *clientv3.Client, p *pendingChange, members []*etcdMember) (auditv1.ChangeOutcome, error) {
+	names := make([]string, 0, len(members))
+	for _, m := range members {
+		role := "voter"
+		if m.IsLearner {
+			role = "learner"
+		}
+		names = append(names, fmt.Sprintf("%s %s (%s)", role, types.ID(m.ID), m.Name))
+	}
+	recorder := s.recorder()
+	why := fmt.Sprintf("cleared by %s after %v: %v; what it recorded is not known, so etcd's live member list stands: %s",
+		recorder, s.resolveAfter(p), p.unreadable, strings.Join(names, ", "))
+	outcome := auditv1.ChangeOutcome_CHANGE_OUTCOME_UNKNOWN
+	if _, err := finish(ctx, cli, p, outcome, recorder, why); err != nil {
+		return 0, err
+	}
+	s.log.Warn("cleared an unreadable pending membership record", "created_revision", p.createRev, "err", p.unreadable, "members", len(members))
 	return outcome, nil
 }
 
@@ -325,11 +387,8 @@ func (s *Service) resolvePending(ctx context.Context, cli *clientv3.Client, now 
 	if err != nil || len(resp.Kvs) == 0 {
 		return err
 	}
-	p, err := decodePending(resp.Kvs[0].Value, resp.Kvs[0].CreateRevision)
-	if err != nil {
-		return err
-	}
-	if !now && s.pending.age(p, time.Now()) < resolveAfter(p) {
+	p := decodePending(resp.Kvs[0].Value, resp.Kvs[0].CreateRevision, resp.Kvs[0].ModRevision)
+	if !now && s.pending.age(p, time.Now()) < s.resolveAfter(p) {
 		return nil
 	}
 	unlock, err := s.member.lockChanges(ctx)

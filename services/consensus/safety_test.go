@@ -366,3 +366,62 @@ func TestEpochEnsured(t *testing.T) {
 		return nil
 	})
 }
+
+// TestUnreadablePendingCleared: a membership/pending record that cannot be
+// read (not a change record: a bad write by hand, a damaged value) blocks
+// every change as any pending record does, and says so; once no recorder
+// could still be making a call (twice --max-member-call-timeout) a
+// consensus process clears it, audited with outcome UNKNOWN and the live
+// member list, and changes go on. Before, it blocked every membership
+// change for good: nobody could read it to resolve it.
+func TestUnreadablePendingCleared(t *testing.T) {
+	c := ct.NewCluster(t)
+	ctx := ctxT(t)
+	nodes, leader := c.Voters(2)
+	a, b := nodes[0], nodes[1]
+	cli := c.Etcd(a.ClientURL)
+	if _, err := cli.Put(ctx, keys.MembershipPending, "\xff\xff not a pending change record"); err != nil {
+		t.Fatal(err)
+	}
+	before := a.Members()
+	remove := func() error {
+		_, err := a.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: b.ID}, Fence: a.Fenced(leader.Fence)})
+		return err
+	}
+	err := remove()
+	wantKind(t, err, rpcerr.ChangePending, "", "unreadable pending membership record")
+	if d, ok := rpcerr.RetryDelay(err); !ok || d <= 0 {
+		t.Fatalf("an unreadable pending record says no retry delay: %v", err)
+	}
+	if got := memberIDs(a.Members()); len(got) != 2 {
+		t.Fatalf("members after the refused removal: %v", got)
+	}
+
+	ct.Eventually(t, time.Minute, func() error {
+		if p := a.Members().Pending; p != nil {
+			return fmt.Errorf("still pending: %v", p)
+		}
+		return nil
+	})
+	var cleared []*auditv1.Event
+	for _, ev := range auditLog(t, cli) {
+		if ev.Action == auditv1.AuditAction_AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE {
+			cleared = append(cleared, ev)
+		}
+	}
+	if len(cleared) != 1 || cleared[0].Outcome != auditv1.ChangeOutcome_CHANGE_OUTCOME_UNKNOWN ||
+		!strings.Contains(cleared[0].Reason, "live member list stands") || !strings.Contains(cleared[0].Reason, a.ID) || !strings.Contains(cleared[0].Reason, b.ID) {
+		t.Fatalf("audited clearings %v: want one, outcome UNKNOWN, naming the member list", cleared)
+	}
+	if after := a.Members(); after.MembershipEpoch <= before.MembershipEpoch {
+		t.Fatalf("epoch %d after the clearing, %d before: callers must plan from the member list again", after.MembershipEpoch, before.MembershipEpoch)
+	}
+
+	// Changes go on.
+	if err := ct.RetryUnavailable(t, remove); err != nil {
+		t.Fatalf("the removal after the clearing: %v", err)
+	}
+	if got := memberIDs(a.Members()); len(got) != 1 || !got[a.ID] {
+		t.Fatalf("members after the removal: %v", got)
+	}
+}

@@ -313,6 +313,9 @@ func (c *Cluster) newNode(certified bool, flags ...string) *Node {
 		"--etcd-tick", "50ms", "--etcd-election-timeout", "500ms",
 		"--health-timeout", "1s",
 		"--member-call-timeout", "3s",
+		// An unreadable pending record waits twice this; every process
+		// of a test cluster uses the 3s above.
+		"--max-member-call-timeout", "3s",
 		"--unsafe-no-fsync",
 		// curia's own guards are under test, without etcd's behind them
 		// (and without its 5s pause after every change).

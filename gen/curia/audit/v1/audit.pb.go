@@ -67,6 +67,11 @@ const (
 	// etcd raised its NOSPACE alarm and the curator leader compacted,
 	// defragmented every member and disarmed it; reason says how.
 	AuditAction_AUDIT_ACTION_ETCD_NOSPACE_RECOVERED AuditAction = 16
+	// A membership/pending record that could not be read (not a change
+	// record, or one without an id, operation or deadline) was cleared once
+	// no recorder could still be making its call; reason says what it held
+	// and the live member list it was cleared against. Outcome UNKNOWN.
+	AuditAction_AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE AuditAction = 17
 )
 
 // Enum value maps for AuditAction.
@@ -89,6 +94,7 @@ var (
 		14: "AUDIT_ACTION_CLUSTER_RECOVER",
 		15: "AUDIT_ACTION_SNAPSHOT",
 		16: "AUDIT_ACTION_ETCD_NOSPACE_RECOVERED",
+		17: "AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE",
 	}
 	AuditAction_value = map[string]int32{
 		"AUDIT_ACTION_UNSPECIFIED":                             0,
@@ -108,6 +114,7 @@ var (
 		"AUDIT_ACTION_CLUSTER_RECOVER":                         14,
 		"AUDIT_ACTION_SNAPSHOT":                                15,
 		"AUDIT_ACTION_ETCD_NOSPACE_RECOVERED":                  16,
+		"AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE":                17,
 	}
 )
 
@@ -148,6 +155,9 @@ const (
 	ChangeOutcome_CHANGE_OUTCOME_APPLIED ChangeOutcome = 1
 	// etcd membership did not change (the member call failed or never ran).
 	ChangeOutcome_CHANGE_OUTCOME_NOT_APPLIED ChangeOutcome = 2
+	// The change could not be read, so whether it happened is not known;
+	// etcd's live member list stands as it is.
+	ChangeOutcome_CHANGE_OUTCOME_UNKNOWN ChangeOutcome = 3
 )
 
 // Enum value maps for ChangeOutcome.
@@ -156,11 +166,13 @@ var (
 		0: "CHANGE_OUTCOME_UNSPECIFIED",
 		1: "CHANGE_OUTCOME_APPLIED",
 		2: "CHANGE_OUTCOME_NOT_APPLIED",
+		3: "CHANGE_OUTCOME_UNKNOWN",
 	}
 	ChangeOutcome_value = map[string]int32{
 		"CHANGE_OUTCOME_UNSPECIFIED": 0,
 		"CHANGE_OUTCOME_APPLIED":     1,
 		"CHANGE_OUTCOME_NOT_APPLIED": 2,
+		"CHANGE_OUTCOME_UNKNOWN":     3,
 	}
 )
 
@@ -423,7 +435,7 @@ const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"\x05Roles\x12)\n" +
 	"\x10consensus_member\x18\x01 \x01(\bR\x0fconsensusMember\x123\n" +
 	"\x15kubernetes_controller\x18\x02 \x01(\bR\x14kubernetesController\x12+\n" +
-	"\x11kubernetes_worker\x18\x03 \x01(\bR\x10kubernetesWorker*\xf2\x04\n" +
+	"\x11kubernetes_worker\x18\x03 \x01(\bR\x10kubernetesWorker*\x9d\x05\n" +
 	"\vAuditAction\x12\x1c\n" +
 	"\x18AUDIT_ACTION_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eAUDIT_ACTION_CLUSTER_BOOTSTRAP\x10\x01\x12\x1c\n" +
@@ -442,11 +454,13 @@ const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"\"AUDIT_ACTION_CLUSTER_CONFIG_UPDATE\x10\r\x12 \n" +
 	"\x1cAUDIT_ACTION_CLUSTER_RECOVER\x10\x0e\x12\x19\n" +
 	"\x15AUDIT_ACTION_SNAPSHOT\x10\x0f\x12'\n" +
-	"#AUDIT_ACTION_ETCD_NOSPACE_RECOVERED\x10\x10*k\n" +
+	"#AUDIT_ACTION_ETCD_NOSPACE_RECOVERED\x10\x10\x12)\n" +
+	"%AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE\x10\x11*\x87\x01\n" +
 	"\rChangeOutcome\x12\x1e\n" +
 	"\x1aCHANGE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CHANGE_OUTCOME_APPLIED\x10\x01\x12\x1e\n" +
-	"\x1aCHANGE_OUTCOME_NOT_APPLIED\x10\x02B\xa0\x01\n" +
+	"\x1aCHANGE_OUTCOME_NOT_APPLIED\x10\x02\x12\x1a\n" +
+	"\x16CHANGE_OUTCOME_UNKNOWN\x10\x03B\xa0\x01\n" +
 	"\x12com.curia.audit.v1B\n" +
 	"AuditProtoP\x01Z$curia.dev/gen/curia/audit/v1;auditv1\xa2\x02\x03CAX\xaa\x02\x0eCuria.Audit.V1\xca\x02\x0eCuria\\Audit\\V1\xe2\x02\x1aCuria\\Audit\\V1\\GPBMetadata\xea\x02\x10Curia::Audit::V1b\x06proto3"
 

@@ -3,11 +3,17 @@ package consensus
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/records"
 )
 
 // TestQuorumGuardJudgesTheCurrentTerm: the quorum guard counts a voter only
@@ -63,5 +69,39 @@ func TestQuorumGuardJudgesTheCurrentTerm(t *testing.T) {
 				t.Fatalf("healthy %v and unhealthy %q do not name every voter but the target once", j.healthy, j.unhealthy)
 			}
 		})
+	}
+}
+
+// TestDecodePendingUnreadable: a value that is not a change record, or a
+// record naming no id, operation or deadline, is pending and unreadable,
+// never nil (which would let changes through) and never an error (which
+// would leave it for nobody to clear).
+func TestDecodePendingUnreadable(t *testing.T) {
+	good, err := records.EncodePendingChange(&consensusv1.PendingChange{Id: "c1", Operation: consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_REMOVE, Deadline: durationpb.New(time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noOp, _ := records.EncodePendingChange(&consensusv1.PendingChange{Id: "c1", Deadline: durationpb.New(time.Second)})
+	noDeadline, _ := records.EncodePendingChange(&consensusv1.PendingChange{Id: "c1", Operation: consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_ADD})
+	for _, tc := range []struct {
+		name  string
+		value []byte
+		why   string
+	}{
+		{"good", good, ""},
+		{"empty", nil, "names no change id"},
+		{"garbage", []byte("\xff\xff not a record"), "decode"},
+		{"no operation", noOp, "names no operation"},
+		{"no deadline", noDeadline, "names no deadline"},
+	} {
+		p := decodePending(tc.value, 7, 9)
+		switch {
+		case p == nil:
+			t.Errorf("%s: nil", tc.name)
+		case tc.why == "" && p.unreadable != nil:
+			t.Errorf("%s: unreadable: %v", tc.name, p.unreadable)
+		case tc.why != "" && (p.unreadable == nil || !strings.Contains(p.unreadable.Error(), tc.why) || p.GetId() != "unreadable-7-9"):
+			t.Errorf("%s: id %q, unreadable %v; want unreadable, %q", tc.name, p.GetId(), p.unreadable, tc.why)
+		}
 	}
 }
