@@ -25,4 +25,8 @@ const (
 	// names any leader, of any term, as healthy. Caught by consensus
 	// TestQuorumGuardJudgesTheCurrentTerm.
 	AnyLeaderHealthy = "any-leader-healthy"
+	// NoUnstartedCheck: consensus ignores RemoveMemberRequest.unstarted_only
+	// and removes a learner that started after the planner saw it
+	// unstarted. Caught by consensus TestUnstartedOnlyKeepsAStartedLearner.
+	NoUnstartedCheck = "no-unstarted-check"
 )

@@ -524,6 +524,10 @@ func (x *server) remove(ctx context.Context, req *consensusv1.RemoveMemberReques
 		extra = append(extra, clientv3.Compare(clientv3.CreateRevision(keys.Node(absent)), "=", 0))
 		reason += " (proven: node " + absent + " does not exist)"
 	}
+	unstartedOnly := req.GetUnstartedOnly() && !failpoint.Mutated(failpoint.NoUnstartedCheck)
+	if unstartedOnly && m.Name != "" {
+		return nil, startedMeanwhile(m)
+	}
 	var transferee *etcdMember
 	isLeader := false
 	if !m.IsLearner {
@@ -548,6 +552,18 @@ func (x *server) remove(ctx context.Context, req *consensusv1.RemoveMemberReques
 			}
 			moved = true
 		}
+		if unstartedOnly {
+			// Starting moves no epoch: look again, as late as possible.
+			list, err := c.cli.MemberList(ctx)
+			if err != nil {
+				return fmt.Errorf("%w: read the member list to see %s has not started: %v", errNeverCalled, types.ID(m.ID), err)
+			}
+			for _, now := range list.Members {
+				if now.ID == m.ID && now.Name != "" {
+					return fmt.Errorf("%w: %w", errNeverCalled, startedMeanwhile(now))
+				}
+			}
+		}
 		_, err := c.cli.MemberRemove(ctx, m.ID)
 		return err
 	})
@@ -555,6 +571,12 @@ func (x *server) remove(ctx context.Context, req *consensusv1.RemoveMemberReques
 		return nil, explain(err, fmt.Sprintf("remove member %s (node %q)", types.ID(m.ID), node))
 	}
 	return &consensusv1.RemoveMemberResponse{MemberId: m.ID, MovedLeadership: moved, MembershipEpoch: epoch}, nil
+}
+
+// startedMeanwhile refuses a removal asked for a member that had not
+// started (unstarted_only) of a member that has.
+func startedMeanwhile(m *etcdMember) error {
+	return &fence.StaleError{Part: fence.PartCondition, Reason: fmt.Sprintf("member %s started as %q since the caller saw it unstarted: it stays; read members again", types.ID(m.ID), m.Name)}
 }
 
 // stillPending checks, in etcd, that p's record is still the pending one

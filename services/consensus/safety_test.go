@@ -6,6 +6,7 @@ package consensus_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -423,5 +424,84 @@ func TestUnreadablePendingCleared(t *testing.T) {
 	}
 	if got := memberIDs(a.Members()); len(got) != 1 || !got[a.ID] {
 		t.Fatalf("members after the removal: %v", got)
+	}
+}
+
+// TestUnstartedOnlyKeepsAStartedLearner: the reconciler removes a learner
+// that has not started in time, but starting moves no membership epoch, so
+// its fence cannot tell a learner that started after the planner looked.
+// With unstarted_only, consensus looks again: right before etcd's call (the
+// removal is held after its fenced start while the learner starts) and
+// before the fenced start (a second try). Both times the learner stays.
+// Without the checks (no-unstarted-check) the started learner is removed.
+func TestUnstartedOnlyKeepsAStartedLearner(t *testing.T) {
+	c := ct.NewCluster(t)
+	// Time to start the learner while the removal is held, within the
+	// call's deadline.
+	c.Flags = []string{"--member-call-timeout", "40s", "--max-member-call-timeout", "40s"}
+	ctx := ctxT(t)
+	nodes, leader := c.Voters(1)
+	a := nodes[0]
+	n := c.NewNode()
+	var added *consensusv1.AddNodeResponse
+	ct.Eventually(t, time.Minute, func() (err error) {
+		added, err = a.Curator().AddNode(ctx, &consensusv1.AddNodeRequest{NodeId: n.ID, PeerUrl: n.PeerURL, Fence: a.Fenced(leader.Fence)})
+		if err != nil && !rpcerr.Retryable(err) {
+			t.Fatal(err)
+		}
+		return err
+	})
+	id := added.Join.MemberId
+	started := func() bool {
+		for _, m := range a.Members().Members {
+			if m.Id == id {
+				return m.Started
+			}
+		}
+		t.Fatalf("learner %x is gone: %v", id, a.Members().Members)
+		return false
+	}
+	if started() {
+		t.Fatal("the learner started before its node did")
+	}
+	remove := func() (*consensusv1.RemoveMemberResponse, error) {
+		return a.Curator().RemoveMember(ctx, &consensusv1.RemoveMemberRequest{
+			Target: &consensusv1.RemoveMemberRequest_MemberId{MemberId: id}, Fence: a.Fenced(leader.Fence),
+			UnstartedOnly: true, Reason: "the test: learner unstarted",
+		})
+	}
+
+	// Held after the fenced start; the learner starts meanwhile.
+	release := a.Hold("after-commit")
+	held := make(chan error, 1)
+	go func() { _, err := remove(); held <- err }()
+	a.Reached("after-commit")
+	n.InstallMemberCert()
+	if _, err := n.Self().Start(ctx, &consensusv1.StartRequest{Mode: &consensusv1.StartRequest_Join{Join: added.Join}}); err != nil {
+		t.Fatal(err)
+	}
+	ct.Eventually(t, time.Minute, func() error {
+		if !started() {
+			return errors.New("the learner has not published its name yet")
+		}
+		return nil
+	})
+	release()
+	err := result(t, held)
+	wantKind(t, err, rpcerr.FenceStale, "condition", "started as")
+	if !started() {
+		t.Fatal("the started learner was removed")
+	}
+	got := outcomes(auditLog(t, c.Etcd(a.ClientURL)))
+	if got["AUDIT_ACTION_MEMBER_REMOVE CHANGE_OUTCOME_NOT_APPLIED"] != 1 || got["AUDIT_ACTION_MEMBER_REMOVE CHANGE_OUTCOME_APPLIED"] != 0 {
+		t.Fatalf("audited removals %v, want one not applied", got)
+	}
+
+	// Asked again: refused before the fenced start, nothing audited.
+	before := a.Members().MembershipEpoch
+	_, err = remove()
+	wantKind(t, err, rpcerr.FenceStale, "condition", "started as")
+	if after := a.Members().MembershipEpoch; after != before || !started() {
+		t.Fatalf("the second refusal moved the epoch from %d to %d, or removed the learner", before, after)
 	}
 }

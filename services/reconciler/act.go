@@ -198,6 +198,7 @@ func (r *Reconciler) act(ctx context.Context, s *snapshot, a plan.Action, f *fen
 			// does not exist, checked in its fenced transaction.
 			req.AbsentNodeId = a.NodeID
 		}
+		req.UnstartedOnly = a.Unstarted
 		_, err := r.members().RemoveMember(ctx, req)
 		return err
 	case plan.Promote:

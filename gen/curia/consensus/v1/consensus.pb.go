@@ -1319,7 +1319,14 @@ type RemoveMemberRequest struct {
 	AbsentNodeId string `protobuf:"bytes,4,opt,name=absent_node_id,json=absentNodeId,proto3" json:"absent_node_id,omitempty"`
 	// Why, in words, for the audit log (e.g. the reconciler's plan reason or
 	// the operator's reason for the role change). At most 1024 bytes.
-	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Set when the removal is justified by the member not having started
+	// (the reconciler's rule "learner unstarted past its timeout"): a member
+	// that started since the caller looked (it published its name, which
+	// moves no membership epoch) stays, and the call is refused with
+	// FENCE_STALE (part "condition"): read members again. Checked before
+	// the fenced start and again right before etcd's call.
+	UnstartedOnly bool `protobuf:"varint,6,opt,name=unstarted_only,json=unstartedOnly,proto3" json:"unstarted_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1398,6 +1405,13 @@ func (x *RemoveMemberRequest) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *RemoveMemberRequest) GetUnstartedOnly() bool {
+	if x != nil {
+		return x.UnstartedOnly
+	}
+	return false
 }
 
 type isRemoveMemberRequest_Target interface {
@@ -2458,13 +2472,14 @@ const file_curia_consensus_v1_consensus_proto_rawDesc = "" +
 	"\x05fence\x18\x02 \x01(\v2\x15.curia.fence.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\"g\n" +
 	"\x15PromoteMemberResponse\x12#\n" +
 	"\ralready_voter\x18\x01 \x01(\bR\falreadyVoter\x12)\n" +
-	"\x10membership_epoch\x18\x02 \x01(\x03R\x0fmembershipEpoch\"\xff\x01\n" +
+	"\x10membership_epoch\x18\x02 \x01(\x03R\x0fmembershipEpoch\"\xa6\x02\n" +
 	"\x13RemoveMemberRequest\x12&\n" +
 	"\tmember_id\x18\x01 \x01(\x04B\a\xbaH\x042\x02 \x00H\x00R\bmemberId\x12$\n" +
 	"\anode_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01H\x00R\x06nodeId\x123\n" +
 	"\x05fence\x18\x03 \x01(\v2\x15.curia.fence.v1.FenceB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x122\n" +
 	"\x0eabsent_node_id\x18\x04 \x01(\tB\f\xbaH\tr\a(\xfd\x01\xba\x01\x01/R\fabsentNodeId\x12 \n" +
-	"\x06reason\x18\x05 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reasonB\x0f\n" +
+	"\x06reason\x18\x05 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reason\x12%\n" +
+	"\x0eunstarted_only\x18\x06 \x01(\bR\runstartedOnlyB\x0f\n" +
 	"\x06target\x12\x05\xbaH\x02\b\x01\"\xb0\x01\n" +
 	"\x14RemoveMemberResponse\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\x04R\bmemberId\x12%\n" +

@@ -197,6 +197,10 @@ type Action struct {
 	// fenced txn (CreateRevision(nodes/<id>) == 0). It is false for every
 	// other action, a learner removed for not starting included.
 	NodeAbsent bool
+	// Unstarted is true exactly for a RemoveMember of a learner that has
+	// not started (rule 4): the act step asks consensus to remove it only
+	// while it still has not, since starting moves no membership epoch.
+	Unstarted bool
 	// PeerURL is, for an AddMember, the peer URL the learner is added with.
 	PeerURL string
 	// Refused is, for a Refuse, the action the snapshot called for but
@@ -347,7 +351,9 @@ func Plan(o Observed, c Config) Action {
 		since, seen := o.LearnerSince[m.ID]
 		if !m.Started {
 			if seen && o.Now.Sub(since) >= c.LearnerStartTimeout {
-				return act(RemoveMember, m.ID, m.NodeID, 0, "learner %x (node %s) has not started within %v: it blocks every later join", m.ID, m.NodeID, c.LearnerStartTimeout)
+				a := act(RemoveMember, m.ID, m.NodeID, 0, "learner %x (node %s) has not started within %v: it blocks every later join", m.ID, m.NodeID, c.LearnerStartTimeout)
+				a.Unstarted = true
+				return a
 			}
 			waiting = append(waiting, fmt.Sprintf("learner %x (node %s) to start", m.ID, m.NodeID))
 			continue

@@ -372,7 +372,8 @@ func (s *model) askAnother(t *rapid.T) bool {
 // TestPlanProperties checks, on every pass from generated states:
 //   - every action carries the snapshot's epoch;
 //   - NodeAbsent is set exactly on removals of members whose node does not
-//     exist;
+//     exist; Unstarted on a learner's removal for not starting, and only on
+//     an unstarted learner's;
 //   - while a change is in flight the plan waits for it, and says so;
 //   - a broken mapping (answering member not a member or not a node, most
 //     members without a node) is refused, and every refusal has a cause that
@@ -434,6 +435,10 @@ func checkPass(t *rapid.T, s *model, o Observed, a Action) {
 	absent := a.Kind == RemoveMember && target != nil && s.node(target.NodeID) == nil
 	if a.NodeAbsent != absent {
 		t.Fatalf("%v: NodeAbsent is %v, want %v (true exactly when a member whose node does not exist is removed)", a, a.NodeAbsent, absent)
+	}
+	unstarted := a.Kind == RemoveMember && target != nil && target.Learner && !target.Started
+	if a.Unstarted && !unstarted || strings.Contains(a.Reason, "has not started within") && !a.Unstarted {
+		t.Fatalf("%v: Unstarted is %v: want it set on a learner's removal for not starting, and only on an unstarted learner's", a, a.Unstarted)
 	}
 
 	if s.pending != "" {
