@@ -186,10 +186,18 @@ test-e2e: build $(GRPCURL) ## end-to-end tests: the process cluster (and every g
 	go test -tags e2e -count=1 -timeout 20m -v ./deploy/local/
 
 .PHONY: test-faults
-# FAULT_SEED (a number or random), FAULT_DURATION (default 3m) and
-# FAULT_NEMESES (comma-separated kinds) for longer runs by hand.
+# FAULT_SEED (a number or random), FAULT_DURATION (default 3m),
+# FAULT_NEMESES (comma-separated kinds) and FAULT_STRICT_RECONFIG (off by
+# default: curia's quorum guard alone; on: etcd's checks too) for longer
+# runs by hand.
 test-faults: ## the fault suite: a cluster in network namespaces under kill, pause, partitions and membership faults (root)
 	go test -tags faults -count=1 -timeout 90m -v -run 'TestFaults$$|TestRecoveryRefusedInPartition' ./deploy/faults/
+
+.PHONY: test-mutations
+# Each mutation of platform/failpoint/mutations.go with the test that must
+# catch it (platform/cmd/curia-mutations has the catalog); a few minutes.
+test-mutations: ## show each safety mechanism's test fails when the mechanism is switched off
+	go run ./platform/cmd/curia-mutations
 
 .PHONY: test-faults-mutations
 test-faults-mutations: ## show the fault suite fails when a safety mechanism is switched off (root)

@@ -22,6 +22,9 @@ import (
 //
 //	FAULT_SEED=7 FAULT_DURATION=30m FAULT_NEMESES=kill,pause make test-faults
 //
+// FAULT_STRICT_RECONFIG=on keeps etcd's own reconfiguration checks; by
+// default they are off, so curia's quorum guard must hold alone.
+//
 // FAULT_SEED=random picks a seed (printed in the report); FAULT_DIR keeps
 // the run's state, logs and reports (default: a temporary directory, kept
 // when the test fails).
@@ -113,7 +116,14 @@ func TestFaults(t *testing.T) {
 	if s := os.Getenv("FAULT_NEMESES"); s != "" {
 		nemeses = strings.Split(s, ",")
 	}
-	report := runSuite(t, Config{Seed: seed, Duration: d, Nemeses: nemeses, Subnet: "10.211.7", Name: "curiaflt"})
+	var strict bool
+	switch s := env("FAULT_STRICT_RECONFIG", "off"); s {
+	case "on", "off":
+		strict = s == "on"
+	default:
+		t.Fatalf("FAULT_STRICT_RECONFIG=%q: want on (etcd's own checks too) or off (curia's guards alone, the default)", s)
+	}
+	report := runSuite(t, Config{Seed: seed, Duration: d, Nemeses: nemeses, StrictReconfig: strict, Subnet: "10.211.7", Name: "curiaflt"})
 	for _, v := range report.Violations {
 		t.Errorf("VIOLATION %s", v)
 	}

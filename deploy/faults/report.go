@@ -14,14 +14,16 @@ import (
 
 // Report is what a run found, printed as a table and kept as JSON.
 type Report struct {
-	Seed       uint64             `json:"seed"`
-	Duration   string             `json:"duration"`
-	Nemeses    []string           `json:"nemeses"`
-	Mutations  []string           `json:"mutations,omitempty"`
-	Faults     map[string]int     `json:"faults_by_kind"`
-	FaultLog   []fault            `json:"fault_log"`
-	Ops        map[string]opStats `json:"operations"`
-	Violations []Violation        `json:"violations"`
+	Seed      uint64   `json:"seed"`
+	Duration  string   `json:"duration"`
+	Nemeses   []string `json:"nemeses"`
+	Mutations []string `json:"mutations,omitempty"`
+	// StrictReconfig: etcd's own reconfiguration checks were on.
+	StrictReconfig bool               `json:"etcd_strict_reconfig"`
+	Faults         map[string]int     `json:"faults_by_kind"`
+	FaultLog       []fault            `json:"fault_log"`
+	Ops            map[string]opStats `json:"operations"`
+	Violations     []Violation        `json:"violations"`
 	// Convergence is how long roles and membership took to agree again
 	// after each heal, and after the final heal.
 	Convergence      Timings `json:"convergence_after_heal"`
@@ -69,6 +71,7 @@ func (r *Report) Write(w io.Writer) {
 	fmt.Fprintf(tw, "seed\t%d\n", r.Seed)
 	fmt.Fprintf(tw, "duration\t%s\n", r.Duration)
 	fmt.Fprintf(tw, "nemeses\t%s\n", strings.Join(r.Nemeses, ", "))
+	fmt.Fprintf(tw, "etcd's strict reconfiguration check\t%s\n", map[bool]string{true: "on", false: "off (curia's guards alone)"}[r.StrictReconfig])
 	if len(r.Mutations) > 0 {
 		fmt.Fprintf(tw, "mutations (safety switched off)\t%s\n", strings.Join(r.Mutations, ", "))
 	}

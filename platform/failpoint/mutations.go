@@ -29,4 +29,27 @@ const (
 	// and removes a learner that started after the planner saw it
 	// unstarted. Caught by consensus TestUnstartedOnlyKeepsAStartedLearner.
 	NoUnstartedCheck = "no-unstarted-check"
+	// NoQuorumGuard: consensus removes a voter without checking that the
+	// voters left keep a healthy quorum. Caught by consensus
+	// TestRemoveGuards.
+	NoQuorumGuard = "no-quorum-guard"
+	// NoEpochCompare: fenced transactions ignore the membership epoch the
+	// caller planned at (the check before them still runs, so the epoch
+	// must move in between). Caught by consensus
+	// TestLeadershipMovesAfterCommit.
+	NoEpochCompare = "no-epoch-compare"
+	// NoFinishEpochBump: finishing a membership change does not move the
+	// epoch, so a snapshot taken while it was in flight stays valid.
+	// Caught by consensus TestOneChangeAtATime.
+	NoFinishEpochBump = "no-finish-epoch-bump"
+	// NoFencePairing: a lease counts with any leader key, not only the
+	// term that granted it. Caught by consensus TestFencePairing.
+	NoFencePairing = "no-fence-pairing"
+	// NoCRLCheck: no certificate is revoked (crl.Watcher.IsRevoked): the
+	// APIs and etcd's client and peer ports take revoked certificates.
+	// Caught by consensus TestEtcdRefusesRevoked.
+	NoCRLCheck = "no-crl-check"
+	// NoTombstones: a deleted node's id may register again. Caught by
+	// curator TestLifecycle.
+	NoTombstones = "no-tombstones"
 )

@@ -25,6 +25,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	fencev1 "curia.dev/gen/curia/fence/v1"
+	"curia.dev/platform/failpoint"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpcerr"
 )
@@ -215,7 +216,7 @@ func Apply(ctx context.Context, kv clientv3.KV, f Fence, extra []clientv3.Cmp, o
 	for _, l := range leases {
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(l.key), "=", l.modRev))
 	}
-	if f.Epoch != 0 {
+	if f.Epoch != 0 && !failpoint.Mutated(failpoint.NoEpochCompare) {
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(keys.MembershipEpoch), "=", f.Epoch))
 	}
 	reads = append(reads, clientv3.OpGet(keys.MembershipEpoch, clientv3.WithKeysOnly()))
@@ -266,7 +267,7 @@ func readLeases(ctx context.Context, kv clientv3.KV, f Fence) ([]leaseRead, erro
 		if err != nil {
 			return nil, &StaleError{Part: PartLease, Reason: fmt.Sprintf("%s: %v: acquire the lease again", c.Key, err)}
 		}
-		if rec.LeaderKey != leader.Key || rec.Term != leader.CreateRevision {
+		if (rec.LeaderKey != leader.Key || rec.Term != leader.CreateRevision) && !failpoint.Mutated(failpoint.NoFencePairing) {
 			return nil, &StaleError{Part: PartLease, Reason: fmt.Sprintf("%s was granted by leader key %s at term %d, not by the fence's %s: a lease is valid only with the leader term that granted it; acquire it again from the current leader", c.Key, rec.LeaderKey, rec.Term, leader)}
 		}
 		out = append(out, leaseRead{key: c.Key, modRev: got.ModRevision})

@@ -55,6 +55,7 @@ import (
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/audit"
+	"curia.dev/platform/failpoint"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/records"
@@ -194,9 +195,11 @@ func finish(ctx context.Context, cli *clientv3.Client, p *pendingChange, outcome
 	if p.unreadable != nil {
 		action = auditv1.AuditAction_AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE
 	}
-	ops := append(p.finishOps(outcome),
-		clientv3.OpDelete(keys.MembershipPending),
-		fence.BumpEpoch(recorder),
+	ops := append(p.finishOps(outcome), clientv3.OpDelete(keys.MembershipPending))
+	if !failpoint.Mutated(failpoint.NoFinishEpochBump) {
+		ops = append(ops, fence.BumpEpoch(recorder))
+	}
+	ops = append(ops,
 		audit.Put(&auditv1.Event{
 			Actor:      p.GetActor(),
 			RecordedBy: recorder,
