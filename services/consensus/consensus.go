@@ -125,8 +125,6 @@ type Config struct {
 
 	// nodeID is derived from the certificate in New.
 	nodeID string
-	// etcdLogLevel is EtcdLogLevel parsed.
-	etcdLogLevel slog.Level
 }
 
 // DefaultConfig returns the defaults.
@@ -178,8 +176,22 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.UnsafeNoStrictReconfig, "unsafe-no-strict-reconfig", c.UnsafeNoStrictReconfig, "turn off etcd's own quorum checks before membership changes (curia's guards still run); for tests only")
 }
 
-// Validate checks the configuration and fills in derived defaults.
-func (c *Config) Validate() error {
+// withDefaults returns c with its derived defaults filled in: the
+// advertised URLs from the listen addresses.
+func (c Config) withDefaults() Config {
+	if c.AdvertisePeerURL == "" {
+		c.AdvertisePeerURL = "https://" + c.ListenPeer
+	}
+	if c.AdvertiseClientURL == "" {
+		c.AdvertiseClientURL = "https://" + c.ListenClient
+	}
+	return c
+}
+
+// Validate checks the configuration, its derived defaults included; it
+// changes nothing (New fills them in).
+func (c Config) Validate() error {
+	c = c.withDefaults()
 	if err := pki.ValidateCluster(c.Cluster); err != nil {
 		return err
 	}
@@ -205,12 +217,6 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("%s %q: %w", name, addr, err)
 		}
 	}
-	if c.AdvertisePeerURL == "" {
-		c.AdvertisePeerURL = "https://" + c.ListenPeer
-	}
-	if c.AdvertiseClientURL == "" {
-		c.AdvertiseClientURL = "https://" + c.ListenClient
-	}
 	for name, u := range map[string]string{"--advertise-peer-url": c.AdvertisePeerURL, "--advertise-client-url": c.AdvertiseClientURL} {
 		if err := validatePeerURL(u); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
@@ -228,16 +234,21 @@ func (c *Config) Validate() error {
 	if c.MemberCallTimeout > c.MaxMemberCallTimeout {
 		return fmt.Errorf("--member-call-timeout %v is longer than --max-member-call-timeout %v, the longest any process of the cluster may use: raise the maximum on every consensus process first", c.MemberCallTimeout, c.MaxMemberCallTimeout)
 	}
-	c.etcdLogLevel = slog.LevelDebug - 1 // the process's level decides
 	if c.EtcdLogLevel != "" {
-		l, err := logging.ParseLevel(c.EtcdLogLevel)
-		if err != nil {
+		if _, err := logging.ParseLevel(c.EtcdLogLevel); err != nil {
 			return fmt.Errorf("--etcd-log-level: %w", err)
 		}
-		c.etcdLogLevel = l
 	}
-
 	return nil
+}
+
+// etcdLevel is the level etcd's own log lines are held at: EtcdLogLevel,
+// or below every level when unset (the process's level decides).
+func (c Config) etcdLevel() slog.Level {
+	if l, err := logging.ParseLevel(c.EtcdLogLevel); c.EtcdLogLevel != "" && err == nil {
+		return l
+	}
+	return slog.LevelDebug - 1
 }
 
 // validatePeerURL checks an etcd URL flag: https, host and port, nothing
@@ -274,6 +285,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.withDefaults()
 	var err error
 	if cfg.nodeID, err = nodeID(cfg); err != nil {
 		return nil, err

@@ -98,7 +98,7 @@ type persisted struct {
 // newMember prepares the member; etcdLog is the logger etcd's own lines go
 // to (the process's, so its format and level).
 func newMember(cfg Config, revocations *crl.Watcher, log, etcdLog *slog.Logger) (*member, error) {
-	m := &member{cfg: cfg, crl: revocations, log: log, zap: logging.Zap(etcdLog, cfg.etcdLogLevel), changes: make(chan struct{}, 1), ranOnce: make(chan struct{})}
+	m := &member{cfg: cfg, crl: revocations, log: log, zap: logging.Zap(etcdLog, cfg.etcdLevel()), changes: make(chan struct{}, 1), ranOnce: make(chan struct{})}
 	m.state = consensusv1.LifecycleState_LIFECYCLE_STATE_IDLE
 	var err error
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -139,11 +139,12 @@ func (m *member) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := m.statePath() + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("write member state: %w", err)
+	// Written, synced, renamed and the directory synced: after a power
+	// loss the state is the old one or the new one, never empty.
+	if err := pki.WriteFileAtomic(m.statePath(), b, 0o600); err != nil {
+		return fmt.Errorf("member state: %w", err)
 	}
-	return os.Rename(tmp, m.statePath())
+	return nil
 }
 
 // startMode says how etcd is started.

@@ -146,8 +146,22 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	c.Defrag.AddFlags(fs)
 }
 
-// Validate checks the configuration and fills in defaults.
-func (c *Config) Validate() error {
+// withDefaults returns c with its derived defaults filled in: the
+// advertised address from the listen address.
+func (c Config) withDefaults() (Config, error) {
+	if c.Advertise == "" {
+		adv, err := advertiseAddr(c.Listen)
+		if err != nil {
+			return c, err
+		}
+		c.Advertise = adv
+	}
+	return c, nil
+}
+
+// Validate checks the configuration, its derived defaults included; it
+// changes nothing (New fills them in).
+func (c Config) Validate() error {
 	if err := pki.ValidateCluster(c.Cluster); err != nil {
 		return err
 	}
@@ -160,12 +174,8 @@ func (c *Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("--listen %q: %w", c.Listen, err)
 	}
-	if c.Advertise == "" {
-		adv, err := advertiseAddr(c.Listen)
-		if err != nil {
-			return err
-		}
-		c.Advertise = adv
+	if _, err := c.withDefaults(); err != nil {
+		return err
 	}
 	if len(c.Etcd) == 0 {
 		return errors.New("--etcd is required: at least one etcd client URL")
@@ -242,6 +252,10 @@ type Service struct {
 // New prepares a replica; nothing listens until Run.
 func New(cfg Config, log *slog.Logger) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
 		return nil, err
 	}
 	creds, err := rpc.LoadCredentials(cfg.Cluster, cfg.TLS)

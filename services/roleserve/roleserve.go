@@ -155,8 +155,22 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RenewCheck, "renew-check", c.RenewCheck, "how often the node's and its consensus process's certificates are checked; they are renewed after two thirds of their life")
 }
 
-// Validate checks the configuration and fills in defaults.
-func (c *Config) Validate() error {
+// withDefaults returns c with its derived defaults filled in: the
+// address others reach this node at, by default its hostname.
+func (c Config) withDefaults() (Config, error) {
+	if c.Address == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return c, fmt.Errorf("--address not given and no hostname: %w", err)
+		}
+		c.Address = host
+	}
+	return c, nil
+}
+
+// Validate checks the configuration, its derived defaults included; it
+// changes nothing (New fills them in).
+func (c Config) Validate() error {
 	if err := pki.ValidateCluster(c.Cluster); err != nil {
 		return err
 	}
@@ -198,12 +212,8 @@ func (c *Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("--listen %q: %w", c.Listen, err)
 	}
-	if c.Address == "" {
-		host, err := os.Hostname()
-		if err != nil {
-			return fmt.Errorf("--address not given and no hostname: %w", err)
-		}
-		c.Address = host
+	if _, err := c.withDefaults(); err != nil {
+		return err
 	}
 	if c.HeartbeatInterval <= 0 || c.StatusInterval <= 0 || c.RetryMax <= 0 || c.RenewCheck <= 0 {
 		return errors.New("--heartbeat-interval, --status-interval, --retry-max and --renew-check must be positive")
@@ -306,6 +316,10 @@ type launcherState struct {
 // enrolment state. Nothing connects until Run.
 func New(cfg Config, log *slog.Logger) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
 		return nil, err
 	}
 	caPEM, err := os.ReadFile(cfg.CA)
