@@ -15,7 +15,8 @@
 // pending.go (one change at a time, cluster-wide), api_lifecycle.go
 // (Start, Leave, SetCredentials), identity.go (this process's key and its
 // consensus and member certificates), policy.go (who may call what),
-// errors.go (the one mapping to gRPC codes).
+// errors.go (the one mapping to gRPC codes), recover.go (quorum-loss
+// recovery: Recover, RestoreSnapshot).
 package consensus
 
 import (

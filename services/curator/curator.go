@@ -22,8 +22,13 @@
 // Reconciliation service), watch.go (one etcd watch fanned out
 // to every Watch stream), consensus.go (calls to the consensus services),
 // metrics.go (what /metrics adds to the gRPC server's), policy.go (who may
-// call what), errors.go (the one mapping to gRPC codes), failpoint.go
-// (test-only crash points).
+// call what), errors.go (the one mapping to gRPC codes),
+// certificates.go (node certificates, revocation, the CRL, tombstones),
+// leader_status.go (UpdateNodeStatus), leader_cluster_config.go (the
+// cluster configuration record), audit_retention.go (the audit log's
+// bounds), enrolment_limit.go (the rate limit on enrolling nodes),
+// endpoints.go (the etcd client's endpoints: the voters that answer),
+// connect.go (the admin API over the Connect protocol).
 package curator
 
 import (

@@ -20,7 +20,8 @@
 //	    └─ curator Reconciliation.ReconcileNodeRoles         (fence + epoch + node revision)
 //
 // Files: reconciler.go (config, run), lease.go (holding the lease),
-// observe.go, act.go, api.go (GetStatus, Plan, Pause, Resume), internal/plan/.
+// observe.go, act.go, api.go (GetStatus, Plan, Pause, Resume), view.go (the
+// replica's copy of the nodes, kept by one Watch), metrics.go, internal/plan/.
 package reconciler
 
 import (

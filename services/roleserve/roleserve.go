@@ -25,7 +25,9 @@
 // (watching the node's roles), launcher.go (the reduce's decision carried
 // out on the local consensus), heartbeat.go (heartbeats and status
 // reports), api.go (GetStatus), errors.go (which errors are worth a
-// retry), internal/reduce/ (the pure control-plane reduce).
+// retry), certificates.go (keeping the node's and its consensus process's
+// certificates fresh), metrics.go, internal/reduce/ (the pure control-plane
+// reduce).
 package roleserve
 
 import (
