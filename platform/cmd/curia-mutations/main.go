@@ -106,7 +106,7 @@ func check(e entry, timeout time.Duration) (string, time.Duration) {
 	if e.Faults {
 		args = []string{"test", "-tags", "faults", "-count=1", "-v", "-timeout", "60m", "-run", e.Test, e.Package}
 	}
-	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd := exec.CommandContext(ctx, "go", args...) //nolint:gosec // G204: go test of the catalog's own packages
 	cmd.Env = append(os.Environ(), "CURIA_MUTATIONS="+e.Mutation)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
