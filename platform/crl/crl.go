@@ -47,9 +47,13 @@ type Watcher struct {
 	issuer  *x509.Certificate
 	// changed is closed (and replaced) whenever a newer list is loaded.
 	changed chan struct{}
-	// heard is closed once a list came from the curators (Follow).
+	// heard is closed once a list came from the curators (Follow) that is
+	// not older than the one held.
 	heard     chan struct{}
 	heardOnce sync.Once
+	// curatorsBehind is the number of the curators' last list when it was
+	// older than the one held, nil otherwise.
+	curatorsBehind *big.Int
 }
 
 // New returns a watcher that trusts CRLs signed by any of cas (the trust
@@ -61,10 +65,24 @@ func New(cas []*x509.Certificate, log *slog.Logger) *Watcher {
 }
 
 // Heard is closed once the curators' stream (Follow) delivered a valid
-// list, newer than the one held or not: from then on the list held is at
-// least as new as the curators' was. A process that restarts from what it
-// kept on disk waits for it (a bounded time) before trusting its own list.
+// list at least as new as the one held: from then on the list held is the
+// curators' or newer. A process that restarts from what it kept on disk
+// waits for it (a bounded time) before trusting its own list. A list older
+// than the one held does not close it (CuratorsBehind): the cluster's state
+// stepped back (etcd restored or recovered from an older state), and a
+// revocation made since may be numbered below the list held (issue 29, N2).
 func (w *Watcher) Heard() <-chan struct{} { return w.heard }
+
+// CuratorsBehind is the number of the curators' last list and of the one
+// held when the curators' was older, nils otherwise.
+func (w *Watcher) CuratorsBehind() (theirs, held *big.Int) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if w.curatorsBehind == nil {
+		return nil, nil
+	}
+	return w.curatorsBehind, w.number
+}
 
 // Issuer is the CA that signed the list held (nil before any): the CA the
 // curators issue with (roleserve renews certificates of another).
@@ -86,9 +104,16 @@ func (w *Watcher) IsRevoked(cert *x509.Certificate) bool {
 // older than the one held, is refused and the held one stays. It reports
 // whether the list is newer than the one held.
 func (w *Watcher) Set(pemCRL []byte) (bool, error) {
+	newer, _, err := w.set(pemCRL)
+	return newer, err
+}
+
+// set is Set, which also returns the list's number (nil if it does not
+// verify).
+func (w *Watcher) set(pemCRL []byte) (bool, *big.Int, error) {
 	list, issuer, err := pki.VerifyCRLOf(pemCRL, w.cas)
 	if err != nil {
-		return false, fmt.Errorf("CRL: %w", err)
+		return false, nil, fmt.Errorf("CRL: %w", err)
 	}
 	revoked := make(map[string]bool, len(list.RevokedCertificateEntries))
 	for _, e := range list.RevokedCertificateEntries {
@@ -99,15 +124,15 @@ func (w *Watcher) Set(pemCRL []byte) (bool, error) {
 	if w.number != nil {
 		switch list.Number.Cmp(w.number) {
 		case -1:
-			return false, fmt.Errorf("%w: number %s, the held one is %s", ErrOlder, list.Number, w.number)
+			return false, list.Number, fmt.Errorf("%w: number %s, the held one is %s", ErrOlder, list.Number, w.number)
 		case 0:
-			return false, nil
+			return false, list.Number, nil
 		}
 	}
 	w.revoked, w.number, w.pem, w.der, w.issuer = revoked, list.Number, pemCRL, list.Raw, issuer
 	close(w.changed)
 	w.changed = make(chan struct{})
-	return true, nil
+	return true, list.Number, nil
 }
 
 // Current returns the list held (PEM and DER; nil before any), its number
@@ -128,7 +153,7 @@ func (w *Watcher) Run(ctx context.Context, cli *clientv3.Client) error {
 			continue
 		}
 		if len(resp.Kvs) > 0 {
-			w.load(resp.Kvs[0].Value, "etcd")
+			_, _ = w.load(resp.Kvs[0].Value, "etcd")
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		for wr := range cli.Watch(wctx, keys.CRL, clientv3.WithRev(resp.Header.Revision+1)) {
@@ -137,7 +162,7 @@ func (w *Watcher) Run(ctx context.Context, cli *clientv3.Client) error {
 			}
 			for _, ev := range wr.Events {
 				if ev.Type == clientv3.EventTypePut {
-					w.load(ev.Kv.Value, "etcd")
+					_, _ = w.load(ev.Kv.Value, "etcd")
 				}
 			}
 		}
@@ -178,24 +203,34 @@ func (w *Watcher) followOnce(ctx context.Context, cur curatorv1.CuratorClient) e
 		if err != nil {
 			return err
 		}
-		if len(resp.GetCrl()) > 0 && w.load(resp.GetCrl(), "curator") {
+		if len(resp.GetCrl()) == 0 {
+			continue
+		}
+		number, err := w.load(resp.GetCrl(), "curator")
+		w.mu.Lock()
+		w.curatorsBehind = nil
+		if errors.Is(err, ErrOlder) {
+			w.curatorsBehind = number
+		}
+		w.mu.Unlock()
+		if err == nil {
 			w.heardOnce.Do(func() { close(w.heard) })
 		}
 	}
 }
 
-// load sets a list from a source, and reports whether the list held is
-// now at least as new as it (it was newer, as new, or older).
-func (w *Watcher) load(pemCRL []byte, from string) bool {
-	newer, err := w.Set(pemCRL)
+// load sets a list from a source, and returns its number (nil if it does
+// not verify) and Set's error.
+func (w *Watcher) load(pemCRL []byte, from string) (*big.Int, error) {
+	newer, number, err := w.set(pemCRL)
 	if err != nil {
 		w.log.Error("refusing CRL", "from", from, "err", err)
-		return errors.Is(err, ErrOlder)
+		return number, err
 	}
 	if newer {
 		w.mu.RLock()
 		w.log.Info("CRL loaded", "from", from, "number", w.number, "revoked", len(w.revoked))
 		w.mu.RUnlock()
 	}
-	return true
+	return number, nil
 }

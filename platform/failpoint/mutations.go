@@ -52,4 +52,13 @@ const (
 	// NoTombstones: a deleted node's id may register again. Caught by
 	// curator TestLifecycle.
 	NoTombstones = "no-tombstones"
+	// CRLNumberFromEtcd: the curator numbers a new CRL from the one
+	// stored in etcd alone, not past the newest it holds (after a restore
+	// every process refuses it as older). Caught by
+	// services/curator TestCRLAfterRestore.
+	CRLNumberFromEtcd = "crl-number-from-etcd"
+	// NoCRLUnion: a new CRL lists the stored list's revocations only, not
+	// those of the newest list the curator holds (a restore loses them).
+	// Caught by services/curator TestCRLAfterRestore.
+	NoCRLUnion = "no-crl-union"
 )

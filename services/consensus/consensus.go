@@ -429,11 +429,18 @@ func (s *Service) runMember(ctx context.Context, ready func()) error {
 	s.member.lifeMu.Lock()
 	restarting := false
 	hasData := s.member.hasData()
+	var behind string
 	if hasData {
-		s.awaitCuratorsCRL(ctx)
+		behind = s.awaitCuratorsCRL(ctx)
 	}
 	switch {
 	case !hasData:
+	case behind != "":
+		// Fail closed: a revocation of this member made since the
+		// cluster's state stepped back may be numbered below the list
+		// kept, which refuses it as older (issue 29, N2).
+		s.member.setState(consensusv1.LifecycleState_LIFECYCLE_STATE_STOPPED, behind)
+		s.log.Warn("the curators' revocation list is older than the one kept: etcd not restarted", "reason", behind)
 	case s.member.id.memberRevoked():
 		// The node lost ConsensusMember while this process was down: its
 		// member is (being) removed, and the peers refuse its certificate.
@@ -474,18 +481,28 @@ func (s *Service) runMember(ctx context.Context, ready func()) error {
 // curators' list, a revoked member is not restarted (its node's agent
 // wipes it). The wait is bounded because when the whole control plane
 // restarts, the curators have no list to give until etcd runs.
-func (s *Service) awaitCuratorsCRL(ctx context.Context) {
+//
+// A list of the curators older than the one kept does not end the wait
+// (crl.Watcher.Heard): the cluster's state stepped back (etcd restored or
+// recovered from an older state), and the curators' list may revoke this
+// member under a number the kept list refuses. If no list at least as new
+// comes within the wait, it returns why the member must stay stopped.
+func (s *Service) awaitCuratorsCRL(ctx context.Context) (behind string) {
 	if s.curators == nil || s.cfg.RestartCRLWait <= 0 {
-		return
+		return ""
 	}
 	t := time.NewTimer(s.cfg.RestartCRLWait)
 	defer t.Stop()
 	select {
 	case <-s.crl.Heard():
 	case <-t.C:
+		if theirs, held := s.crl.CuratorsBehind(); theirs != nil {
+			return fmt.Sprintf("the curators' revocation list (number %s) is older than the one this member kept (number %s): the cluster's state stepped back (a restore or a recovery), and a revocation of this member may be numbered below the kept list; etcd is not restarted (Leave wipes the data once the member is gone)", theirs, held)
+		}
 		s.log.Warn("no revocation list from the curators: restarting the member with the list kept on disk", "waited", s.cfg.RestartCRLWait)
 	case <-ctx.Done():
 	}
+	return ""
 }
 
 // finishRecording records a recovery whose process stopped after the

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -403,6 +404,87 @@ func TestRecoveryFencesOldMembers(t *testing.T) {
 	}
 	if got := len(survivor.Members().Members); got != 1 {
 		t.Errorf("%d members after the old members came back, want 1", got)
+	}
+}
+
+// TestRecoveryFencesOldMembersBehindList (issue 29, N2): as
+// TestRecoveryFencesOldMembers, but the two old members kept a list newer
+// than the curators' (the cluster's state stepped back), so the list that
+// revokes them is numbered below theirs and they refuse it as older. A
+// list older than the one kept does not end the restart's wait: they stay
+// stopped and say why.
+func TestRecoveryFencesOldMembersBehindList(t *testing.T) {
+	proctest.SkipShort(t)
+	c := ct.NewCluster(t)
+	curators := serveCRL(t, c.PKI)
+	c.Flags = append(c.Flags, "--curator", curators.addr, "--restart-crl-wait", "3s")
+	nodes, _ := c.Voters(3)
+	survivor, lost := nodes[0], nodes[1:]
+	// The members' list grows to number 3 (revoking nothing of theirs),
+	// and each keeps it on disk.
+	cli := c.Etcd(survivor.ClientURL)
+	for range 3 {
+		c.PKI.Revoke(t, cli)
+	}
+	for _, n := range lost {
+		ct.Eventually(t, 30*time.Second, func() error {
+			der, err := os.ReadFile(filepath.Join(n.DataDir, "crl.der"))
+			if err != nil {
+				return err
+			}
+			l, err := x509.ParseRevocationList(der)
+			if err != nil {
+				return err
+			}
+			if l.Number.Cmp(big.NewInt(3)) < 0 {
+				return fmt.Errorf("%s keeps CRL %v, want 3", n.ID, l.Number)
+			}
+			return nil
+		})
+	}
+	before := survivor.Status()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, n := range lost {
+		n.Kill()
+	}
+	leaderless(t, survivor)
+	if _, err := survivor.Consensus(recoverAdmin).Recover(ctx, &consensusv1.RecoverRequest{MemberId: before.MemberId, Reason: "test: two voters lost"}); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	var certs []*x509.Certificate
+	for _, n := range lost {
+		b, err := os.ReadFile(n.MemberCert)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, err := pki.ParseCertPEM(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		certs = append(certs, cert)
+	}
+	curators.revoke(t, certs...) // number 1: below the kept 3
+	for _, n := range lost {
+		n.Start()
+	}
+	ct.Eventually(t, time.Minute, func() error {
+		for _, n := range lost {
+			st := n.Status()
+			if st.LeaderId != 0 || st.State == consensusv1.LifecycleState_LIFECYCLE_STATE_RUNNING {
+				t.Fatalf("%s's old member runs again (%v, leader %s): a list older than the kept one ended its wait", n.ID, st.State, types.ID(st.LeaderId))
+			}
+			if st.State != consensusv1.LifecycleState_LIFECYCLE_STATE_STOPPED {
+				return fmt.Errorf("%s: %v (%s), want STOPPED", n.ID, st.State, st.StateReason)
+			}
+			if !strings.Contains(st.StateReason, "older than the one this member kept") {
+				t.Fatalf("%s stopped for another reason: %s", n.ID, st.StateReason)
+			}
+		}
+		return nil
+	})
+	for _, n := range lost {
+		t.Logf("%s: %s", n.ID, n.Status().StateReason)
 	}
 }
 

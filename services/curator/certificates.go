@@ -206,13 +206,20 @@ func (s *Service) deploymentCertificates(id string, pems [][]byte) ([]*x509.Cert
 // revoke returns the write of a new CRL that also revokes serials (hex), and
 // the comparison that the CRL did not change since it was read. A serial
 // already on the list is not listed twice.
+//
+// The list this replica holds (its watcher's: the newest it saw) may be
+// newer than the one stored: etcd restored from a snapshot, or recovered
+// from an older state, steps back, while every process keeps the newest list
+// it saw and refuses an older one. So the new list is numbered past both,
+// and keeps both lists' revocations (DESIGN §5: CRL numbers never go
+// backwards, and no revocation is lost).
 func (s *Service) revoke(ctx context.Context, serials ...string) (clientv3.Op, clientv3.Cmp, error) {
 	resp, err := s.etcd.Get(ctx, keys.CRL)
 	if err != nil {
 		return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("read CRL: %w", err)
 	}
 	var entries []x509.RevocationListEntry
-	number := big.NewInt(1)
+	number := big.NewInt(0)
 	var rev int64
 	if len(resp.Kvs) > 0 {
 		rev = resp.Kvs[0].ModRevision
@@ -221,22 +228,58 @@ func (s *Service) revoke(ctx context.Context, serials ...string) (clientv3.Op, c
 			return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("stored CRL: %w", err)
 		}
 		entries = crl.RevokedCertificateEntries
-		number.Add(crl.Number, big.NewInt(1))
+		number.Set(crl.Number)
 	}
+	if held, err := s.heldCRL(); err != nil {
+		return clientv3.Op{}, clientv3.Cmp{}, err
+	} else if held != nil && held.Number.Cmp(number) > 0 {
+		s.log.Warn("the CRL in etcd is older than the one this curator holds (etcd restored or recovered from an older state): the new list is numbered past the held one and keeps its revocations",
+			"stored_number", number, "held_number", held.Number, "stored_revoked", len(entries), "held_revoked", len(held.RevokedCertificateEntries))
+		if !failpoint.Mutated(failpoint.CRLNumberFromEtcd) {
+			number.Set(held.Number)
+		}
+		if !failpoint.Mutated(failpoint.NoCRLUnion) {
+			entries = unionEntries(entries, held.RevokedCertificateEntries)
+		}
+	}
+	number.Add(number, big.NewInt(1))
 	for _, serial := range serials {
 		sn, ok := new(big.Int).SetString(serial, 16)
 		if !ok {
 			return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("certificate serial %q is not hex", serial)
 		}
-		if !slices.ContainsFunc(entries, func(e x509.RevocationListEntry) bool { return e.SerialNumber.Cmp(sn) == 0 }) {
-			entries = append(entries, x509.RevocationListEntry{SerialNumber: sn, RevocationTime: time.Now()})
-		}
+		entries = unionEntries(entries, []x509.RevocationListEntry{{SerialNumber: sn, RevocationTime: time.Now()}})
 	}
 	pem, err := s.ca.CRL(entries, number, crlValidity)
 	if err != nil {
 		return clientv3.Op{}, clientv3.Cmp{}, fmt.Errorf("sign CRL: %w", err)
 	}
 	return clientv3.OpPut(keys.CRL, string(pem)), clientv3.Compare(clientv3.ModRevision(keys.CRL), "=", rev), nil
+}
+
+// heldCRL is the list this replica's watcher holds (verified when it was
+// loaded), nil before any.
+func (s *Service) heldCRL() (*x509.RevocationList, error) {
+	_, der, _, _ := s.crl.Current()
+	if der == nil {
+		return nil, nil
+	}
+	l, err := x509.ParseRevocationList(der)
+	if err != nil {
+		return nil, fmt.Errorf("the CRL held: %w", err)
+	}
+	return l, nil
+}
+
+// unionEntries is a with the entries of b whose serial a does not list
+// appended (the watchers revoke by serial alone).
+func unionEntries(a, b []x509.RevocationListEntry) []x509.RevocationListEntry {
+	for _, e := range b {
+		if !slices.ContainsFunc(a, func(x x509.RevocationListEntry) bool { return x.SerialNumber.Cmp(e.SerialNumber) == 0 }) {
+			a = append(a, e)
+		}
+	}
+	return a
 }
 
 // resignCRL signs the CRL again with this curator's CA when another CA of
