@@ -61,4 +61,8 @@ const (
 	// those of the newest list the curator holds (a restore loses them).
 	// Caught by services/curator TestCRLAfterRestore.
 	NoCRLUnion = "no-crl-union"
+	// NoOldMemberCRLWait: a member kept on disk restarts at once with the
+	// list it kept, without waiting for the curators'. Caught by consensus
+	// TestRecoveryFencesOldMembers.
+	NoOldMemberCRLWait = "no-old-member-crl-wait"
 )

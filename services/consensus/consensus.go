@@ -37,6 +37,7 @@ import (
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/crl"
+	"curia.dev/platform/failpoint"
 	"curia.dev/platform/logging"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
@@ -488,7 +489,7 @@ func (s *Service) runMember(ctx context.Context, ready func()) error {
 // member under a number the kept list refuses. If no list at least as new
 // comes within the wait, it returns why the member must stay stopped.
 func (s *Service) awaitCuratorsCRL(ctx context.Context) (behind string) {
-	if s.curators == nil || s.cfg.RestartCRLWait <= 0 {
+	if s.curators == nil || s.cfg.RestartCRLWait <= 0 || failpoint.Mutated(failpoint.NoOldMemberCRLWait) {
 		return ""
 	}
 	t := time.NewTimer(s.cfg.RestartCRLWait)
