@@ -65,4 +65,8 @@ const (
 	// list it kept, without waiting for the curators'. Caught by consensus
 	// TestRecoveryFencesOldMembers.
 	NoOldMemberCRLWait = "no-old-member-crl-wait"
+	// NoClusterPin: an etcd client's pin (platform/etcdpin) accepts the
+	// answers of any cluster. Caught by etcdpin
+	// TestPinRefusesAnotherCluster.
+	NoClusterPin = "no-cluster-pin"
 )

@@ -49,6 +49,7 @@ var catalog = []entry{
 	{"crl-number-from-etcd", "a new CRL is numbered past the newest list known, not the stored one", "./services/curator/", "^TestCRLAfterRestore$", false},
 	{"no-crl-union", "a new CRL keeps the revocations of the list held, not only the stored one", "./services/curator/", "^TestCRLAfterRestore$", false},
 	{"no-old-member-crl-wait", "a member kept on disk waits for the curators' CRL before it restarts", "./services/consensus/", "^TestRecoveryFencesOldMembers$", false},
+	{"no-cluster-pin", "an etcd client refuses the answers of another cluster than its pin", "./platform/etcdpin/", "^TestPinRefusesAnotherCluster$", false},
 	{"no-tombstones", "a deleted node's id is never registered again", "./services/curator/", "^TestLifecycle$", false},
 	{"no-defrag-order", "defragmentation takes followers first, the leader after moving its leadership", "./services/curator/", "^TestDefragFollowersFirst$", false},
 	{"no-pending", "one membership change at a time, cluster-wide", "./deploy/faults/", "TestMutationsCaught/no-pending", true},
