@@ -7,83 +7,21 @@ package etcdpin
 import (
 	"context"
 	"errors"
-	"net"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"curia.dev/platform/etcdtest"
 	"curia.dev/platform/keys"
-	"curia.dev/platform/proctest"
 )
 
 const testTimeout = 20 * time.Second
-
-func freeURL(t *testing.T) url.URL {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("find a free port: %v", err)
-	}
-	addr := l.Addr().String()
-	if err := l.Close(); err != nil {
-		t.Fatalf("close probe listener: %v", err)
-	}
-	return url.URL{Scheme: "http", Host: addr}
-}
-
-// startEtcd starts a single-member etcd cluster of its own (its own
-// cluster id) and returns its client URL.
-func startEtcd(t *testing.T, name string) string {
-	t.Helper()
-	proctest.SkipShort(t)
-	var (
-		e         *embed.Etcd
-		clientURL url.URL
-		err       error
-	)
-	for range 3 {
-		cfg := embed.NewConfig()
-		cfg.Name = name
-		cfg.Dir = t.TempDir()
-		peerURL := freeURL(t)
-		clientURL = freeURL(t)
-		cfg.ListenPeerUrls = []url.URL{peerURL}
-		cfg.AdvertisePeerUrls = []url.URL{peerURL}
-		cfg.ListenClientUrls = []url.URL{clientURL}
-		cfg.AdvertiseClientUrls = []url.URL{clientURL}
-		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-		cfg.InitialClusterToken = name
-		cfg.UnsafeNoFsync = true
-		cfg.TickMs = 10
-		cfg.ElectionMs = 100
-		cfg.Logger = "zap"
-		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-		e, err = embed.StartEtcd(cfg)
-		if err == nil || !strings.Contains(err.Error(), "address already in use") {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatalf("start etcd %s: %v", name, err)
-	}
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		t.Fatalf("etcd %s failed before it was ready: %v", name, err)
-	case <-time.After(testTimeout):
-		t.Fatalf("etcd %s not ready after %v", name, testTimeout)
-	}
-	return clientURL.String()
-}
 
 // client is an etcd client on endpoints, checked by pin unless pin is nil.
 func client(t *testing.T, pin *Pin, endpoints ...string) *clientv3.Client {
@@ -138,7 +76,7 @@ func requireRefused(t *testing.T, what string, err error, pinned uint64) {
 // (stream) — while a client with no pin takes them. A client on both
 // clusters' members acknowledges only writes that cluster A holds.
 func TestPinRefusesAnotherCluster(t *testing.T) {
-	epA, epB := startEtcd(t, "pin-a"), startEtcd(t, "pin-b")
+	epA, epB := etcdtest.Start(t, "pin-a"), etcdtest.Start(t, "pin-b")
 	ctx := testContext(t)
 
 	pin := New(0)
@@ -204,7 +142,7 @@ func TestPinRefusesAnotherCluster(t *testing.T) {
 // TestPinFollowsARecovery: a pin on cluster A moves to cluster B once B
 // records that it superseded A, and never back to A, whatever A says.
 func TestPinFollowsARecovery(t *testing.T) {
-	epA, epB := startEtcd(t, "pin-a"), startEtcd(t, "pin-b")
+	epA, epB := etcdtest.Start(t, "pin-a"), etcdtest.Start(t, "pin-b")
 	ctx := testContext(t)
 	unpinnedA, unpinnedB := client(t, nil, epA), client(t, nil, epB)
 	idA, idB := clusterID(ctx, t, unpinnedA), clusterID(ctx, t, unpinnedB)

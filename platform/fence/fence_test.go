@@ -8,8 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
 	"reflect"
 	"strings"
 	"sync"
@@ -18,84 +16,24 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
 	fencev1 "curia.dev/gen/curia/fence/v1"
+	"curia.dev/platform/etcdtest"
 	"curia.dev/platform/keys"
-	"curia.dev/platform/proctest"
 )
 
 // testTimeout bounds every test's etcd calls; a healthy run takes well under
 // a second per test.
 const testTimeout = 20 * time.Second
 
-// freeURL returns an http URL on 127.0.0.1 with a port that was free a moment
-// ago (the listener is closed right before etcd binds it).
-func freeURL(t *testing.T) url.URL {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("find a free port: %v", err)
-	}
-	addr := l.Addr().String()
-	if err := l.Close(); err != nil {
-		t.Fatalf("close probe listener: %v", err)
-	}
-	return url.URL{Scheme: "http", Host: addr}
-}
-
 // startEtcd starts a single-member etcd in-process and returns a client to
 // it. Both are closed when the test ends.
 func startEtcd(t *testing.T) *clientv3.Client {
 	t.Helper()
-	proctest.SkipShort(t)
-	var (
-		e         *embed.Etcd
-		clientURL url.URL
-		err       error
-	)
-	// Another process may take a probed port before etcd binds it; try a
-	// few times with fresh ports rather than fail on that race.
-	for attempt := 0; attempt < 3; attempt++ {
-		cfg := embed.NewConfig()
-		cfg.Name = "fence-test"
-		cfg.Dir = t.TempDir()
-		peerURL := freeURL(t)
-		clientURL = freeURL(t)
-		cfg.ListenPeerUrls = []url.URL{peerURL}
-		cfg.AdvertisePeerUrls = []url.URL{peerURL}
-		cfg.ListenClientUrls = []url.URL{clientURL}
-		cfg.AdvertiseClientUrls = []url.URL{clientURL}
-		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-		cfg.UnsafeNoFsync = true
-		// A single member elects itself at once; short ticks only make
-		// that first election quick (about 1s with the defaults).
-		cfg.TickMs = 10
-		cfg.ElectionMs = 100
-		cfg.EnableGRPCGateway = false
-		cfg.Logger = "zap"
-		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-		e, err = embed.StartEtcd(cfg)
-		if err == nil || !strings.Contains(err.Error(), "address already in use") {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatalf("start etcd: %v", err)
-	}
-	t.Cleanup(e.Close)
-
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		t.Fatalf("etcd failed before it was ready: %v", err)
-	case <-time.After(testTimeout):
-		t.Fatalf("etcd not ready after %v", testTimeout)
-	}
-
+	clientURL := etcdtest.Start(t, "fence-test")
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   []string{clientURL.String()},
+		Endpoints:   []string{clientURL},
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
 	})
