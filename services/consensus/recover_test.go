@@ -352,31 +352,10 @@ func TestRecoveryFencesOldMembers(t *testing.T) {
 	c.Flags = append(c.Flags, "--curator", curators.addr, "--restart-crl-wait", "30s")
 	nodes, _ := c.Voters(3)
 	survivor, lost := nodes[0], nodes[1:]
-	before := survivor.Status()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	for _, n := range lost {
-		n.Kill()
-	}
-	leaderless(t, survivor)
-	if _, err := survivor.Consensus(recoverAdmin).Recover(ctx, &consensusv1.RecoverRequest{MemberId: before.MemberId, Reason: "test: two voters lost"}); err != nil {
-		t.Fatalf("Recover: %v", err)
-	}
 	// What the reconciler does once the recovered cluster runs: the lost
 	// members' nodes lose ConsensusMember, and with it their member
 	// certificates.
-	var certs []*x509.Certificate
-	for _, n := range lost {
-		b, err := os.ReadFile(n.MemberCert)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cert, err := pki.ParseCertPEM(b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		certs = append(certs, cert)
-	}
+	certs := recoverDroppingLost(t, survivor, lost)
 	curators.revoke(t, certs...)
 
 	// The curators answer slower than etcd elects a leader (a loaded
@@ -442,28 +421,7 @@ func TestRecoveryFencesOldMembersBehindList(t *testing.T) {
 			return nil
 		})
 	}
-	before := survivor.Status()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	for _, n := range lost {
-		n.Kill()
-	}
-	leaderless(t, survivor)
-	if _, err := survivor.Consensus(recoverAdmin).Recover(ctx, &consensusv1.RecoverRequest{MemberId: before.MemberId, Reason: "test: two voters lost"}); err != nil {
-		t.Fatalf("Recover: %v", err)
-	}
-	var certs []*x509.Certificate
-	for _, n := range lost {
-		b, err := os.ReadFile(n.MemberCert)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cert, err := pki.ParseCertPEM(b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		certs = append(certs, cert)
-	}
+	certs := recoverDroppingLost(t, survivor, lost)
 	curators.revoke(t, certs...) // number 1: below the kept 3
 	for _, n := range lost {
 		n.Start()
@@ -584,4 +542,34 @@ func (s *crlServer) WatchCRL(_ *curatorv1.WatchCRLRequest, stream curatorv1.Cura
 		case <-changed:
 		}
 	}
+}
+
+// recoverDroppingLost kills the lost voters, recovers the cluster from the
+// survivor and returns the lost members' certificates (for the test to
+// revoke, as the reconciler would).
+func recoverDroppingLost(t *testing.T, survivor *ct.Node, lost []*ct.Node) []*x509.Certificate {
+	t.Helper()
+	before := survivor.Status()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, n := range lost {
+		n.Kill()
+	}
+	leaderless(t, survivor)
+	if _, err := survivor.Consensus(recoverAdmin).Recover(ctx, &consensusv1.RecoverRequest{MemberId: before.MemberId, Reason: "test: two voters lost"}); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	var certs []*x509.Certificate
+	for _, n := range lost {
+		b, err := os.ReadFile(n.MemberCert)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, err := pki.ParseCertPEM(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		certs = append(certs, cert)
+	}
+	return certs
 }
