@@ -49,6 +49,7 @@ import (
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/crl"
+	"curia.dev/platform/etcdpin"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
@@ -242,13 +243,15 @@ type Service struct {
 	etcd    *clientv3.Client
 	// sessionEtcd is the election session's own etcd client (leader.go).
 	sessionEtcd *clientv3.Client
-	rpc         *rpc.Server
-	lead        *leadership
-	consensus   *consensusPool
-	watch       *watchHub
-	crl         *crl.Watcher
-	snaps       *snapshotter
-	defrag      *defragmenter
+	// pin is the etcd cluster both clients accept answers from.
+	pin       *etcdpin.Pin
+	rpc       *rpc.Server
+	lead      *leadership
+	consensus *consensusPool
+	watch     *watchHub
+	crl       *crl.Watcher
+	snaps     *snapshotter
+	defrag    *defragmenter
 	// beats is the current term's heartbeat tracker while this replica
 	// leads (heartbeat.go).
 	beats atomic.Pointer[beatTracker]
@@ -279,15 +282,18 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		return nil, fmt.Errorf("load cluster CA: %w", err)
 	}
 	log = log.With("component", "curator", "replica", cfg.Name)
+	pin := etcdpin.New(0)
 	etcdConfig := clientv3.Config{
 		Endpoints:            cfg.Etcd,
 		TLS:                  rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}),
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    rpc.KeepAliveTime,
 		DialKeepAliveTimeout: rpc.KeepAliveTimeout,
-		DialOptions:          []grpc.DialOption{grpc.WithConnectParams(rpc.Reconnect)},
+		// Both clients refuse the answers of another etcd cluster than
+		// the pinned one (a cluster a recovery superseded).
+		DialOptions: append([]grpc.DialOption{grpc.WithConnectParams(rpc.Reconnect)}, pin.DialOptions()...),
 		// No AutoSyncInterval: probeEndpoints keeps the clients on the
-		// voters that answer (endpoints.go).
+		// voters that answer for the pinned cluster (endpoints.go).
 		Logger: zap.NewNop(),
 	}
 	cli, err := clientv3.New(etcdConfig)
@@ -303,12 +309,14 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		cli.Close()
 		return nil, fmt.Errorf("etcd client for the election session: %w", err)
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	if err := cli.Sync(sctx); err != nil {
-		log.Warn("etcd endpoints not synced yet", "err", err)
+	s := &Service{cfg: cfg, log: log, creds: creds, ca: ca, etcd: cli, sessionEtcd: sessionCli, pin: pin}
+	// Pin the cluster and choose the endpoints before anything reads or
+	// writes: if a recovery superseded the cluster some of --etcd still
+	// answer for, the first round follows it (endpoints.go).
+	s.chooseEndpoints(context.Background())
+	if pin.ID() == 0 {
+		log.Warn("etcd cluster id not learnt yet: no etcd member answered", "etcd", cfg.Etcd)
 	}
-	cancel()
-	s := &Service{cfg: cfg, log: log, creds: creds, ca: ca, etcd: cli, sessionEtcd: sessionCli}
 	if s.trusted, err = pki.ParseCertsPEM(creds.CAPEM); err != nil {
 		return nil, err
 	}

@@ -1298,11 +1298,18 @@ func TestWatchResume(t *testing.T) {
 
 	// On the follower: a snapshot, then v1..v3 of which the client reads
 	// up to v2 before it goes.
-	w := openWatch(t, admin(follower), allNodes(0))
-	snap := w.next()
-	if !snap.Snapshot || nodeIn(snap, a.ID) == nil {
-		t.Fatalf("snapshot %v", snap)
-	}
+	// The follower's hub may not have seen the enrolment yet: a snapshot
+	// is at its revision (no min_revision here).
+	var w *watchStream
+	var snap *curatorv1.WatchResponse
+	proctest.Eventually(t, 10*time.Second, func() error {
+		w = openWatch(t, admin(follower), allNodes(0))
+		if snap = w.next(); !snap.Snapshot || nodeIn(snap, a.ID) == nil {
+			w.close()
+			return fmt.Errorf("snapshot %v without %s", snap, a.ID)
+		}
+		return nil
+	})
 	log := &watchLog{id: a.ID, last: snap.Revision}
 	write(leader, 1, 3)
 	log.take(t, w, "v2")
