@@ -69,4 +69,8 @@ const (
 	// answers of any cluster. Caught by etcdpin
 	// TestPinRefusesAnotherCluster.
 	NoClusterPin = "no-cluster-pin"
+	// NoPeerCut: the consensus peer gate keeps the established
+	// connections of a certificate revoked after they were opened.
+	// Caught by consensus TestPeerConnectionCutOnRevocation.
+	NoPeerCut = "no-peer-cut"
 )

@@ -16,11 +16,13 @@
 // (Start, Leave, SetCredentials), identity.go (this process's key and its
 // consensus and member certificates), policy.go (who may call what),
 // errors.go (the one mapping to gRPC codes), recover.go (quorum-loss
-// recovery: Recover, RestoreSnapshot).
+// recovery: Recover, RestoreSnapshot), peergate.go (etcd's peer port:
+// closes the connections of revoked certificates).
 package consensus
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -275,6 +277,8 @@ type Service struct {
 	member *member
 	rpc    *rpc.Server
 	crl    *crl.Watcher
+	// trusted is the cluster CA bundle (--ca), for the peer gate.
+	trusted *x509.CertPool
 	// curators is a connection to the curators (nil without --curator),
 	// with the API's credentials.
 	curators *grpc.ClientConn
@@ -307,7 +311,10 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		return nil, err
 	}
 	creds := m.id.api
-	s := &Service{cfg: cfg, log: log, creds: creds, member: m, crl: revocations, pending: newPendingClock()}
+	s := &Service{cfg: cfg, log: log, creds: creds, member: m, crl: revocations, pending: newPendingClock(), trusted: x509.NewCertPool()}
+	for _, ca := range cas {
+		s.trusted.AddCert(ca)
+	}
 	if len(cfg.Curators) > 0 {
 		// A process that has no consensus certificate yet presents a
 		// self-signed one, which the curators admit for the CRL alone.
@@ -400,8 +407,20 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	gate, err := newPeerGate(s.cfg.ListenPeer, s.member.peerSocket, s.trusted, s.member.id.memberCertPath(), s.member.id.keyPath, s.crl, s.log.With("part", "peer-gate"))
+	if err != nil {
+		lis.Close()
+		if mlis != nil {
+			mlis.Close()
+		}
+		return err
+	}
+	if dir := s.member.peerSocketDir; dir != "" {
+		defer os.RemoveAll(dir)
+	}
 	var g run.Group
 	g.AddReady("grpc", func(ctx context.Context) error { return s.rpc.Serve(ctx, lis) })
+	g.AddReady("peer-gate", gate.run)
 	g.Add("member", func(ctx context.Context) error { return s.runMember(ctx, func() { g.Ready("member") }) })
 	g.AddReady("crl", s.followCRL)
 	g.AddReady("crl-file", s.member.keepCRLFile)

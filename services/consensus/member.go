@@ -31,6 +31,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/crl"
+	"curia.dev/platform/etcdpin"
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/logging"
@@ -58,6 +59,9 @@ type member struct {
 	// writes of its file.
 	crl       *crl.Watcher
 	crlFileMu sync.Mutex
+	// peerSocket is where etcd serves its peer API, for the peer gate;
+	// peerSocketDir, if not empty, is a temporary directory it is in.
+	peerSocket, peerSocketDir string
 
 	// changes serialises membership changes made through this process (a
 	// one-slot semaphore, so that waiting honours the caller's context).
@@ -105,6 +109,9 @@ func newMember(cfg Config, revocations *crl.Watcher, log, etcdLog *slog.Logger) 
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
 	if err := m.loadCRL(); err != nil {
+		return nil, err
+	}
+	if m.peerSocket, m.peerSocketDir, err = peerSocket(cfg.DataDir); err != nil {
 		return nil, err
 	}
 	if m.id, err = loadIdentity(cfg, revocations, log); err != nil {
@@ -429,7 +436,9 @@ func (m *member) etcdConfig(mode startMode, initialCluster string) (*embed.Confi
 	ec := embed.NewConfig()
 	ec.Name = m.cfg.nodeID
 	ec.Dir = m.etcdDir()
-	ec.ListenPeerUrls = []url.URL{{Scheme: "https", Host: m.cfg.ListenPeer}}
+	// etcd's peer API is served on a unix socket; the peer gate
+	// (peergate.go) listens on --listen-peer and forwards to it.
+	ec.ListenPeerUrls = []url.URL{{Scheme: "unix", Host: m.peerSocket}}
 	ec.AdvertisePeerUrls = []url.URL{*peer}
 	ec.ListenClientUrls = []url.URL{{Scheme: "https", Host: m.cfg.ListenClient}}
 	ec.AdvertiseClientUrls = []url.URL{*client}
@@ -502,13 +511,17 @@ func (m *member) etcdConfig(mode startMode, initialCluster string) (*embed.Confi
 
 // newClusterClient opens a client to the cluster's voters. A learner cannot
 // answer member lists or linearizable reads, so the client never talks to
-// learners. followVoters keeps its endpoints on the current voters.
+// learners. followVoters keeps its endpoints on the current voters. The
+// client accepts only answers of the local member's own cluster
+// (platform/etcdpin): an address that a member of another cluster took
+// over (an old member of a cluster a recovery superseded) is refused, not
+// written to.
 func (m *member) newClusterClient(e *embed.Etcd) (*clientv3.Client, error) {
 	eps := voterEndpoints(e)
 	if len(eps) == 0 {
 		return nil, errors.New("no voter with client URLs in the local view of the cluster")
 	}
-	cli, err := m.dial(eps)
+	cli, err := m.dial(eps, etcdpin.New(uint64(e.Server.Cluster().ID())).DialOptions()...)
 	if err != nil {
 		return nil, err
 	}
@@ -569,7 +582,7 @@ func (m *member) followVoters(e *embed.Etcd, cli *clientv3.Client) {
 	}
 }
 
-func (m *member) dial(endpoints []string) (*clientv3.Client, error) {
+func (m *member) dial(endpoints []string, opts ...grpc.DialOption) (*clientv3.Client, error) {
 	creds, err := m.id.memberCreds()
 	if err != nil {
 		return nil, err
@@ -581,7 +594,7 @@ func (m *member) dial(endpoints []string) (*clientv3.Client, error) {
 		DialKeepAliveTime:    rpc.KeepAliveTime,
 		DialKeepAliveTimeout: rpc.KeepAliveTimeout,
 		// Never idle: see below.
-		DialOptions: []grpc.DialOption{grpc.WithIdleTimeout(0), grpc.WithConnectParams(rpc.Reconnect)},
+		DialOptions: append([]grpc.DialOption{grpc.WithIdleTimeout(0), grpc.WithConnectParams(rpc.Reconnect)}, opts...),
 		Logger:      m.zap,
 	})
 	if err != nil {

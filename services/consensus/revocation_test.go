@@ -1,7 +1,13 @@
 package consensus_test
 
 import (
+	"bufio"
+	"crypto/tls"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
 	"testing"
 	"time"
 
@@ -98,4 +104,59 @@ func TestEtcdRefusesRevoked(t *testing.T) {
 // httpsGetAs fetches url with creds on a fresh connection.
 func httpsGetAs(creds *rpc.Credentials, url string) error {
 	return ct.Get(url, rpc.ClientTLSConfig(creds, []pki.Kind{pki.KindMember}))
+}
+
+// TestPeerConnectionCutOnRevocation (issue 29, N3): a member's connection
+// to etcd's peer port, opened before its certificate was revoked (its node
+// deleted), is closed once the revocation list that revokes it arrives: a
+// request on it after that fails. etcd itself checks the list only when a
+// connection is opened; the peer gate closes the ones already open.
+func TestPeerConnectionCutOnRevocation(t *testing.T) {
+	c := ct.NewCluster(t)
+	nodes, _ := c.Voters(1)
+	n := nodes[0]
+	doomed := c.PKI.Issue(t, pki.Principal{Kind: pki.KindMember, Name: ct.NewNodeID(t)}, time.Hour)
+	u, err := url.Parse(n.PeerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := tls.Dial("tcp", u.Host, rpc.ClientTLSConfig(doomed, []pki.Kind{pki.KindMember}))
+	if err != nil {
+		t.Fatalf("open a peer connection: %v", err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	// members asks the peer port for its member list on the connection
+	// held open.
+	members := func() error {
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := fmt.Fprintf(conn, "GET /members HTTP/1.1\r\nHost: %s\r\n\r\n", u.Host); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET /members: %s", resp.Status)
+		}
+		return nil
+	}
+	if err := members(); err != nil {
+		t.Fatalf("before the revocation: %v", err)
+	}
+
+	c.PKI.Revoke(t, c.Etcd(n.ClientURL), doomed.Leaf())
+	revoked := time.Now()
+	ct.Eventually(t, 10*time.Second, func() error {
+		if err := members(); err == nil {
+			return errors.New("the peer connection opened before the revocation still works")
+		}
+		return nil
+	})
+	t.Logf("the peer connection of the revoked certificate was closed %v after the CRL was written", time.Since(revoked).Round(time.Millisecond))
 }

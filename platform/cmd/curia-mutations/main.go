@@ -47,6 +47,7 @@ var catalog = []entry{
 	{"no-unstarted-check", "a learner removed for not starting has not started", "./services/consensus/", "^TestUnstartedOnlyKeepsAStartedLearner$", false},
 	{"no-crl-check", "CRL enforcement on the APIs and etcd's client and peer ports", "./services/consensus/", "^TestEtcdRefusesRevoked$", false},
 	{"crl-number-from-etcd", "a new CRL is numbered past the newest list known, not the stored one", "./services/curator/", "^TestCRLAfterRestore$", false},
+	{"no-peer-cut", "the peer port closes the established connections of a revoked certificate", "./services/consensus/", "^TestPeerConnectionCutOnRevocation$", false},
 	{"no-crl-union", "a new CRL keeps the revocations of the list held, not only the stored one", "./services/curator/", "^TestCRLAfterRestore$", false},
 	{"no-old-member-crl-wait", "a member kept on disk waits for the curators' CRL before it restarts", "./services/consensus/", "^TestRecoveryFencesOldMembers$", false},
 	{"no-cluster-pin", "an etcd client refuses the answers of another cluster than its pin", "./platform/etcdpin/", "^TestPinRefusesAnotherCluster$", false},
