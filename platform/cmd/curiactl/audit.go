@@ -25,7 +25,7 @@ func (a *app) auditCmd() *cobra.Command {
 
 // auditHeader and auditLine are audit tail's columns, fixed widths so that
 // lines printed as they come (-f) line up.
-const auditFormat = "%-9s  %-20s  %-22s  %-34s  %-37s  %s\n"
+const auditFormat = "%-9s  %-20s  %-12s  %-39s  %-37s  %s\n"
 
 func auditHeader(w io.Writer) {
 	fmt.Fprintf(w, auditFormat, "REVISION", "TIME", "ACTOR", "ACTION", "NODE", "REASON")

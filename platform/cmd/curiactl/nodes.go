@@ -89,8 +89,14 @@ func nodeTable(w io.Writer, nodes []*curatorv1.Node, now time.Time) {
 		if n.GetUnreadable() != "" {
 			state = "UNREADABLE"
 		}
-		row(w, n.GetId(), state, enumName(n.GetHealth().String(), "NODE_HEALTH_"), roles(n.GetRoles()),
-			orDash(n.GetStatus().GetAddress()), orDash(n.GetStatus().GetVersion()), ago(n.GetLastHeartbeat(), now))
+		// A write's answer (approve, roles set) leaves the computed
+		// health and heartbeat unset: "-", not "never".
+		health, heartbeat := "-", "-"
+		if n.GetHealth() != curatorv1.NodeHealth_NODE_HEALTH_UNSPECIFIED {
+			health, heartbeat = enumName(n.GetHealth().String(), "NODE_HEALTH_"), ago(n.GetLastHeartbeat(), now)
+		}
+		row(w, n.GetId(), state, health, roles(n.GetRoles()),
+			orDash(n.GetStatus().GetAddress()), orDash(n.GetStatus().GetVersion()), heartbeat)
 	}
 }
 

@@ -156,6 +156,7 @@ func (a *app) activeReconciler(ctx context.Context) (string, string) {
 		return "", "unknown: pass --reconciler or set " + envReconcilers
 	}
 	var errs []string
+	standby := ""
 	for _, addr := range strings.Split(addrs, ",") {
 		cc, err := a.dial(addr, pki.KindReconciler)
 		if err != nil {
@@ -172,12 +173,13 @@ func (a *app) activeReconciler(ctx context.Context) (string, string) {
 		if st.GetRole() == reconcilerv1.Role_ROLE_ACTIVE {
 			return st.GetName(), ""
 		}
-		if h := st.GetLeaseHolder(); h != "" {
-			return h, ""
-		}
+		standby = st.GetName()
 	}
-	if len(errs) > 0 {
+	switch {
+	case len(errs) > 0:
 		return "", "unknown: " + strings.Join(errs, "; ")
+	case standby != "":
+		return "", "none active (" + standby + " is standby)"
 	}
 	return "", "none active"
 }
@@ -191,7 +193,7 @@ func statusTable(w io.Writer, s *clusterStatus) {
 	}
 	row(w, "ETCD LEADER:", etcdLeader)
 	row(w, "VOTERS:", fmt.Sprintf("%d, %d healthy, quorum %d: %s", len(s.Voters), s.HealthyVoters, s.Quorum, orDash(strings.Join(s.Voters, " "))))
-	row(w, "LEARNERS:", fmt.Sprintf("%d %s", len(s.Learners), strings.Join(s.Learners, " ")))
+	row(w, "LEARNERS:", strings.TrimSpace(fmt.Sprintf("%d %s", len(s.Learners), strings.Join(s.Learners, " "))))
 	tolerance := fmt.Sprintf("%d", s.FailureTolerance)
 	if s.FailureTolerance < 0 {
 		tolerance += " (no quorum: no membership change is possible)"
