@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
@@ -102,7 +101,7 @@ an event.`,
 func (a *app) printEvent(r *curatorv1.WatchAuditLogResponse) error {
 	switch a.output {
 	case "json":
-		b, err := protojson.Marshal(r)
+		b, err := marshalJSON(r, false)
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -15,15 +17,29 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 )
 
-// jsonOptions render messages for -o json and -o yaml: proto field names as
-// protojson spells them (lowerCamelCase), enums by name.
-var jsonOptions = protojson.MarshalOptions{Multiline: true, Indent: "  "}
+// marshalJSON renders m for -o json: protojson (lowerCamelCase field
+// names, enums by name), indented when indent is set, else on one line.
+// protojson varies its whitespace from build to build on purpose; it is
+// normalized here so that the output of a given message is always the same.
+func marshalJSON(m proto.Message, indent bool) ([]byte, error) {
+	b, err := protojson.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	if indent {
+		err = json.Indent(&out, b, "", "  ")
+	} else {
+		err = json.Compact(&out, b)
+	}
+	return out.Bytes(), err
+}
 
 // printMessage writes m as JSON or YAML (format), or calls table.
 func printMessage(w io.Writer, format string, m proto.Message, table func(w io.Writer)) error {
 	switch format {
 	case "json":
-		b, err := jsonOptions.Marshal(m)
+		b, err := marshalJSON(m, true)
 		if err != nil {
 			return err
 		}
