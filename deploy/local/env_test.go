@@ -57,3 +57,32 @@ func TestEnvFileFindsGrpcurl(t *testing.T) {
 		t.Fatalf("env file without --grpcurl sets PATH:\n%s", b)
 	}
 }
+
+// TestEnvFilePutsBinOnPath: with --bin (make run passes bin/), a fresh shell
+// that sources the env file runs curiactl from there, and has the cluster's
+// name for it.
+func TestEnvFilePutsBinOnPath(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), `bin "$HOME"`)
+	if err := os.MkdirAll(bin, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	curiactl := filepath.Join(bin, "curiactl")
+	if err := os.WriteFile(curiactl, []byte("#!/bin/sh\necho curiactl \"$@\"\n"), 0o700); err != nil { //nolint:gosec // G306: an executable
+		t.Fatal(err)
+	}
+	c := New(Config{State: t.TempDir(), Bin: bin, Cluster: "curia", ControlPlane: 3, Workers: 1, Curators: 2, Reconcilers: 2,
+		Out: io.Discard, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := c.writeEnv(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", "--noprofile", "--norc", "-c", `source "$1" && command -v curiactl && curiactl status && echo "$CURIA_CLUSTER $CURIA_CURATORS"`, "bash", c.path("env"))
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	want := curiactl + "\ncuriactl status\ncuria 127.0.0.21:7200,127.0.0.22:7200"
+	if got := strings.TrimSpace(string(out)); got != want {
+		t.Fatalf("in a fresh shell after source env:\n%s\nwant:\n%s", got, want)
+	}
+}

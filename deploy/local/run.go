@@ -408,14 +408,19 @@ func (c *Cluster) writeEnv() error {
 		roleserves = append(roleserves, n.RoleServe())
 	}
 	lines := []string{
-		"# curia local cluster: source this file, then use grpcurl with these variables.",
+		"# curia local cluster: source this file, then use curiactl, or grpcurl with these variables.",
 	}
 	if c.cfg.Grpcurl != "" {
 		// The pinned grpcurl first: `make run` installs it into the
 		// tools cache, which no fresh shell has on its PATH.
 		lines = append(lines, `export PATH="`+dquote(filepath.Dir(abs(c.cfg.Grpcurl)))+`:$PATH"`)
 	}
+	if c.cfg.Bin != "" {
+		// The binaries make build wrote, curiactl among them.
+		lines = append(lines, `export PATH="`+dquote(abs(c.cfg.Bin))+`:$PATH"`)
+	}
 	lines = append(lines,
+		"export CURIA_CLUSTER="+c.cfg.Cluster,
 		"export CURIA_CURATOR="+c.Curators[0],
 		"export CURIA_CACERT="+abs(c.AdminFiles().CA),
 		"export CURIA_ADMIN_CERT="+abs(c.AdminFiles().Cert),

@@ -1,0 +1,238 @@
+//go:build e2e
+
+package local_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"curia.dev/platform/proctest"
+)
+
+// curiactlSubnet is TestCuriactl's cluster's loopback /24, apart from the
+// other tests' clusters.
+const curiactlSubnet = "127.0.96"
+
+// TestCuriactl runs the curiactl binary against a process cluster, as an
+// operator would after make run: in a fresh shell that sourced the env file
+// (which puts bin/ on PATH and sets every CURIA_* variable curiactl reads),
+// then every command of docs/curiactl.md but those that change the cluster.
+func TestCuriactl(t *testing.T) {
+	c := startOn(t, curiactlSubnet, 3)
+	if out, err := exec.Command("go", "build", "-o", c.bin+"/", "curia.dev/platform/cmd/curiactl").CombinedOutput(); err != nil {
+		t.Fatalf("build curiactl: %v\n%s", err, out)
+	}
+	env := filepath.Join(c.state, "env")
+	dir := t.TempDir()
+	bootstrap := c.ids["node-1"]
+	// curiactl runs one command line in a fresh shell after source env,
+	// with NODE set to the bootstrap node's id, and returns its output
+	// and exit code.
+	curiactl := func(t *testing.T, line string) (string, int) {
+		t.Helper()
+		out, err := freshShell(t, dir, fmt.Sprintf("source %q && export NODE=%s && %s", env, bootstrap, line))
+		var exit *exec.ExitError
+		switch {
+		case err == nil:
+			return out, 0
+		case errors.As(err, &exit):
+			return out, exit.ExitCode()
+		}
+		t.Fatalf("%s: %v\n%s", line, err, out)
+		return "", 0
+	}
+	ok := func(t *testing.T, line string) string {
+		t.Helper()
+		out, code := curiactl(t, line)
+		if code != 0 {
+			t.Fatalf("%s: exit %d\n%s", line, code, out)
+		}
+		return out
+	}
+
+	t.Run("status", func(t *testing.T) {
+		// Three voters once autopilot added node-2 and node-3.
+		proctest.Eventually(t, 2*time.Minute, func() error {
+			out, code := curiactl(t, "curiactl status")
+			if code != 0 || !strings.Contains(out, "VOTERS:              3, 3 healthy, quorum 2") || !strings.Contains(out, "FAILURE TOLERANCE:   1\n") {
+				return fmt.Errorf("exit %d:\n%s", code, out)
+			}
+			return nil
+		})
+		out := ok(t, "curiactl status")
+		for _, want := range []string{"CLUSTER:             curia\n", "CURATOR LEADER:      curator-", "ETCD LEADER:         node-", "LEARNERS:            0\n",
+			"ACTIVE RECONCILER:   reconciler-", "PAUSED:              no\n", "NODES:               UP=3\n"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("status lacks %q:\n%s", want, out)
+			}
+		}
+		var s struct {
+			Voters           []string `json:"voters"`
+			FailureTolerance int      `json:"failureTolerance"`
+		}
+		if err := json.Unmarshal([]byte(ok(t, "curiactl status -o json")), &s); err != nil || len(s.Voters) != 3 || s.FailureTolerance != 1 {
+			t.Errorf("status -o json: %+v %v", s, err)
+		}
+	})
+
+	t.Run("nodes", func(t *testing.T) {
+		out := ok(t, "curiactl nodes list")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 4 || !strings.HasPrefix(lines[0], "ID  ") {
+			t.Fatalf("nodes list: want a header and 3 nodes:\n%s", out)
+		}
+		if !regexp.MustCompile(`(?m)^` + bootstrap + ` +UP +HEALTHY +consensus-member,kubernetes-controller +127\.0\.96\.11 `).MatchString(out) {
+			t.Errorf("nodes list lacks the bootstrap node %s UP, HEALTHY, with its roles:\n%s", bootstrap, out)
+		}
+		if out := ok(t, `curiactl nodes list --filter "node.id == \"$NODE\"" -o json`); !strings.Contains(out, `"id": "`+bootstrap+`"`) || strings.Contains(out, "memberCertificate") || strings.Contains(out, "LS0tLS1CRUdJTi") {
+			t.Errorf("nodes list --filter -o json: want the bootstrap node, no certificate:\n%s", out)
+		}
+		out = ok(t, "curiactl nodes get $NODE")
+		for _, want := range []string{"ID:                  " + bootstrap + "\n", "STATE:               UP\n", "ROLES:               consensus-member,kubernetes-controller\n", "LABELS:              zone=zone-a\n"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("nodes get lacks %q:\n%s", want, out)
+			}
+		}
+		if strings.Contains(out, "BEGIN CERTIFICATE") {
+			t.Errorf("nodes get prints a certificate:\n%s", out)
+		}
+		// A node that does not exist, and an id that is none.
+		out, code := curiactl(t, "curiactl nodes get node-00000000000000000000000000000000")
+		if code != 5 || !strings.Contains(out, "Error: NOT_FOUND: ") {
+			t.Errorf("nodes get of an unknown node: exit %d, want 5 and NOT_FOUND:\n%s", code, out)
+		}
+		out, code = curiactl(t, "curiactl nodes approve not-a-node")
+		if code != 6 || !strings.Contains(out, "Error: INVALID_ARGUMENT: ") || !strings.Contains(out, "field node_id: ") {
+			t.Errorf("nodes approve of a bad id: exit %d, want 6, INVALID_ARGUMENT and the field:\n%s", code, out)
+		}
+		// Deleting a node with roles is refused with the reason.
+		out, code = curiactl(t, "curiactl nodes delete $NODE")
+		if code != 7 || !strings.Contains(out, "Error: FAILED_PRECONDITION: ") || !strings.Contains(out, "safety_bypass_has_roles") {
+			t.Errorf("nodes delete of a node with roles: exit %d, want 7 and FAILED_PRECONDITION:\n%s", code, out)
+		}
+	})
+
+	t.Run("config", func(t *testing.T) {
+		out := ok(t, "curiactl config get")
+		if !regexp.MustCompile(`(?m)^control_plane_size +3$`).MatchString(out) {
+			t.Fatalf("config get: want control_plane_size 3:\n%s", out)
+		}
+		var got struct {
+			Revision string `json:"revision"`
+		}
+		if err := json.Unmarshal([]byte(ok(t, "curiactl config get -o json")), &got); err != nil || got.Revision == "" {
+			t.Fatalf("config get -o json: %+v %v", got, err)
+		}
+		out = ok(t, "curiactl config set control_plane_size=5 --dry-run --expected-revision "+got.Revision)
+		if !regexp.MustCompile(`(?m)^control_plane_size +5$`).MatchString(out) || !strings.Contains(out, "nothing written") {
+			t.Errorf("config set --dry-run: want control_plane_size 5, nothing written:\n%s", out)
+		}
+		if out := ok(t, "curiactl config get"); !regexp.MustCompile(`(?m)^control_plane_size +3$`).MatchString(out) {
+			t.Errorf("config get after a dry run: want control_plane_size still 3:\n%s", out)
+		}
+		out, code := curiactl(t, "curiactl config set control_plane_size=4 --dry-run")
+		if code != 6 || !strings.Contains(out, "field config.control_plane_size: ") {
+			t.Errorf("config set of an invalid size: exit %d, want 6 and the field:\n%s", code, out)
+		}
+		out, code = curiactl(t, "curiactl config set paused=true --expected-revision 1")
+		if code != 7 || !strings.Contains(out, "reason: CONFLICT") {
+			t.Errorf("config set at a stale revision: exit %d, want 7 and CONFLICT:\n%s", code, out)
+		}
+	})
+
+	t.Run("audit", func(t *testing.T) {
+		out := ok(t, "curiactl audit tail -n 3")
+		if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 4 || !strings.HasPrefix(lines[0], "REVISION ") {
+			t.Errorf("audit tail -n 3: want a header and 3 events:\n%s", out)
+		}
+		if out := ok(t, "curiactl audit tail -n 1000"); !regexp.MustCompile(`(?m) CLUSTER_BOOTSTRAP +` + bootstrap + ` `).MatchString(out) {
+			t.Errorf("audit tail -n 1000 lacks the bootstrap:\n%s", out)
+		}
+		sc := bufio.NewScanner(strings.NewReader(ok(t, "curiactl audit tail -n 2 -o json")))
+		n := 0
+		for ; sc.Scan(); n++ {
+			var e struct {
+				Revision string `json:"revision"`
+			}
+			if err := json.Unmarshal(sc.Bytes(), &e); err != nil || e.Revision == "" {
+				t.Errorf("audit tail -o json line %q: %v", sc.Text(), err)
+			}
+		}
+		if n != 2 {
+			t.Errorf("audit tail -n 2 -o json: %d lines", n)
+		}
+	})
+
+	t.Run("snapshots", func(t *testing.T) {
+		// The curators took one before autopilot's first membership change.
+		out := ok(t, "curiactl snapshot list")
+		m := regexp.MustCompile(`(?m)^(snapshot-[0-9]{8}T[0-9]{6}Z-rev[0-9]+) `).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("snapshot list: no snapshot:\n%s", out)
+		}
+		out = ok(t, "curiactl snapshot save saved.db --name "+m[1])
+		fi, err := os.Stat(filepath.Join(dir, "saved.db"))
+		if err != nil || !strings.Contains(out, "SIZE:      "+strconv.FormatInt(fi.Size(), 10)+" bytes") {
+			t.Errorf("snapshot save: %v\n%s", err, out)
+		}
+	})
+
+	// Every command docs/curiactl.md shows, but those that change the
+	// cluster or follow forever; "# fails: exit N" says the exit code.
+	t.Run("docs", func(t *testing.T) {
+		ran, skipped := 0, 0
+		defer func() { t.Logf("docs/curiactl.md: ran %d commands, skipped %d", ran, skipped) }()
+		for _, line := range docCommands(t) {
+			cmd, comment, _ := strings.Cut(line, " # ")
+			if strings.Contains(comment, "changes the cluster") || strings.Contains(cmd, " -f") {
+				skipped++
+				continue
+			}
+			ran++
+			want := 0
+			if s, ok := strings.CutPrefix(comment, "fails: exit "); ok {
+				want, _ = strconv.Atoi(strings.Fields(s)[0])
+			}
+			out, code := curiactl(t, cmd)
+			if code != want {
+				t.Errorf("docs/curiactl.md: %s: exit %d, want %d\n%s", cmd, code, want, out)
+			}
+		}
+	})
+}
+
+// docCommands are the curiactl command lines of docs/curiactl.md's sh
+// blocks.
+func docCommands(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("../../docs/curiactl.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	in := false
+	for _, l := range strings.Split(string(b), "\n") {
+		switch {
+		case strings.HasPrefix(l, "```sh"):
+			in = true
+		case strings.HasPrefix(l, "```"):
+			in = false
+		case in && strings.HasPrefix(l, "curiactl "):
+			out = append(out, l)
+		}
+	}
+	if len(out) < 10 {
+		t.Fatalf("docs/curiactl.md: %d curiactl commands in sh blocks", len(out))
+	}
+	return out
+}
