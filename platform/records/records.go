@@ -43,6 +43,7 @@ func RecordFromNode(n *curatorv1.Node) *storagev1.NodeRecord {
 		Labels:            n.GetLabels(),
 		CertificateSerial: n.GetCertificateSerial(),
 		Certificates:      n.GetCertificates(),
+		Maintenance:       n.GetMaintenance(),
 	}
 }
 
@@ -58,6 +59,7 @@ func NodeFromRecord(r *storagev1.NodeRecord) *curatorv1.Node {
 		Labels:            r.GetLabels(),
 		CertificateSerial: r.GetCertificateSerial(),
 		Certificates:      r.GetCertificates(),
+		Maintenance:       r.GetMaintenance(),
 	}
 }
 

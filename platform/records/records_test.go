@@ -61,6 +61,7 @@ func fullNode() *curatorv1.Node {
 			{Serial: "0a1b2c", Principal: "node/node-0123", NotAfter: ts(3000), Revoked: true, Issued: ts(2000)},
 			{Serial: "0d0e0f", Principal: "consensus/node-0123", NotAfter: ts(5000), Issued: ts(4000)},
 		},
+		Maintenance: &curatorv1.NodeMaintenance{Reason: "kernel upgrade", By: "admin/ops", Since: ts(6000), Until: ts(6600), LeadershipMovedTo: 7},
 	}
 }
 

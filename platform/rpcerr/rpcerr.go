@@ -144,6 +144,12 @@ var (
 	// SnapshotsOff: the curators take no etcd snapshots (they run
 	// without --snapshot-dir); nothing to retry.
 	SnapshotsOff = &Kind{code: codes.FailedPrecondition, reason: "SNAPSHOTS_OFF", text: "snapshots are off"}
+	// MaintenanceRefused: a node cannot go into maintenance now; the
+	// metadata key "cause" says why: "not_up", "in_maintenance" (another
+	// node is), "change_pending", "learner" (one is catching up),
+	// "failure_tolerance" (losing this voter would lose the quorum), or
+	// "no_leader".
+	MaintenanceRefused = &Kind{code: codes.FailedPrecondition, reason: "MAINTENANCE_REFUSED", text: "maintenance refused"}
 )
 
 // detailed carries ErrorInfo metadata and a retry delay with an error.

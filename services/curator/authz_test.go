@@ -111,6 +111,9 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"/curia.curator.v1.Management/ApproveNode", &curatorv1.ApproveNodeRequest{NodeId: self.ID}, false, []string{"admin"}},
 		{"/curia.curator.v1.Management/UpdateNodeRoles", &curatorv1.UpdateNodeRolesRequest{NodeId: self.ID}, false, []string{"admin"}},
 		{"/curia.curator.v1.Management/DeleteNode", &curatorv1.DeleteNodeRequest{NodeId: self.ID}, false, []string{"admin"}},
+		// Without a reason: the admin's call fails on its contract, and changes nothing.
+		{"/curia.curator.v1.Management/StartNodeMaintenance", &curatorv1.StartNodeMaintenanceRequest{NodeId: self.ID}, false, []string{"admin"}},
+		{"/curia.curator.v1.Management/EndNodeMaintenance", &curatorv1.EndNodeMaintenanceRequest{NodeId: self.ID}, false, []string{"admin"}},
 		{"/curia.curator.v1.Management/GetClusterInfo", &curatorv1.GetClusterInfoRequest{}, false, []string{"admin"}},
 		{"/curia.curator.v1.Management/GetConsensusStatus", &curatorv1.GetConsensusStatusRequest{}, false, []string{"admin"}},
 		{"/curia.curator.v1.Management/GetRegisterTicket", &curatorv1.GetRegisterTicketRequest{}, false, []string{"admin"}},

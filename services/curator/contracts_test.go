@@ -61,6 +61,14 @@ func TestRequestContracts(t *testing.T) {
 			_, err := mgmt.ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: "node-1"})
 			return err
 		}},
+		"maintenance: too short": {code: codes.InvalidArgument, field: "duration", rule: "duration.gte_lte", call: func() error {
+			_, err := mgmt.StartNodeMaintenance(ctx, &curatorv1.StartNodeMaintenanceRequest{NodeId: ag.ID, Reason: "x", Duration: durationpb.New(time.Second)})
+			return err
+		}},
+		"maintenance: no reason": {code: codes.InvalidArgument, field: "reason", rule: "string.min_len", call: func() error {
+			_, err := mgmt.StartNodeMaintenance(ctx, &curatorv1.StartNodeMaintenanceRequest{NodeId: ag.ID})
+			return err
+		}},
 		"roles: too-long reason": {code: codes.InvalidArgument, field: "reason", rule: "string.max_bytes", call: func() error {
 			_, err := mgmt.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: ag.ID, Reason: strings.Repeat("x", 1025)})
 			return err

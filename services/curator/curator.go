@@ -18,6 +18,7 @@
 // leader_consensus_status.go, leader_audit.go, leader_leases.go (leases),
 // leader_snapshots.go and snapshot_take.go (etcd snapshots),
 // leader_defrag.go (etcd defragmentation and its NOSPACE alarm),
+// leader_maintenance.go (a node out of service for a while),
 // leader_reconcile.go (the reconciler's fenced role writes, the
 // Reconciliation service), watch.go (one etcd watch fanned out
 // to every Watch stream), consensus.go (calls to the consensus services),
@@ -389,6 +390,7 @@ func (s *Service) Run(ctx context.Context) error {
 		g.AddReady("snapshots", s.snaps.run)
 	}
 	g.AddReady("defrag", s.defrag.run)
+	g.AddReady("maintenance", s.expireMaintenance)
 	if s.cfg.ListenHTTP != "" {
 		hl, err := net.Listen("tcp", s.cfg.ListenHTTP)
 		if err != nil {

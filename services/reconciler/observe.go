@@ -92,6 +92,9 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 		if hb := n.GetLastHeartbeat(); hb != nil {
 			pn.LastHeartbeat = hb.AsTime()
 		}
+		if m := n.GetMaintenance(); m != nil {
+			pn.MaintenanceUntil = m.GetUntil().AsTime()
+		}
 		o.Nodes = append(o.Nodes, pn)
 	}
 	o.LearnerSince, o.ReadySince = r.learnerClocks(o.Members, now)

@@ -72,6 +72,12 @@ const (
 	// no recorder could still be making its call; reason says what it held
 	// and the live member list it was cleared against. Outcome UNKNOWN.
 	AuditAction_AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE AuditAction = 17
+	// An admin put a node into maintenance (StartNodeMaintenance); reason
+	// says why, until when, and where etcd leadership moved.
+	AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_START AuditAction = 18
+	// A node's maintenance ended: an admin ended it (EndNodeMaintenance), or
+	// its end passed and the curator leader cleared it; reason says which.
+	AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_END AuditAction = 19
 )
 
 // Enum value maps for AuditAction.
@@ -95,6 +101,8 @@ var (
 		15: "AUDIT_ACTION_SNAPSHOT",
 		16: "AUDIT_ACTION_ETCD_NOSPACE_RECOVERED",
 		17: "AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE",
+		18: "AUDIT_ACTION_NODE_MAINTENANCE_START",
+		19: "AUDIT_ACTION_NODE_MAINTENANCE_END",
 	}
 	AuditAction_value = map[string]int32{
 		"AUDIT_ACTION_UNSPECIFIED":                             0,
@@ -115,6 +123,8 @@ var (
 		"AUDIT_ACTION_SNAPSHOT":                                15,
 		"AUDIT_ACTION_ETCD_NOSPACE_RECOVERED":                  16,
 		"AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE":                17,
+		"AUDIT_ACTION_NODE_MAINTENANCE_START":                  18,
+		"AUDIT_ACTION_NODE_MAINTENANCE_END":                    19,
 	}
 )
 
@@ -435,7 +445,7 @@ const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"\x05Roles\x12)\n" +
 	"\x10consensus_member\x18\x01 \x01(\bR\x0fconsensusMember\x123\n" +
 	"\x15kubernetes_controller\x18\x02 \x01(\bR\x14kubernetesController\x12+\n" +
-	"\x11kubernetes_worker\x18\x03 \x01(\bR\x10kubernetesWorker*\x9d\x05\n" +
+	"\x11kubernetes_worker\x18\x03 \x01(\bR\x10kubernetesWorker*\xed\x05\n" +
 	"\vAuditAction\x12\x1c\n" +
 	"\x18AUDIT_ACTION_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eAUDIT_ACTION_CLUSTER_BOOTSTRAP\x10\x01\x12\x1c\n" +
@@ -455,7 +465,9 @@ const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"\x1cAUDIT_ACTION_CLUSTER_RECOVER\x10\x0e\x12\x19\n" +
 	"\x15AUDIT_ACTION_SNAPSHOT\x10\x0f\x12'\n" +
 	"#AUDIT_ACTION_ETCD_NOSPACE_RECOVERED\x10\x10\x12)\n" +
-	"%AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE\x10\x11*\x87\x01\n" +
+	"%AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE\x10\x11\x12'\n" +
+	"#AUDIT_ACTION_NODE_MAINTENANCE_START\x10\x12\x12%\n" +
+	"!AUDIT_ACTION_NODE_MAINTENANCE_END\x10\x13*\x87\x01\n" +
 	"\rChangeOutcome\x12\x1e\n" +
 	"\x1aCHANGE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CHANGE_OUTCOME_APPLIED\x10\x01\x12\x1e\n" +

@@ -397,6 +397,219 @@ func (x *UpdateNodeRolesResponse) GetNode() *Node {
 	return nil
 }
 
+// StartNodeMaintenanceRequest takes a node out of service for a while.
+type StartNodeMaintenanceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's id (node-<32 hex digits>).
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Why, for the audit log and the other operators: 1 to 1024 bytes of
+	// printable text.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// How long at most: the maintenance ends by itself after it. Default
+	// 10m; 1m to 24h.
+	Duration      *durationpb.Duration `protobuf:"bytes,3,opt,name=duration,proto3" json:"duration,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartNodeMaintenanceRequest) Reset() {
+	*x = StartNodeMaintenanceRequest{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartNodeMaintenanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartNodeMaintenanceRequest) ProtoMessage() {}
+
+func (x *StartNodeMaintenanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartNodeMaintenanceRequest.ProtoReflect.Descriptor instead.
+func (*StartNodeMaintenanceRequest) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *StartNodeMaintenanceRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *StartNodeMaintenanceRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *StartNodeMaintenanceRequest) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+// StartNodeMaintenanceResponse is the node in maintenance.
+type StartNodeMaintenanceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node, maintenance set.
+	Node          *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartNodeMaintenanceResponse) Reset() {
+	*x = StartNodeMaintenanceResponse{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartNodeMaintenanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartNodeMaintenanceResponse) ProtoMessage() {}
+
+func (x *StartNodeMaintenanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartNodeMaintenanceResponse.ProtoReflect.Descriptor instead.
+func (*StartNodeMaintenanceResponse) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *StartNodeMaintenanceResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+// EndNodeMaintenanceRequest ends a node's maintenance.
+type EndNodeMaintenanceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's id (node-<32 hex digits>).
+	NodeId        string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndNodeMaintenanceRequest) Reset() {
+	*x = EndNodeMaintenanceRequest{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndNodeMaintenanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndNodeMaintenanceRequest) ProtoMessage() {}
+
+func (x *EndNodeMaintenanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndNodeMaintenanceRequest.ProtoReflect.Descriptor instead.
+func (*EndNodeMaintenanceRequest) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *EndNodeMaintenanceRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+// EndNodeMaintenanceResponse is the node back in service.
+type EndNodeMaintenanceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node, maintenance unset.
+	Node *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Whether the node was in maintenance (false: nothing changed).
+	Ended         bool `protobuf:"varint,2,opt,name=ended,proto3" json:"ended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndNodeMaintenanceResponse) Reset() {
+	*x = EndNodeMaintenanceResponse{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndNodeMaintenanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndNodeMaintenanceResponse) ProtoMessage() {}
+
+func (x *EndNodeMaintenanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndNodeMaintenanceResponse.ProtoReflect.Descriptor instead.
+func (*EndNodeMaintenanceResponse) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *EndNodeMaintenanceResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *EndNodeMaintenanceResponse) GetEnded() bool {
+	if x != nil {
+		return x.Ended
+	}
+	return false
+}
+
 // DeleteNodeRequest deletes a node.
 type DeleteNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -413,7 +626,7 @@ type DeleteNodeRequest struct {
 
 func (x *DeleteNodeRequest) Reset() {
 	*x = DeleteNodeRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[6]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +638,7 @@ func (x *DeleteNodeRequest) String() string {
 func (*DeleteNodeRequest) ProtoMessage() {}
 
 func (x *DeleteNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[6]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +651,7 @@ func (x *DeleteNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNodeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteNodeRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{6}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteNodeRequest) GetNodeId() string {
@@ -475,7 +688,7 @@ type DeleteNodeResponse struct {
 
 func (x *DeleteNodeResponse) Reset() {
 	*x = DeleteNodeResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[7]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -487,7 +700,7 @@ func (x *DeleteNodeResponse) String() string {
 func (*DeleteNodeResponse) ProtoMessage() {}
 
 func (x *DeleteNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[7]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -500,7 +713,7 @@ func (x *DeleteNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNodeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteNodeResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{7}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteNodeResponse) GetRevokedSerial() string {
@@ -526,7 +739,7 @@ type GetClusterInfoRequest struct {
 
 func (x *GetClusterInfoRequest) Reset() {
 	*x = GetClusterInfoRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[8]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -538,7 +751,7 @@ func (x *GetClusterInfoRequest) String() string {
 func (*GetClusterInfoRequest) ProtoMessage() {}
 
 func (x *GetClusterInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[8]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -551,7 +764,7 @@ func (x *GetClusterInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterInfoRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{8}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{12}
 }
 
 // GetClusterInfoResponse describes the cluster.
@@ -578,7 +791,7 @@ type GetClusterInfoResponse struct {
 
 func (x *GetClusterInfoResponse) Reset() {
 	*x = GetClusterInfoResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[9]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +803,7 @@ func (x *GetClusterInfoResponse) String() string {
 func (*GetClusterInfoResponse) ProtoMessage() {}
 
 func (x *GetClusterInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[9]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +816,7 @@ func (x *GetClusterInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetClusterInfoResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{9}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetClusterInfoResponse) GetClusterName() string {
@@ -686,7 +899,7 @@ type EtcdMaintenanceStatus struct {
 
 func (x *EtcdMaintenanceStatus) Reset() {
 	*x = EtcdMaintenanceStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +911,7 @@ func (x *EtcdMaintenanceStatus) String() string {
 func (*EtcdMaintenanceStatus) ProtoMessage() {}
 
 func (x *EtcdMaintenanceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +924,7 @@ func (x *EtcdMaintenanceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EtcdMaintenanceStatus.ProtoReflect.Descriptor instead.
 func (*EtcdMaintenanceStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{10}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EtcdMaintenanceStatus) GetDefragCheckInterval() *durationpb.Duration {
@@ -793,7 +1006,7 @@ type SnapshotStatus struct {
 
 func (x *SnapshotStatus) Reset() {
 	*x = SnapshotStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +1018,7 @@ func (x *SnapshotStatus) String() string {
 func (*SnapshotStatus) ProtoMessage() {}
 
 func (x *SnapshotStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -818,7 +1031,7 @@ func (x *SnapshotStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotStatus.ProtoReflect.Descriptor instead.
 func (*SnapshotStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{11}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SnapshotStatus) GetEnabled() bool {
@@ -881,7 +1094,7 @@ type SnapshotMember struct {
 
 func (x *SnapshotMember) Reset() {
 	*x = SnapshotMember{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1106,7 @@ func (x *SnapshotMember) String() string {
 func (*SnapshotMember) ProtoMessage() {}
 
 func (x *SnapshotMember) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1119,7 @@ func (x *SnapshotMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotMember.ProtoReflect.Descriptor instead.
 func (*SnapshotMember) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{12}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SnapshotMember) GetId() uint64 {
@@ -976,7 +1189,7 @@ type SnapshotMetadata struct {
 
 func (x *SnapshotMetadata) Reset() {
 	*x = SnapshotMetadata{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1201,7 @@ func (x *SnapshotMetadata) String() string {
 func (*SnapshotMetadata) ProtoMessage() {}
 
 func (x *SnapshotMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1214,7 @@ func (x *SnapshotMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotMetadata.ProtoReflect.Descriptor instead.
 func (*SnapshotMetadata) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{13}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SnapshotMetadata) GetName() string {
@@ -1118,7 +1331,7 @@ type TakeSnapshotRequest struct {
 
 func (x *TakeSnapshotRequest) Reset() {
 	*x = TakeSnapshotRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1343,7 @@ func (x *TakeSnapshotRequest) String() string {
 func (*TakeSnapshotRequest) ProtoMessage() {}
 
 func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1356,7 @@ func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{14}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TakeSnapshotRequest) GetReason() string {
@@ -1174,7 +1387,7 @@ type TakeSnapshotResponse struct {
 
 func (x *TakeSnapshotResponse) Reset() {
 	*x = TakeSnapshotResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1399,7 @@ func (x *TakeSnapshotResponse) String() string {
 func (*TakeSnapshotResponse) ProtoMessage() {}
 
 func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1412,7 @@ func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{15}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TakeSnapshotResponse) GetSnapshot() *SnapshotMetadata {
@@ -1225,7 +1438,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1450,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1463,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{16}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{20}
 }
 
 // ListSnapshotsResponse lists the snapshots.
@@ -1266,7 +1479,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1491,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1504,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{17}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotMetadata {
@@ -1319,7 +1532,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1544,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1557,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{18}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetSnapshotRequest) GetName() string {
@@ -1369,7 +1582,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1381,7 +1594,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1394,7 +1607,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{19}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *SnapshotMetadata {
@@ -1420,7 +1633,7 @@ type GetConsensusStatusRequest struct {
 
 func (x *GetConsensusStatusRequest) Reset() {
 	*x = GetConsensusStatusRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1645,7 @@ func (x *GetConsensusStatusRequest) String() string {
 func (*GetConsensusStatusRequest) ProtoMessage() {}
 
 func (x *GetConsensusStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1658,7 @@ func (x *GetConsensusStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsensusStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetConsensusStatusRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{20}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{24}
 }
 
 // ConsensusMemberStatus is one etcd member and its node.
@@ -1484,7 +1697,7 @@ type ConsensusMemberStatus struct {
 
 func (x *ConsensusMemberStatus) Reset() {
 	*x = ConsensusMemberStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1709,7 @@ func (x *ConsensusMemberStatus) String() string {
 func (*ConsensusMemberStatus) ProtoMessage() {}
 
 func (x *ConsensusMemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1722,7 @@ func (x *ConsensusMemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsensusMemberStatus.ProtoReflect.Descriptor instead.
 func (*ConsensusMemberStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{21}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ConsensusMemberStatus) GetMemberId() uint64 {
@@ -1627,7 +1840,7 @@ type GetConsensusStatusResponse struct {
 
 func (x *GetConsensusStatusResponse) Reset() {
 	*x = GetConsensusStatusResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1852,7 @@ func (x *GetConsensusStatusResponse) String() string {
 func (*GetConsensusStatusResponse) ProtoMessage() {}
 
 func (x *GetConsensusStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1865,7 @@ func (x *GetConsensusStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsensusStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetConsensusStatusResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{22}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetConsensusStatusResponse) GetMembers() []*ConsensusMemberStatus {
@@ -1713,7 +1926,7 @@ type GetRegisterTicketRequest struct {
 
 func (x *GetRegisterTicketRequest) Reset() {
 	*x = GetRegisterTicketRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1725,7 +1938,7 @@ func (x *GetRegisterTicketRequest) String() string {
 func (*GetRegisterTicketRequest) ProtoMessage() {}
 
 func (x *GetRegisterTicketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1738,7 +1951,7 @@ func (x *GetRegisterTicketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegisterTicketRequest.ProtoReflect.Descriptor instead.
 func (*GetRegisterTicketRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{23}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{27}
 }
 
 // GetRegisterTicketResponse carries the ticket.
@@ -1752,7 +1965,7 @@ type GetRegisterTicketResponse struct {
 
 func (x *GetRegisterTicketResponse) Reset() {
 	*x = GetRegisterTicketResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +1977,7 @@ func (x *GetRegisterTicketResponse) String() string {
 func (*GetRegisterTicketResponse) ProtoMessage() {}
 
 func (x *GetRegisterTicketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +1990,7 @@ func (x *GetRegisterTicketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegisterTicketResponse.ProtoReflect.Descriptor instead.
 func (*GetRegisterTicketResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{24}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetRegisterTicketResponse) GetTicket() []byte {
@@ -1806,7 +2019,7 @@ type WatchAuditLogRequest struct {
 
 func (x *WatchAuditLogRequest) Reset() {
 	*x = WatchAuditLogRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +2031,7 @@ func (x *WatchAuditLogRequest) String() string {
 func (*WatchAuditLogRequest) ProtoMessage() {}
 
 func (x *WatchAuditLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +2044,7 @@ func (x *WatchAuditLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAuditLogRequest.ProtoReflect.Descriptor instead.
 func (*WatchAuditLogRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{25}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchAuditLogRequest) GetBacklog() int64 {
@@ -1868,7 +2081,7 @@ type WatchAuditLogResponse struct {
 
 func (x *WatchAuditLogResponse) Reset() {
 	*x = WatchAuditLogResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +2093,7 @@ func (x *WatchAuditLogResponse) String() string {
 func (*WatchAuditLogResponse) ProtoMessage() {}
 
 func (x *WatchAuditLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +2106,7 @@ func (x *WatchAuditLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAuditLogResponse.ProtoReflect.Descriptor instead.
 func (*WatchAuditLogResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{26}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WatchAuditLogResponse) GetEvent() *v1.Event {
@@ -1933,7 +2146,19 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x16_kubernetes_controllerB\x14\n" +
 	"\x12_kubernetes_worker\"E\n" +
 	"\x17UpdateNodeRolesResponse\x12*\n" +
-	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\"\xb7\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\"\xb5\x01\n" +
+	"\x1bStartNodeMaintenanceRequest\x12\"\n" +
+	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x12&\n" +
+	"\x06reason\x18\x02 \x01(\tB\x0e\xbaH\vr\t\xe0\xd5\"\x01\x10\x01(\x80\bR\x06reason\x12J\n" +
+	"\bduration\x18\x03 \x01(\v2\x19.google.protobuf.DurationB\x13\xbaH\x10\xd8\x01\x01\xaa\x01\n" +
+	"\"\x04\b\x80\xa3\x052\x02\b<R\bduration\"J\n" +
+	"\x1cStartNodeMaintenanceResponse\x12*\n" +
+	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\"?\n" +
+	"\x19EndNodeMaintenanceRequest\x12\"\n" +
+	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\"^\n" +
+	"\x1aEndNodeMaintenanceResponse\x12*\n" +
+	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\x12\x14\n" +
+	"\x05ended\x18\x02 \x01(\bR\x05ended\"\xb7\x01\n" +
 	"\x11DeleteNodeRequest\x12\"\n" +
 	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x125\n" +
 	"\x17safety_bypass_has_roles\x18\x02 \x01(\bR\x14safetyBypassHasRoles\x12G\n" +
@@ -2051,14 +2276,16 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x1cSNAPSHOT_TRIGGER_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aSNAPSHOT_TRIGGER_SCHEDULED\x10\x01\x12\x1e\n" +
 	"\x1aSNAPSHOT_TRIGGER_ON_DEMAND\x10\x02\x12-\n" +
-	")SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE\x10\x032\xc4\v\n" +
+	")SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE\x10\x032\xac\r\n" +
 	"\n" +
 	"Management\x12X\n" +
 	"\bGetNodes\x12!.curia.curator.v1.GetNodesRequest\x1a\".curia.curator.v1.GetNodesResponse\"\x03\x90\x02\x010\x01\x12Z\n" +
 	"\vApproveNode\x12$.curia.curator.v1.ApproveNodeRequest\x1a%.curia.curator.v1.ApproveNodeResponse\x12f\n" +
 	"\x0fUpdateNodeRoles\x12(.curia.curator.v1.UpdateNodeRolesRequest\x1a).curia.curator.v1.UpdateNodeRolesResponse\x12W\n" +
 	"\n" +
-	"DeleteNode\x12#.curia.curator.v1.DeleteNodeRequest\x1a$.curia.curator.v1.DeleteNodeResponse\x12h\n" +
+	"DeleteNode\x12#.curia.curator.v1.DeleteNodeRequest\x1a$.curia.curator.v1.DeleteNodeResponse\x12u\n" +
+	"\x14StartNodeMaintenance\x12-.curia.curator.v1.StartNodeMaintenanceRequest\x1a..curia.curator.v1.StartNodeMaintenanceResponse\x12o\n" +
+	"\x12EndNodeMaintenance\x12+.curia.curator.v1.EndNodeMaintenanceRequest\x1a,.curia.curator.v1.EndNodeMaintenanceResponse\x12h\n" +
 	"\x0eGetClusterInfo\x12'.curia.curator.v1.GetClusterInfoRequest\x1a(.curia.curator.v1.GetClusterInfoResponse\"\x03\x90\x02\x01\x12t\n" +
 	"\x12GetConsensusStatus\x12+.curia.curator.v1.GetConsensusStatusRequest\x1a,.curia.curator.v1.GetConsensusStatusResponse\"\x03\x90\x02\x01\x12q\n" +
 	"\x11GetRegisterTicket\x12*.curia.curator.v1.GetRegisterTicketRequest\x1a+.curia.curator.v1.GetRegisterTicketResponse\"\x03\x90\x02\x01\x12n\n" +
@@ -2084,106 +2311,117 @@ func file_curia_curator_v1_management_proto_rawDescGZIP() []byte {
 }
 
 var file_curia_curator_v1_management_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_curia_curator_v1_management_proto_goTypes = []any{
-	(SnapshotTrigger)(0),                // 0: curia.curator.v1.SnapshotTrigger
-	(*GetNodesRequest)(nil),             // 1: curia.curator.v1.GetNodesRequest
-	(*GetNodesResponse)(nil),            // 2: curia.curator.v1.GetNodesResponse
-	(*ApproveNodeRequest)(nil),          // 3: curia.curator.v1.ApproveNodeRequest
-	(*ApproveNodeResponse)(nil),         // 4: curia.curator.v1.ApproveNodeResponse
-	(*UpdateNodeRolesRequest)(nil),      // 5: curia.curator.v1.UpdateNodeRolesRequest
-	(*UpdateNodeRolesResponse)(nil),     // 6: curia.curator.v1.UpdateNodeRolesResponse
-	(*DeleteNodeRequest)(nil),           // 7: curia.curator.v1.DeleteNodeRequest
-	(*DeleteNodeResponse)(nil),          // 8: curia.curator.v1.DeleteNodeResponse
-	(*GetClusterInfoRequest)(nil),       // 9: curia.curator.v1.GetClusterInfoRequest
-	(*GetClusterInfoResponse)(nil),      // 10: curia.curator.v1.GetClusterInfoResponse
-	(*EtcdMaintenanceStatus)(nil),       // 11: curia.curator.v1.EtcdMaintenanceStatus
-	(*SnapshotStatus)(nil),              // 12: curia.curator.v1.SnapshotStatus
-	(*SnapshotMember)(nil),              // 13: curia.curator.v1.SnapshotMember
-	(*SnapshotMetadata)(nil),            // 14: curia.curator.v1.SnapshotMetadata
-	(*TakeSnapshotRequest)(nil),         // 15: curia.curator.v1.TakeSnapshotRequest
-	(*TakeSnapshotResponse)(nil),        // 16: curia.curator.v1.TakeSnapshotResponse
-	(*ListSnapshotsRequest)(nil),        // 17: curia.curator.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),       // 18: curia.curator.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),          // 19: curia.curator.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),         // 20: curia.curator.v1.GetSnapshotResponse
-	(*GetConsensusStatusRequest)(nil),   // 21: curia.curator.v1.GetConsensusStatusRequest
-	(*ConsensusMemberStatus)(nil),       // 22: curia.curator.v1.ConsensusMemberStatus
-	(*GetConsensusStatusResponse)(nil),  // 23: curia.curator.v1.GetConsensusStatusResponse
-	(*GetRegisterTicketRequest)(nil),    // 24: curia.curator.v1.GetRegisterTicketRequest
-	(*GetRegisterTicketResponse)(nil),   // 25: curia.curator.v1.GetRegisterTicketResponse
-	(*WatchAuditLogRequest)(nil),        // 26: curia.curator.v1.WatchAuditLogRequest
-	(*WatchAuditLogResponse)(nil),       // 27: curia.curator.v1.WatchAuditLogResponse
-	nil,                                 // 28: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	(*Node)(nil),                        // 29: curia.curator.v1.Node
-	(*durationpb.Duration)(nil),         // 30: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),       // 31: google.protobuf.Timestamp
-	(NodeHealth)(0),                     // 32: curia.curator.v1.NodeHealth
-	(*v1.Event)(nil),                    // 33: curia.audit.v1.Event
-	(*GetClusterConfigRequest)(nil),     // 34: curia.curator.v1.GetClusterConfigRequest
-	(*UpdateClusterConfigRequest)(nil),  // 35: curia.curator.v1.UpdateClusterConfigRequest
-	(*WatchClusterConfigRequest)(nil),   // 36: curia.curator.v1.WatchClusterConfigRequest
-	(*GetClusterConfigResponse)(nil),    // 37: curia.curator.v1.GetClusterConfigResponse
-	(*UpdateClusterConfigResponse)(nil), // 38: curia.curator.v1.UpdateClusterConfigResponse
-	(*WatchClusterConfigResponse)(nil),  // 39: curia.curator.v1.WatchClusterConfigResponse
+	(SnapshotTrigger)(0),                 // 0: curia.curator.v1.SnapshotTrigger
+	(*GetNodesRequest)(nil),              // 1: curia.curator.v1.GetNodesRequest
+	(*GetNodesResponse)(nil),             // 2: curia.curator.v1.GetNodesResponse
+	(*ApproveNodeRequest)(nil),           // 3: curia.curator.v1.ApproveNodeRequest
+	(*ApproveNodeResponse)(nil),          // 4: curia.curator.v1.ApproveNodeResponse
+	(*UpdateNodeRolesRequest)(nil),       // 5: curia.curator.v1.UpdateNodeRolesRequest
+	(*UpdateNodeRolesResponse)(nil),      // 6: curia.curator.v1.UpdateNodeRolesResponse
+	(*StartNodeMaintenanceRequest)(nil),  // 7: curia.curator.v1.StartNodeMaintenanceRequest
+	(*StartNodeMaintenanceResponse)(nil), // 8: curia.curator.v1.StartNodeMaintenanceResponse
+	(*EndNodeMaintenanceRequest)(nil),    // 9: curia.curator.v1.EndNodeMaintenanceRequest
+	(*EndNodeMaintenanceResponse)(nil),   // 10: curia.curator.v1.EndNodeMaintenanceResponse
+	(*DeleteNodeRequest)(nil),            // 11: curia.curator.v1.DeleteNodeRequest
+	(*DeleteNodeResponse)(nil),           // 12: curia.curator.v1.DeleteNodeResponse
+	(*GetClusterInfoRequest)(nil),        // 13: curia.curator.v1.GetClusterInfoRequest
+	(*GetClusterInfoResponse)(nil),       // 14: curia.curator.v1.GetClusterInfoResponse
+	(*EtcdMaintenanceStatus)(nil),        // 15: curia.curator.v1.EtcdMaintenanceStatus
+	(*SnapshotStatus)(nil),               // 16: curia.curator.v1.SnapshotStatus
+	(*SnapshotMember)(nil),               // 17: curia.curator.v1.SnapshotMember
+	(*SnapshotMetadata)(nil),             // 18: curia.curator.v1.SnapshotMetadata
+	(*TakeSnapshotRequest)(nil),          // 19: curia.curator.v1.TakeSnapshotRequest
+	(*TakeSnapshotResponse)(nil),         // 20: curia.curator.v1.TakeSnapshotResponse
+	(*ListSnapshotsRequest)(nil),         // 21: curia.curator.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 22: curia.curator.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),           // 23: curia.curator.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),          // 24: curia.curator.v1.GetSnapshotResponse
+	(*GetConsensusStatusRequest)(nil),    // 25: curia.curator.v1.GetConsensusStatusRequest
+	(*ConsensusMemberStatus)(nil),        // 26: curia.curator.v1.ConsensusMemberStatus
+	(*GetConsensusStatusResponse)(nil),   // 27: curia.curator.v1.GetConsensusStatusResponse
+	(*GetRegisterTicketRequest)(nil),     // 28: curia.curator.v1.GetRegisterTicketRequest
+	(*GetRegisterTicketResponse)(nil),    // 29: curia.curator.v1.GetRegisterTicketResponse
+	(*WatchAuditLogRequest)(nil),         // 30: curia.curator.v1.WatchAuditLogRequest
+	(*WatchAuditLogResponse)(nil),        // 31: curia.curator.v1.WatchAuditLogResponse
+	nil,                                  // 32: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	(*Node)(nil),                         // 33: curia.curator.v1.Node
+	(*durationpb.Duration)(nil),          // 34: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),        // 35: google.protobuf.Timestamp
+	(NodeHealth)(0),                      // 36: curia.curator.v1.NodeHealth
+	(*v1.Event)(nil),                     // 37: curia.audit.v1.Event
+	(*GetClusterConfigRequest)(nil),      // 38: curia.curator.v1.GetClusterConfigRequest
+	(*UpdateClusterConfigRequest)(nil),   // 39: curia.curator.v1.UpdateClusterConfigRequest
+	(*WatchClusterConfigRequest)(nil),    // 40: curia.curator.v1.WatchClusterConfigRequest
+	(*GetClusterConfigResponse)(nil),     // 41: curia.curator.v1.GetClusterConfigResponse
+	(*UpdateClusterConfigResponse)(nil),  // 42: curia.curator.v1.UpdateClusterConfigResponse
+	(*WatchClusterConfigResponse)(nil),   // 43: curia.curator.v1.WatchClusterConfigResponse
 }
 var file_curia_curator_v1_management_proto_depIdxs = []int32{
-	29, // 0: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
-	29, // 1: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
-	29, // 2: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
-	28, // 3: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	12, // 4: curia.curator.v1.GetClusterInfoResponse.snapshots:type_name -> curia.curator.v1.SnapshotStatus
-	11, // 5: curia.curator.v1.GetClusterInfoResponse.etcd_maintenance:type_name -> curia.curator.v1.EtcdMaintenanceStatus
-	30, // 6: curia.curator.v1.EtcdMaintenanceStatus.defrag_check_interval:type_name -> google.protobuf.Duration
-	31, // 7: curia.curator.v1.EtcdMaintenanceStatus.last_run_start:type_name -> google.protobuf.Timestamp
-	31, // 8: curia.curator.v1.EtcdMaintenanceStatus.last_run_end:type_name -> google.protobuf.Timestamp
-	30, // 9: curia.curator.v1.SnapshotStatus.interval:type_name -> google.protobuf.Duration
-	14, // 10: curia.curator.v1.SnapshotStatus.last_good:type_name -> curia.curator.v1.SnapshotMetadata
-	31, // 11: curia.curator.v1.SnapshotStatus.last_failure_time:type_name -> google.protobuf.Timestamp
-	31, // 12: curia.curator.v1.SnapshotMetadata.taken_at:type_name -> google.protobuf.Timestamp
-	13, // 13: curia.curator.v1.SnapshotMetadata.source:type_name -> curia.curator.v1.SnapshotMember
-	13, // 14: curia.curator.v1.SnapshotMetadata.members:type_name -> curia.curator.v1.SnapshotMember
-	0,  // 15: curia.curator.v1.SnapshotMetadata.trigger:type_name -> curia.curator.v1.SnapshotTrigger
-	14, // 16: curia.curator.v1.TakeSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
-	14, // 17: curia.curator.v1.ListSnapshotsResponse.snapshots:type_name -> curia.curator.v1.SnapshotMetadata
-	14, // 18: curia.curator.v1.GetSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
-	32, // 19: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
-	31, // 20: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	22, // 21: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
-	33, // 22: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
-	1,  // 23: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
-	3,  // 24: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
-	5,  // 25: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
-	7,  // 26: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
-	9,  // 27: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
-	21, // 28: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
-	24, // 29: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
-	34, // 30: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
-	35, // 31: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
-	36, // 32: curia.curator.v1.Management.WatchClusterConfig:input_type -> curia.curator.v1.WatchClusterConfigRequest
-	26, // 33: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
-	15, // 34: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
-	17, // 35: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
-	19, // 36: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
-	2,  // 37: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
-	4,  // 38: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
-	6,  // 39: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
-	8,  // 40: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
-	10, // 41: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
-	23, // 42: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
-	25, // 43: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
-	37, // 44: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
-	38, // 45: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
-	39, // 46: curia.curator.v1.Management.WatchClusterConfig:output_type -> curia.curator.v1.WatchClusterConfigResponse
-	27, // 47: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
-	16, // 48: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
-	18, // 49: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
-	20, // 50: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
-	37, // [37:51] is the sub-list for method output_type
-	23, // [23:37] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	33, // 0: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
+	33, // 1: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
+	33, // 2: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
+	34, // 3: curia.curator.v1.StartNodeMaintenanceRequest.duration:type_name -> google.protobuf.Duration
+	33, // 4: curia.curator.v1.StartNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
+	33, // 5: curia.curator.v1.EndNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
+	32, // 6: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	16, // 7: curia.curator.v1.GetClusterInfoResponse.snapshots:type_name -> curia.curator.v1.SnapshotStatus
+	15, // 8: curia.curator.v1.GetClusterInfoResponse.etcd_maintenance:type_name -> curia.curator.v1.EtcdMaintenanceStatus
+	34, // 9: curia.curator.v1.EtcdMaintenanceStatus.defrag_check_interval:type_name -> google.protobuf.Duration
+	35, // 10: curia.curator.v1.EtcdMaintenanceStatus.last_run_start:type_name -> google.protobuf.Timestamp
+	35, // 11: curia.curator.v1.EtcdMaintenanceStatus.last_run_end:type_name -> google.protobuf.Timestamp
+	34, // 12: curia.curator.v1.SnapshotStatus.interval:type_name -> google.protobuf.Duration
+	18, // 13: curia.curator.v1.SnapshotStatus.last_good:type_name -> curia.curator.v1.SnapshotMetadata
+	35, // 14: curia.curator.v1.SnapshotStatus.last_failure_time:type_name -> google.protobuf.Timestamp
+	35, // 15: curia.curator.v1.SnapshotMetadata.taken_at:type_name -> google.protobuf.Timestamp
+	17, // 16: curia.curator.v1.SnapshotMetadata.source:type_name -> curia.curator.v1.SnapshotMember
+	17, // 17: curia.curator.v1.SnapshotMetadata.members:type_name -> curia.curator.v1.SnapshotMember
+	0,  // 18: curia.curator.v1.SnapshotMetadata.trigger:type_name -> curia.curator.v1.SnapshotTrigger
+	18, // 19: curia.curator.v1.TakeSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	18, // 20: curia.curator.v1.ListSnapshotsResponse.snapshots:type_name -> curia.curator.v1.SnapshotMetadata
+	18, // 21: curia.curator.v1.GetSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	36, // 22: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
+	35, // 23: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	26, // 24: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
+	37, // 25: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
+	1,  // 26: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
+	3,  // 27: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
+	5,  // 28: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
+	11, // 29: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
+	7,  // 30: curia.curator.v1.Management.StartNodeMaintenance:input_type -> curia.curator.v1.StartNodeMaintenanceRequest
+	9,  // 31: curia.curator.v1.Management.EndNodeMaintenance:input_type -> curia.curator.v1.EndNodeMaintenanceRequest
+	13, // 32: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
+	25, // 33: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
+	28, // 34: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
+	38, // 35: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
+	39, // 36: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
+	40, // 37: curia.curator.v1.Management.WatchClusterConfig:input_type -> curia.curator.v1.WatchClusterConfigRequest
+	30, // 38: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
+	19, // 39: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
+	21, // 40: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
+	23, // 41: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
+	2,  // 42: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
+	4,  // 43: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
+	6,  // 44: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
+	12, // 45: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
+	8,  // 46: curia.curator.v1.Management.StartNodeMaintenance:output_type -> curia.curator.v1.StartNodeMaintenanceResponse
+	10, // 47: curia.curator.v1.Management.EndNodeMaintenance:output_type -> curia.curator.v1.EndNodeMaintenanceResponse
+	14, // 48: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
+	27, // 49: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
+	29, // 50: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
+	41, // 51: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
+	42, // 52: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
+	43, // 53: curia.curator.v1.Management.WatchClusterConfig:output_type -> curia.curator.v1.WatchClusterConfigResponse
+	31, // 54: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
+	20, // 55: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
+	22, // 56: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
+	24, // 57: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
+	42, // [42:58] is the sub-list for method output_type
+	26, // [26:42] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_management_proto_init() }
@@ -2200,7 +2438,7 @@ func file_curia_curator_v1_management_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_management_proto_rawDesc), len(file_curia_curator_v1_management_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,20 +19,22 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Management_GetNodes_FullMethodName            = "/curia.curator.v1.Management/GetNodes"
-	Management_ApproveNode_FullMethodName         = "/curia.curator.v1.Management/ApproveNode"
-	Management_UpdateNodeRoles_FullMethodName     = "/curia.curator.v1.Management/UpdateNodeRoles"
-	Management_DeleteNode_FullMethodName          = "/curia.curator.v1.Management/DeleteNode"
-	Management_GetClusterInfo_FullMethodName      = "/curia.curator.v1.Management/GetClusterInfo"
-	Management_GetConsensusStatus_FullMethodName  = "/curia.curator.v1.Management/GetConsensusStatus"
-	Management_GetRegisterTicket_FullMethodName   = "/curia.curator.v1.Management/GetRegisterTicket"
-	Management_GetClusterConfig_FullMethodName    = "/curia.curator.v1.Management/GetClusterConfig"
-	Management_UpdateClusterConfig_FullMethodName = "/curia.curator.v1.Management/UpdateClusterConfig"
-	Management_WatchClusterConfig_FullMethodName  = "/curia.curator.v1.Management/WatchClusterConfig"
-	Management_WatchAuditLog_FullMethodName       = "/curia.curator.v1.Management/WatchAuditLog"
-	Management_TakeSnapshot_FullMethodName        = "/curia.curator.v1.Management/TakeSnapshot"
-	Management_ListSnapshots_FullMethodName       = "/curia.curator.v1.Management/ListSnapshots"
-	Management_GetSnapshot_FullMethodName         = "/curia.curator.v1.Management/GetSnapshot"
+	Management_GetNodes_FullMethodName             = "/curia.curator.v1.Management/GetNodes"
+	Management_ApproveNode_FullMethodName          = "/curia.curator.v1.Management/ApproveNode"
+	Management_UpdateNodeRoles_FullMethodName      = "/curia.curator.v1.Management/UpdateNodeRoles"
+	Management_DeleteNode_FullMethodName           = "/curia.curator.v1.Management/DeleteNode"
+	Management_StartNodeMaintenance_FullMethodName = "/curia.curator.v1.Management/StartNodeMaintenance"
+	Management_EndNodeMaintenance_FullMethodName   = "/curia.curator.v1.Management/EndNodeMaintenance"
+	Management_GetClusterInfo_FullMethodName       = "/curia.curator.v1.Management/GetClusterInfo"
+	Management_GetConsensusStatus_FullMethodName   = "/curia.curator.v1.Management/GetConsensusStatus"
+	Management_GetRegisterTicket_FullMethodName    = "/curia.curator.v1.Management/GetRegisterTicket"
+	Management_GetClusterConfig_FullMethodName     = "/curia.curator.v1.Management/GetClusterConfig"
+	Management_UpdateClusterConfig_FullMethodName  = "/curia.curator.v1.Management/UpdateClusterConfig"
+	Management_WatchClusterConfig_FullMethodName   = "/curia.curator.v1.Management/WatchClusterConfig"
+	Management_WatchAuditLog_FullMethodName        = "/curia.curator.v1.Management/WatchAuditLog"
+	Management_TakeSnapshot_FullMethodName         = "/curia.curator.v1.Management/TakeSnapshot"
+	Management_ListSnapshots_FullMethodName        = "/curia.curator.v1.Management/ListSnapshots"
+	Management_GetSnapshot_FullMethodName          = "/curia.curator.v1.Management/GetSnapshot"
 )
 
 // ManagementClient is the client API for Management service.
@@ -53,6 +55,17 @@ type ManagementClient interface {
 	// DeleteNode deletes a node, revokes every certificate ever issued to it
 	// that is still valid, and tombstones its id: it never registers again.
 	DeleteNode(ctx context.Context, in *DeleteNodeRequest, opts ...grpc.CallOption) (*DeleteNodeResponse, error)
+	// StartNodeMaintenance takes a node out of service for a while (a
+	// restart, an upgrade): if its member leads etcd, leadership moves to
+	// another voter first; autopilot neither replaces the node's voter nor
+	// adds a standby for it until the maintenance ends. Refused
+	// (FailedPrecondition) while another node is in maintenance, and, for a
+	// voter's node, while the cluster could not lose that voter now (failure
+	// tolerance 0, a membership change pending, a learner catching up).
+	StartNodeMaintenance(ctx context.Context, in *StartNodeMaintenanceRequest, opts ...grpc.CallOption) (*StartNodeMaintenanceResponse, error)
+	// EndNodeMaintenance ends a node's maintenance; ending one that is not in
+	// maintenance changes nothing.
+	EndNodeMaintenance(ctx context.Context, in *EndNodeMaintenanceRequest, opts ...grpc.CallOption) (*EndNodeMaintenanceResponse, error)
 	// GetClusterInfo describes the cluster.
 	GetClusterInfo(ctx context.Context, in *GetClusterInfoRequest, opts ...grpc.CallOption) (*GetClusterInfoResponse, error)
 	// GetConsensusStatus maps etcd members to nodes.
@@ -160,6 +173,26 @@ func (c *managementClient) DeleteNode(ctx context.Context, in *DeleteNodeRequest
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteNodeResponse)
 	err := c.cc.Invoke(ctx, Management_DeleteNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *managementClient) StartNodeMaintenance(ctx context.Context, in *StartNodeMaintenanceRequest, opts ...grpc.CallOption) (*StartNodeMaintenanceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartNodeMaintenanceResponse)
+	err := c.cc.Invoke(ctx, Management_StartNodeMaintenance_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *managementClient) EndNodeMaintenance(ctx context.Context, in *EndNodeMaintenanceRequest, opts ...grpc.CallOption) (*EndNodeMaintenanceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EndNodeMaintenanceResponse)
+	err := c.cc.Invoke(ctx, Management_EndNodeMaintenance_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -311,6 +344,17 @@ type ManagementServer interface {
 	// DeleteNode deletes a node, revokes every certificate ever issued to it
 	// that is still valid, and tombstones its id: it never registers again.
 	DeleteNode(context.Context, *DeleteNodeRequest) (*DeleteNodeResponse, error)
+	// StartNodeMaintenance takes a node out of service for a while (a
+	// restart, an upgrade): if its member leads etcd, leadership moves to
+	// another voter first; autopilot neither replaces the node's voter nor
+	// adds a standby for it until the maintenance ends. Refused
+	// (FailedPrecondition) while another node is in maintenance, and, for a
+	// voter's node, while the cluster could not lose that voter now (failure
+	// tolerance 0, a membership change pending, a learner catching up).
+	StartNodeMaintenance(context.Context, *StartNodeMaintenanceRequest) (*StartNodeMaintenanceResponse, error)
+	// EndNodeMaintenance ends a node's maintenance; ending one that is not in
+	// maintenance changes nothing.
+	EndNodeMaintenance(context.Context, *EndNodeMaintenanceRequest) (*EndNodeMaintenanceResponse, error)
 	// GetClusterInfo describes the cluster.
 	GetClusterInfo(context.Context, *GetClusterInfoRequest) (*GetClusterInfoResponse, error)
 	// GetConsensusStatus maps etcd members to nodes.
@@ -386,6 +430,12 @@ func (UnimplementedManagementServer) UpdateNodeRoles(context.Context, *UpdateNod
 }
 func (UnimplementedManagementServer) DeleteNode(context.Context, *DeleteNodeRequest) (*DeleteNodeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteNode not implemented")
+}
+func (UnimplementedManagementServer) StartNodeMaintenance(context.Context, *StartNodeMaintenanceRequest) (*StartNodeMaintenanceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartNodeMaintenance not implemented")
+}
+func (UnimplementedManagementServer) EndNodeMaintenance(context.Context, *EndNodeMaintenanceRequest) (*EndNodeMaintenanceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EndNodeMaintenance not implemented")
 }
 func (UnimplementedManagementServer) GetClusterInfo(context.Context, *GetClusterInfoRequest) (*GetClusterInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetClusterInfo not implemented")
@@ -499,6 +549,42 @@ func _Management_DeleteNode_Handler(srv interface{}, ctx context.Context, dec fu
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(ManagementServer).DeleteNode(ctx, req.(*DeleteNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Management_StartNodeMaintenance_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartNodeMaintenanceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ManagementServer).StartNodeMaintenance(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Management_StartNodeMaintenance_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ManagementServer).StartNodeMaintenance(ctx, req.(*StartNodeMaintenanceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Management_EndNodeMaintenance_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EndNodeMaintenanceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ManagementServer).EndNodeMaintenance(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Management_EndNodeMaintenance_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ManagementServer).EndNodeMaintenance(ctx, req.(*EndNodeMaintenanceRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -680,6 +766,14 @@ var Management_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteNode",
 			Handler:    _Management_DeleteNode_Handler,
+		},
+		{
+			MethodName: "StartNodeMaintenance",
+			Handler:    _Management_StartNodeMaintenance_Handler,
+		},
+		{
+			MethodName: "EndNodeMaintenance",
+			Handler:    _Management_EndNodeMaintenance_Handler,
 		},
 		{
 			MethodName: "GetClusterInfo",

@@ -475,7 +475,11 @@ type Node struct {
 	// Every certificate ever issued to the node (the bootstrap node's from the
 	// deployment included), oldest first, until it expires: DeleteNode revokes
 	// every one that is still valid.
-	Certificates  []*IssuedCertificate `protobuf:"bytes,12,rep,name=certificates,proto3" json:"certificates,omitempty"`
+	Certificates []*IssuedCertificate `protobuf:"bytes,12,rep,name=certificates,proto3" json:"certificates,omitempty"`
+	// Set while an admin has taken the node out of service for a while
+	// (StartNodeMaintenance): autopilot neither replaces its voter nor adds
+	// a standby for it until the maintenance ends or its end passes.
+	Maintenance   *NodeMaintenance `protobuf:"bytes,13,opt,name=maintenance,proto3" json:"maintenance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -594,6 +598,99 @@ func (x *Node) GetCertificates() []*IssuedCertificate {
 	return nil
 }
 
+func (x *Node) GetMaintenance() *NodeMaintenance {
+	if x != nil {
+		return x.Maintenance
+	}
+	return nil
+}
+
+// NodeMaintenance is a node taken out of service on purpose, for a
+// bounded time: a restart, an upgrade, a reboot.
+type NodeMaintenance struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why, as the admin gave it.
+	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Who started it (a principal, e.g. "admin/ops").
+	By string `protobuf:"bytes,2,opt,name=by,proto3" json:"by,omitempty"`
+	// When it started.
+	Since *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=since,proto3" json:"since,omitempty"`
+	// When it ends by itself: from then on the node is treated as any other
+	// (autopilot replaces its voter if it is still silent), and the curator
+	// leader clears the record, audited.
+	Until *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=until,proto3" json:"until,omitempty"`
+	// The etcd member leadership was moved to when the maintenance started,
+	// if the node's member led (0: it did not lead, or has no member).
+	LeadershipMovedTo uint64 `protobuf:"varint,5,opt,name=leadership_moved_to,json=leadershipMovedTo,proto3" json:"leadership_moved_to,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *NodeMaintenance) Reset() {
+	*x = NodeMaintenance{}
+	mi := &file_curia_curator_v1_node_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeMaintenance) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeMaintenance) ProtoMessage() {}
+
+func (x *NodeMaintenance) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_node_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeMaintenance.ProtoReflect.Descriptor instead.
+func (*NodeMaintenance) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_node_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *NodeMaintenance) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *NodeMaintenance) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *NodeMaintenance) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *NodeMaintenance) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *NodeMaintenance) GetLeadershipMovedTo() uint64 {
+	if x != nil {
+		return x.LeadershipMovedTo
+	}
+	return 0
+}
+
 // IssuedCertificate is one certificate of a node.
 type IssuedCertificate struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -613,7 +710,7 @@ type IssuedCertificate struct {
 
 func (x *IssuedCertificate) Reset() {
 	*x = IssuedCertificate{}
-	mi := &file_curia_curator_v1_node_proto_msgTypes[6]
+	mi := &file_curia_curator_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +722,7 @@ func (x *IssuedCertificate) String() string {
 func (*IssuedCertificate) ProtoMessage() {}
 
 func (x *IssuedCertificate) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_node_proto_msgTypes[6]
+	mi := &file_curia_curator_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +735,7 @@ func (x *IssuedCertificate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IssuedCertificate.ProtoReflect.Descriptor instead.
 func (*IssuedCertificate) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_curia_curator_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *IssuedCertificate) GetSerial() string {
@@ -699,7 +796,7 @@ const file_curia_curator_v1_node_proto_rawDesc = "" +
 	"\x12consensus_peer_url\x18\x05 \x01(\tB\f\xbaH\t\xd8\x01\x01r\x04\xd0\xd5\"\x01R\x10consensusPeerUrl\x12>\n" +
 	"\x14consensus_client_url\x18\x06 \x01(\tB\f\xbaH\t\xd8\x01\x01r\x04\xd0\xd5\"\x01R\x12consensusClientUrl\x12<\n" +
 	"\x14consensus_public_key\x18\a \x01(\fB\n" +
-	"\xbaH\a\xd8\x01\x01z\x02h R\x12consensusPublicKey\"\xf1\x04\n" +
+	"\xbaH\a\xd8\x01\x01z\x02h R\x12consensusPublicKey\"\xb6\x05\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -716,10 +813,17 @@ const file_curia_curator_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"unreadable\x18\v \x01(\tR\n" +
 	"unreadable\x12G\n" +
-	"\fcertificates\x18\f \x03(\v2#.curia.curator.v1.IssuedCertificateR\fcertificates\x1a9\n" +
+	"\fcertificates\x18\f \x03(\v2#.curia.curator.v1.IssuedCertificateR\fcertificates\x12C\n" +
+	"\vmaintenance\x18\r \x01(\v2!.curia.curator.v1.NodeMaintenanceR\vmaintenance\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd0\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcd\x01\n" +
+	"\x0fNodeMaintenance\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x0e\n" +
+	"\x02by\x18\x02 \x01(\tR\x02by\x120\n" +
+	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12.\n" +
+	"\x13leadership_moved_to\x18\x05 \x01(\x04R\x11leadershipMovedTo\"\xd0\x01\n" +
 	"\x11IssuedCertificate\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x1c\n" +
 	"\tprincipal\x18\x02 \x01(\tR\tprincipal\x127\n" +
@@ -753,7 +857,7 @@ func file_curia_curator_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_curia_curator_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_curia_curator_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_curia_curator_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_curia_curator_v1_node_proto_goTypes = []any{
 	(NodeState)(0),                // 0: curia.curator.v1.NodeState
 	(NodeHealth)(0),               // 1: curia.curator.v1.NodeHealth
@@ -763,30 +867,34 @@ var file_curia_curator_v1_node_proto_goTypes = []any{
 	(*Roles)(nil),                 // 5: curia.curator.v1.Roles
 	(*NodeStatus)(nil),            // 6: curia.curator.v1.NodeStatus
 	(*Node)(nil),                  // 7: curia.curator.v1.Node
-	(*IssuedCertificate)(nil),     // 8: curia.curator.v1.IssuedCertificate
-	nil,                           // 9: curia.curator.v1.Node.LabelsEntry
-	(*v1.JoinParameters)(nil),     // 10: curia.consensus.v1.JoinParameters
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*NodeMaintenance)(nil),       // 8: curia.curator.v1.NodeMaintenance
+	(*IssuedCertificate)(nil),     // 9: curia.curator.v1.IssuedCertificate
+	nil,                           // 10: curia.curator.v1.Node.LabelsEntry
+	(*v1.JoinParameters)(nil),     // 11: curia.consensus.v1.JoinParameters
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_curia_curator_v1_node_proto_depIdxs = []int32{
-	10, // 0: curia.curator.v1.ConsensusMember.join:type_name -> curia.consensus.v1.JoinParameters
+	11, // 0: curia.curator.v1.ConsensusMember.join:type_name -> curia.consensus.v1.JoinParameters
 	2,  // 1: curia.curator.v1.Roles.consensus_member:type_name -> curia.curator.v1.ConsensusMember
 	3,  // 2: curia.curator.v1.Roles.kubernetes_controller:type_name -> curia.curator.v1.KubernetesController
 	4,  // 3: curia.curator.v1.Roles.kubernetes_worker:type_name -> curia.curator.v1.KubernetesWorker
 	0,  // 4: curia.curator.v1.Node.state:type_name -> curia.curator.v1.NodeState
 	5,  // 5: curia.curator.v1.Node.roles:type_name -> curia.curator.v1.Roles
 	6,  // 6: curia.curator.v1.Node.status:type_name -> curia.curator.v1.NodeStatus
-	9,  // 7: curia.curator.v1.Node.labels:type_name -> curia.curator.v1.Node.LabelsEntry
+	10, // 7: curia.curator.v1.Node.labels:type_name -> curia.curator.v1.Node.LabelsEntry
 	1,  // 8: curia.curator.v1.Node.health:type_name -> curia.curator.v1.NodeHealth
-	11, // 9: curia.curator.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
-	8,  // 10: curia.curator.v1.Node.certificates:type_name -> curia.curator.v1.IssuedCertificate
-	11, // 11: curia.curator.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
-	11, // 12: curia.curator.v1.IssuedCertificate.issued:type_name -> google.protobuf.Timestamp
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	12, // 9: curia.curator.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	9,  // 10: curia.curator.v1.Node.certificates:type_name -> curia.curator.v1.IssuedCertificate
+	8,  // 11: curia.curator.v1.Node.maintenance:type_name -> curia.curator.v1.NodeMaintenance
+	12, // 12: curia.curator.v1.NodeMaintenance.since:type_name -> google.protobuf.Timestamp
+	12, // 13: curia.curator.v1.NodeMaintenance.until:type_name -> google.protobuf.Timestamp
+	12, // 14: curia.curator.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
+	12, // 15: curia.curator.v1.IssuedCertificate.issued:type_name -> google.protobuf.Timestamp
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_node_proto_init() }
@@ -800,7 +908,7 @@ func file_curia_curator_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_node_proto_rawDesc), len(file_curia_curator_v1_node_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

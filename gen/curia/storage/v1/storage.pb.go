@@ -73,7 +73,9 @@ type NodeRecord struct {
 	// Serial number (hex) of the node certificate issued at commit.
 	CertificateSerial string `protobuf:"bytes,9,opt,name=certificate_serial,json=certificateSerial,proto3" json:"certificate_serial,omitempty"`
 	// Every certificate issued to the node, oldest first, until it expires.
-	Certificates  []*v1.IssuedCertificate `protobuf:"bytes,12,rep,name=certificates,proto3" json:"certificates,omitempty"`
+	Certificates []*v1.IssuedCertificate `protobuf:"bytes,12,rep,name=certificates,proto3" json:"certificates,omitempty"`
+	// Set while the node is in maintenance (until its end passes).
+	Maintenance   *v1.NodeMaintenance `protobuf:"bytes,13,opt,name=maintenance,proto3" json:"maintenance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -160,6 +162,13 @@ func (x *NodeRecord) GetCertificateSerial() string {
 func (x *NodeRecord) GetCertificates() []*v1.IssuedCertificate {
 	if x != nil {
 		return x.Certificates
+	}
+	return nil
+}
+
+func (x *NodeRecord) GetMaintenance() *v1.NodeMaintenance {
+	if x != nil {
+		return x.Maintenance
 	}
 	return nil
 }
@@ -400,7 +409,7 @@ var File_curia_storage_v1_storage_proto protoreflect.FileDescriptor
 
 const file_curia_storage_v1_storage_proto_rawDesc = "" +
 	"\n" +
-	"\x1ecuria/storage/v1/storage.proto\x12\x10curia.storage.v1\x1a\"curia/consensus/v1/consensus.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8e\x04\n" +
+	"\x1ecuria/storage/v1/storage.proto\x12\x10curia.storage.v1\x1a\"curia/consensus/v1/consensus.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd3\x04\n" +
 	"\n" +
 	"NodeRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
@@ -411,7 +420,8 @@ const file_curia_storage_v1_storage_proto_rawDesc = "" +
 	"\x06status\x18\x05 \x01(\v2\x1c.curia.curator.v1.NodeStatusR\x06status\x12@\n" +
 	"\x06labels\x18\x06 \x03(\v2(.curia.storage.v1.NodeRecord.LabelsEntryR\x06labels\x12-\n" +
 	"\x12certificate_serial\x18\t \x01(\tR\x11certificateSerial\x12G\n" +
-	"\fcertificates\x18\f \x03(\v2#.curia.curator.v1.IssuedCertificateR\fcertificates\x1a9\n" +
+	"\fcertificates\x18\f \x03(\v2#.curia.curator.v1.IssuedCertificateR\fcertificates\x12C\n" +
+	"\vmaintenance\x18\r \x01(\v2!.curia.curator.v1.NodeMaintenanceR\vmaintenance\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\a\x10\bJ\x04\b\b\x10\tJ\x04\b\n" +
@@ -463,9 +473,10 @@ var file_curia_storage_v1_storage_proto_goTypes = []any{
 	(*v1.Roles)(nil),              // 5: curia.curator.v1.Roles
 	(*v1.NodeStatus)(nil),         // 6: curia.curator.v1.NodeStatus
 	(*v1.IssuedCertificate)(nil),  // 7: curia.curator.v1.IssuedCertificate
-	(v11.MembershipOperation)(0),  // 8: curia.consensus.v1.MembershipOperation
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
+	(*v1.NodeMaintenance)(nil),    // 8: curia.curator.v1.NodeMaintenance
+	(v11.MembershipOperation)(0),  // 9: curia.consensus.v1.MembershipOperation
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
 }
 var file_curia_storage_v1_storage_proto_depIdxs = []int32{
 	4,  // 0: curia.storage.v1.NodeRecord.state:type_name -> curia.curator.v1.NodeState
@@ -473,16 +484,17 @@ var file_curia_storage_v1_storage_proto_depIdxs = []int32{
 	6,  // 2: curia.storage.v1.NodeRecord.status:type_name -> curia.curator.v1.NodeStatus
 	3,  // 3: curia.storage.v1.NodeRecord.labels:type_name -> curia.storage.v1.NodeRecord.LabelsEntry
 	7,  // 4: curia.storage.v1.NodeRecord.certificates:type_name -> curia.curator.v1.IssuedCertificate
-	8,  // 5: curia.storage.v1.PendingChangeRecord.operation:type_name -> curia.consensus.v1.MembershipOperation
-	9,  // 6: curia.storage.v1.PendingChangeRecord.started:type_name -> google.protobuf.Timestamp
-	10, // 7: curia.storage.v1.PendingChangeRecord.deadline:type_name -> google.protobuf.Duration
-	10, // 8: curia.storage.v1.ClusterConfigRecord.dead_node_threshold:type_name -> google.protobuf.Duration
-	10, // 9: curia.storage.v1.ClusterConfigRecord.stabilization:type_name -> google.protobuf.Duration
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	8,  // 5: curia.storage.v1.NodeRecord.maintenance:type_name -> curia.curator.v1.NodeMaintenance
+	9,  // 6: curia.storage.v1.PendingChangeRecord.operation:type_name -> curia.consensus.v1.MembershipOperation
+	10, // 7: curia.storage.v1.PendingChangeRecord.started:type_name -> google.protobuf.Timestamp
+	11, // 8: curia.storage.v1.PendingChangeRecord.deadline:type_name -> google.protobuf.Duration
+	11, // 9: curia.storage.v1.ClusterConfigRecord.dead_node_threshold:type_name -> google.protobuf.Duration
+	11, // 10: curia.storage.v1.ClusterConfigRecord.stabilization:type_name -> google.protobuf.Duration
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_curia_storage_v1_storage_proto_init() }

@@ -15,7 +15,9 @@ import (
 //
 // A voter is dead when its node has been unhealthy, without a heartbeat,
 // for Config.DeadAfter. Unhealthy for less, it counts as alive: a node
-// that restarts is not replaced.
+// that restarts is not replaced. A node in maintenance (Node.maintenance,
+// until its end) is neither dead nor suspect, however long it is silent,
+// and no candidate for a new voter.
 //
 // Failure tolerance. With n voters of which h are healthy, etcd needs a
 // quorum of q(n) = ⌊n/2⌋+1 and survives t(n, h) = h − q(n) more voter
@@ -83,7 +85,7 @@ func autopilot(o Observed, c Config, members []Member, nodes map[string]Node, me
 	// replacement that joins before the dead voter goes, or a standby for
 	// an unhealthy one).
 	if s.wantLearner(target) {
-		if cand, ok := candidate(o.Nodes, memberOf, zones); ok {
+		if cand, ok := candidate(o.Nodes, memberOf, zones, o.Now); ok {
 			a, _ := act(AddMember, 0, cand.ID, "%s: node %s joins as a learner (zone %q)", s.why(target, nodes, o.Now, c.DeadAfter), cand.ID, cand.Zone)
 			a.NodeRevision, a.PeerURL = cand.Revision, cand.PeerURL
 			return a, true
@@ -107,11 +109,11 @@ func autopilot(o Observed, c Config, members []Member, nodes map[string]Node, me
 
 	if len(dead) > 0 {
 		d := dead[0]
-		return act(None, 0, "", "%s a node to replace dead voter %x (node %s, no heartbeat for %v): no node is UP, healthy, no member and reports a consensus peer URL; with %d voters removing it first would not raise the failure tolerance (%d)",
+		return act(None, 0, "", "%s a node to replace dead voter %x (node %s, no heartbeat for %v): no node is UP, healthy, not in maintenance, no member and reports a consensus peer URL; with %d voters removing it first would not raise the failure tolerance (%d)",
 			reasonWaiting, d.ID, d.NodeID, silence(nodes[d.NodeID], o.Now), n, t)
 	}
 	if n < target {
-		return act(None, 0, "", "%s nodes to grow to %d voters (%d now): no node is UP, healthy, no member and reports a consensus peer URL", reasonWaiting, target, n)
+		return act(None, 0, "", "%s nodes to grow to %d voters (%d now): no node is UP, healthy, not in maintenance, no member and reports a consensus peer URL", reasonWaiting, target, n)
 	}
 	return Action{}, false
 }
@@ -145,6 +147,8 @@ func countSeats(members []Member, nodes map[string]Node, now time.Time, deadAfte
 		}
 		s.voters++
 		switch n := nodes[m.NodeID]; {
+		case n.inMaintenance(now):
+			// Down on purpose, for a bounded time: not replaced.
 		case isDead(n, now, deadAfter):
 			s.dead = append(s.dead, m)
 		case !n.Healthy && !n.LastHeartbeat.IsZero():
@@ -202,10 +206,10 @@ func (s seats) why(target int, nodes map[string]Node, now time.Time, deadAfter t
 // candidate is the node to add: UP, healthy, not a member, with a
 // consensus peer URL; from the zone with the fewest voters, then the
 // lowest id.
-func candidate(nodes []Node, memberOf map[string]Member, zones map[string]int) (Node, bool) {
+func candidate(nodes []Node, memberOf map[string]Member, zones map[string]int, now time.Time) (Node, bool) {
 	var cs []Node
 	for _, n := range nodes {
-		if _, member := memberOf[n.ID]; member || !n.Up || !n.Healthy || n.Unreadable || n.PeerURL == "" {
+		if _, member := memberOf[n.ID]; member || !n.Up || !n.Healthy || n.Unreadable || n.PeerURL == "" || n.inMaintenance(now) {
 			continue
 		}
 		cs = append(cs, n)

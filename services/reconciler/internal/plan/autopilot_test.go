@@ -331,6 +331,11 @@ func TestAutopilot(t *testing.T) {
 		n.Healthy, n.LastHeartbeat = false, now.Add(-silent)
 		return n
 	}
+	// maintenance puts n in maintenance until now+left.
+	maintenance := func(n Node, left time.Duration) Node {
+		n.MaintenanceUntil = now.Add(left)
+		return n
+	}
 	// cluster: voters a, b, c... (members 1, 2, 3, ...) and other nodes.
 	cluster := func(voters []Node, others ...Node) Observed {
 		o := Observed{Epoch: 5, AnsweredBy: 1, Leader: 1, Now: now, LearnerSince: map[uint64]time.Time{}, ReadySince: map[uint64]time.Time{}}
@@ -380,6 +385,9 @@ func TestAutopilot(t *testing.T) {
 		"shrink: an unhealthy voter first": {cluster([]Node{node("a", "", true), node("b", "", true), dead(node("c", "", true), 5*time.Second), node("d", "", true)}), ap},
 		"grow: spread over zones": {cluster([]Node{node("a", "z1", true), node("b", "z1", true)},
 			node("w", "z1", false), node("x", "z2", false)), ap},
+		"maintenance: a voter silent for long, in maintenance: not replaced, no standby": {cluster([]Node{node("a", "", true), maintenance(dead(node("b", "", true), 10*time.Minute), time.Minute), node("c", "", true)}, node("x", "", false)), ap},
+		"maintenance ended: the silent voter is dead, its replacement joins":              {cluster([]Node{node("a", "", true), maintenance(dead(node("b", "", true), 10*time.Minute), -time.Second), node("c", "", true)}, node("x", "", false)), ap},
+		"maintenance: a node in maintenance is no candidate":                              {cluster([]Node{node("a", "", true)}, maintenance(node("x", "", false), time.Minute)), ap},
 		"a learner behind on a dead node is removed": {func() Observed {
 			o := cluster([]Node{node("a", "", true)}, dead(node("x", "", true), time.Minute))
 			o.Members = append(o.Members, Member{ID: 9, NodeID: "x", Learner: true, Started: true})

@@ -106,7 +106,14 @@ type Node struct {
 	LastHeartbeat time.Time
 	PeerURL       string
 	Zone          string
+	// MaintenanceUntil: an admin took the node out of service until then
+	// (Node.maintenance). Its voter is neither dead nor suspect before
+	// it, and it is no candidate for a new voter.
+	MaintenanceUntil time.Time
 }
+
+// inMaintenance reports whether n is in maintenance at now.
+func (n Node) inMaintenance(now time.Time) bool { return now.Before(n.MaintenanceUntil) }
 
 // Observed is one snapshot, read in this order: the membership epoch, the
 // member list, the nodes (members before nodes, so a node created in

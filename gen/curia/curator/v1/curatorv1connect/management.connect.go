@@ -42,6 +42,12 @@ const (
 	ManagementUpdateNodeRolesProcedure = "/curia.curator.v1.Management/UpdateNodeRoles"
 	// ManagementDeleteNodeProcedure is the fully-qualified name of the Management's DeleteNode RPC.
 	ManagementDeleteNodeProcedure = "/curia.curator.v1.Management/DeleteNode"
+	// ManagementStartNodeMaintenanceProcedure is the fully-qualified name of the Management's
+	// StartNodeMaintenance RPC.
+	ManagementStartNodeMaintenanceProcedure = "/curia.curator.v1.Management/StartNodeMaintenance"
+	// ManagementEndNodeMaintenanceProcedure is the fully-qualified name of the Management's
+	// EndNodeMaintenance RPC.
+	ManagementEndNodeMaintenanceProcedure = "/curia.curator.v1.Management/EndNodeMaintenance"
 	// ManagementGetClusterInfoProcedure is the fully-qualified name of the Management's GetClusterInfo
 	// RPC.
 	ManagementGetClusterInfoProcedure = "/curia.curator.v1.Management/GetClusterInfo"
@@ -85,6 +91,17 @@ type ManagementClient interface {
 	// DeleteNode deletes a node, revokes every certificate ever issued to it
 	// that is still valid, and tombstones its id: it never registers again.
 	DeleteNode(context.Context, *connect.Request[v1.DeleteNodeRequest]) (*connect.Response[v1.DeleteNodeResponse], error)
+	// StartNodeMaintenance takes a node out of service for a while (a
+	// restart, an upgrade): if its member leads etcd, leadership moves to
+	// another voter first; autopilot neither replaces the node's voter nor
+	// adds a standby for it until the maintenance ends. Refused
+	// (FailedPrecondition) while another node is in maintenance, and, for a
+	// voter's node, while the cluster could not lose that voter now (failure
+	// tolerance 0, a membership change pending, a learner catching up).
+	StartNodeMaintenance(context.Context, *connect.Request[v1.StartNodeMaintenanceRequest]) (*connect.Response[v1.StartNodeMaintenanceResponse], error)
+	// EndNodeMaintenance ends a node's maintenance; ending one that is not in
+	// maintenance changes nothing.
+	EndNodeMaintenance(context.Context, *connect.Request[v1.EndNodeMaintenanceRequest]) (*connect.Response[v1.EndNodeMaintenanceResponse], error)
 	// GetClusterInfo describes the cluster.
 	GetClusterInfo(context.Context, *connect.Request[v1.GetClusterInfoRequest]) (*connect.Response[v1.GetClusterInfoResponse], error)
 	// GetConsensusStatus maps etcd members to nodes.
@@ -177,6 +194,18 @@ func NewManagementClient(httpClient connect.HTTPClient, baseURL string, opts ...
 			connect.WithSchema(managementMethods.ByName("DeleteNode")),
 			connect.WithClientOptions(opts...),
 		),
+		startNodeMaintenance: connect.NewClient[v1.StartNodeMaintenanceRequest, v1.StartNodeMaintenanceResponse](
+			httpClient,
+			baseURL+ManagementStartNodeMaintenanceProcedure,
+			connect.WithSchema(managementMethods.ByName("StartNodeMaintenance")),
+			connect.WithClientOptions(opts...),
+		),
+		endNodeMaintenance: connect.NewClient[v1.EndNodeMaintenanceRequest, v1.EndNodeMaintenanceResponse](
+			httpClient,
+			baseURL+ManagementEndNodeMaintenanceProcedure,
+			connect.WithSchema(managementMethods.ByName("EndNodeMaintenance")),
+			connect.WithClientOptions(opts...),
+		),
 		getClusterInfo: connect.NewClient[v1.GetClusterInfoRequest, v1.GetClusterInfoResponse](
 			httpClient,
 			baseURL+ManagementGetClusterInfoProcedure,
@@ -250,20 +279,22 @@ func NewManagementClient(httpClient connect.HTTPClient, baseURL string, opts ...
 
 // managementClient implements ManagementClient.
 type managementClient struct {
-	getNodes            *connect.Client[v1.GetNodesRequest, v1.GetNodesResponse]
-	approveNode         *connect.Client[v1.ApproveNodeRequest, v1.ApproveNodeResponse]
-	updateNodeRoles     *connect.Client[v1.UpdateNodeRolesRequest, v1.UpdateNodeRolesResponse]
-	deleteNode          *connect.Client[v1.DeleteNodeRequest, v1.DeleteNodeResponse]
-	getClusterInfo      *connect.Client[v1.GetClusterInfoRequest, v1.GetClusterInfoResponse]
-	getConsensusStatus  *connect.Client[v1.GetConsensusStatusRequest, v1.GetConsensusStatusResponse]
-	getRegisterTicket   *connect.Client[v1.GetRegisterTicketRequest, v1.GetRegisterTicketResponse]
-	getClusterConfig    *connect.Client[v1.GetClusterConfigRequest, v1.GetClusterConfigResponse]
-	updateClusterConfig *connect.Client[v1.UpdateClusterConfigRequest, v1.UpdateClusterConfigResponse]
-	watchClusterConfig  *connect.Client[v1.WatchClusterConfigRequest, v1.WatchClusterConfigResponse]
-	watchAuditLog       *connect.Client[v1.WatchAuditLogRequest, v1.WatchAuditLogResponse]
-	takeSnapshot        *connect.Client[v1.TakeSnapshotRequest, v1.TakeSnapshotResponse]
-	listSnapshots       *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
-	getSnapshot         *connect.Client[v1.GetSnapshotRequest, v1.GetSnapshotResponse]
+	getNodes             *connect.Client[v1.GetNodesRequest, v1.GetNodesResponse]
+	approveNode          *connect.Client[v1.ApproveNodeRequest, v1.ApproveNodeResponse]
+	updateNodeRoles      *connect.Client[v1.UpdateNodeRolesRequest, v1.UpdateNodeRolesResponse]
+	deleteNode           *connect.Client[v1.DeleteNodeRequest, v1.DeleteNodeResponse]
+	startNodeMaintenance *connect.Client[v1.StartNodeMaintenanceRequest, v1.StartNodeMaintenanceResponse]
+	endNodeMaintenance   *connect.Client[v1.EndNodeMaintenanceRequest, v1.EndNodeMaintenanceResponse]
+	getClusterInfo       *connect.Client[v1.GetClusterInfoRequest, v1.GetClusterInfoResponse]
+	getConsensusStatus   *connect.Client[v1.GetConsensusStatusRequest, v1.GetConsensusStatusResponse]
+	getRegisterTicket    *connect.Client[v1.GetRegisterTicketRequest, v1.GetRegisterTicketResponse]
+	getClusterConfig     *connect.Client[v1.GetClusterConfigRequest, v1.GetClusterConfigResponse]
+	updateClusterConfig  *connect.Client[v1.UpdateClusterConfigRequest, v1.UpdateClusterConfigResponse]
+	watchClusterConfig   *connect.Client[v1.WatchClusterConfigRequest, v1.WatchClusterConfigResponse]
+	watchAuditLog        *connect.Client[v1.WatchAuditLogRequest, v1.WatchAuditLogResponse]
+	takeSnapshot         *connect.Client[v1.TakeSnapshotRequest, v1.TakeSnapshotResponse]
+	listSnapshots        *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
+	getSnapshot          *connect.Client[v1.GetSnapshotRequest, v1.GetSnapshotResponse]
 }
 
 // GetNodes calls curia.curator.v1.Management.GetNodes.
@@ -284,6 +315,16 @@ func (c *managementClient) UpdateNodeRoles(ctx context.Context, req *connect.Req
 // DeleteNode calls curia.curator.v1.Management.DeleteNode.
 func (c *managementClient) DeleteNode(ctx context.Context, req *connect.Request[v1.DeleteNodeRequest]) (*connect.Response[v1.DeleteNodeResponse], error) {
 	return c.deleteNode.CallUnary(ctx, req)
+}
+
+// StartNodeMaintenance calls curia.curator.v1.Management.StartNodeMaintenance.
+func (c *managementClient) StartNodeMaintenance(ctx context.Context, req *connect.Request[v1.StartNodeMaintenanceRequest]) (*connect.Response[v1.StartNodeMaintenanceResponse], error) {
+	return c.startNodeMaintenance.CallUnary(ctx, req)
+}
+
+// EndNodeMaintenance calls curia.curator.v1.Management.EndNodeMaintenance.
+func (c *managementClient) EndNodeMaintenance(ctx context.Context, req *connect.Request[v1.EndNodeMaintenanceRequest]) (*connect.Response[v1.EndNodeMaintenanceResponse], error) {
+	return c.endNodeMaintenance.CallUnary(ctx, req)
 }
 
 // GetClusterInfo calls curia.curator.v1.Management.GetClusterInfo.
@@ -349,6 +390,17 @@ type ManagementHandler interface {
 	// DeleteNode deletes a node, revokes every certificate ever issued to it
 	// that is still valid, and tombstones its id: it never registers again.
 	DeleteNode(context.Context, *connect.Request[v1.DeleteNodeRequest]) (*connect.Response[v1.DeleteNodeResponse], error)
+	// StartNodeMaintenance takes a node out of service for a while (a
+	// restart, an upgrade): if its member leads etcd, leadership moves to
+	// another voter first; autopilot neither replaces the node's voter nor
+	// adds a standby for it until the maintenance ends. Refused
+	// (FailedPrecondition) while another node is in maintenance, and, for a
+	// voter's node, while the cluster could not lose that voter now (failure
+	// tolerance 0, a membership change pending, a learner catching up).
+	StartNodeMaintenance(context.Context, *connect.Request[v1.StartNodeMaintenanceRequest]) (*connect.Response[v1.StartNodeMaintenanceResponse], error)
+	// EndNodeMaintenance ends a node's maintenance; ending one that is not in
+	// maintenance changes nothing.
+	EndNodeMaintenance(context.Context, *connect.Request[v1.EndNodeMaintenanceRequest]) (*connect.Response[v1.EndNodeMaintenanceResponse], error)
 	// GetClusterInfo describes the cluster.
 	GetClusterInfo(context.Context, *connect.Request[v1.GetClusterInfoRequest]) (*connect.Response[v1.GetClusterInfoResponse], error)
 	// GetConsensusStatus maps etcd members to nodes.
@@ -437,6 +489,18 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 		connect.WithSchema(managementMethods.ByName("DeleteNode")),
 		connect.WithHandlerOptions(opts...),
 	)
+	managementStartNodeMaintenanceHandler := connect.NewUnaryHandler(
+		ManagementStartNodeMaintenanceProcedure,
+		svc.StartNodeMaintenance,
+		connect.WithSchema(managementMethods.ByName("StartNodeMaintenance")),
+		connect.WithHandlerOptions(opts...),
+	)
+	managementEndNodeMaintenanceHandler := connect.NewUnaryHandler(
+		ManagementEndNodeMaintenanceProcedure,
+		svc.EndNodeMaintenance,
+		connect.WithSchema(managementMethods.ByName("EndNodeMaintenance")),
+		connect.WithHandlerOptions(opts...),
+	)
 	managementGetClusterInfoHandler := connect.NewUnaryHandler(
 		ManagementGetClusterInfoProcedure,
 		svc.GetClusterInfo,
@@ -515,6 +579,10 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 			managementUpdateNodeRolesHandler.ServeHTTP(w, r)
 		case ManagementDeleteNodeProcedure:
 			managementDeleteNodeHandler.ServeHTTP(w, r)
+		case ManagementStartNodeMaintenanceProcedure:
+			managementStartNodeMaintenanceHandler.ServeHTTP(w, r)
+		case ManagementEndNodeMaintenanceProcedure:
+			managementEndNodeMaintenanceHandler.ServeHTTP(w, r)
 		case ManagementGetClusterInfoProcedure:
 			managementGetClusterInfoHandler.ServeHTTP(w, r)
 		case ManagementGetConsensusStatusProcedure:
@@ -558,6 +626,14 @@ func (UnimplementedManagementHandler) UpdateNodeRoles(context.Context, *connect.
 
 func (UnimplementedManagementHandler) DeleteNode(context.Context, *connect.Request[v1.DeleteNodeRequest]) (*connect.Response[v1.DeleteNodeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.DeleteNode is not implemented"))
+}
+
+func (UnimplementedManagementHandler) StartNodeMaintenance(context.Context, *connect.Request[v1.StartNodeMaintenanceRequest]) (*connect.Response[v1.StartNodeMaintenanceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.StartNodeMaintenance is not implemented"))
+}
+
+func (UnimplementedManagementHandler) EndNodeMaintenance(context.Context, *connect.Request[v1.EndNodeMaintenanceRequest]) (*connect.Response[v1.EndNodeMaintenanceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.EndNodeMaintenance is not implemented"))
 }
 
 func (UnimplementedManagementHandler) GetClusterInfo(context.Context, *connect.Request[v1.GetClusterInfoRequest]) (*connect.Response[v1.GetClusterInfoResponse], error) {

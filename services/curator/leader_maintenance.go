@@ -1,0 +1,210 @@
+package curator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	auditv1 "curia.dev/gen/curia/audit/v1"
+	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/rpcerr"
+	"curia.dev/platform/run"
+)
+
+// Maintenance takes one node out of service for a bounded time: a restart,
+// an upgrade. The record is the node's (Node.maintenance); the reconciler
+// reads it with the node and neither replaces the node's voter nor adds a
+// standby for it while it lasts (services/reconciler/internal/plan).
+//
+// One node at a time, and a voter's node only while the cluster can lose
+// that voter: no membership change pending, no learner catching up, and a
+// failure tolerance of at least 1 among the voters that answer. If the
+// node's member leads etcd, leadership moves to a caught-up voter first
+// (as defragmentation does), so the restart costs no election.
+//
+// It ends by EndNodeMaintenance, or by itself at Node.maintenance.until:
+// the leader clears expired records every maintenanceSweep, audited.
+const (
+	defaultMaintenance = 10 * time.Minute
+	maintenanceSweep   = 5 * time.Second
+)
+
+// errMaintenance refuses a maintenance; cause is the "cause" metadata.
+func errMaintenance(cause, format string, args ...any) error {
+	return rpcerr.With(fmt.Errorf("%w: "+format, append([]any{rpcerr.MaintenanceRefused}, args...)...), "cause", cause)
+}
+
+// inMaintenance reports whether n is in maintenance at now.
+func inMaintenance(n *curatorv1.Node, now time.Time) bool {
+	m := n.GetMaintenance()
+	return m != nil && now.Before(m.GetUntil().AsTime())
+}
+
+func (x *managementServer) StartNodeMaintenance(ctx context.Context, req *curatorv1.StartNodeMaintenanceRequest) (*curatorv1.StartNodeMaintenanceResponse, error) {
+	n, err := x.s.startMaintenance(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &curatorv1.StartNodeMaintenanceResponse{Node: n}, nil
+}
+
+func (x *managementServer) EndNodeMaintenance(ctx context.Context, req *curatorv1.EndNodeMaintenanceRequest) (*curatorv1.EndNodeMaintenanceResponse, error) {
+	n, ended, err := x.s.endMaintenance(ctx, req.GetNodeId(), "ended by "+caller(ctx).String())
+	if err != nil {
+		return nil, err
+	}
+	return &curatorv1.EndNodeMaintenanceResponse{Node: n, Ended: ended}, nil
+}
+
+func (s *Service) startMaintenance(ctx context.Context, req *curatorv1.StartNodeMaintenanceRequest) (*curatorv1.Node, error) {
+	id := req.GetNodeId()
+	n, err := s.getNode(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	if n.GetState() != curatorv1.NodeState_NODE_STATE_UP {
+		return nil, errMaintenance("not_up", "node %s is %s; only an UP node goes into maintenance", id, n.GetState())
+	}
+	if inMaintenance(n, now) {
+		return nil, errMaintenance("in_maintenance", "node %s is in maintenance already, until %s (%s); EndNodeMaintenance first to start another",
+			id, n.GetMaintenance().GetUntil().AsTime().Format(time.RFC3339), n.GetMaintenance().GetReason())
+	}
+	var other *curatorv1.Node
+	if err := s.eachNode(ctx, func(o *curatorv1.Node) error {
+		if o.GetId() != id && inMaintenance(o, now) {
+			other = o
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if other != nil {
+		return nil, errMaintenance("in_maintenance", "node %s is in maintenance until %s (%s): one node at a time; end it (EndNodeMaintenance) or wait",
+			other.GetId(), other.GetMaintenance().GetUntil().AsTime().Format(time.RFC3339), other.GetMaintenance().GetReason())
+	}
+
+	moved, why, err := s.clearForMaintenance(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	d := defaultMaintenance
+	if req.GetDuration() != nil {
+		d = req.GetDuration().AsDuration()
+	}
+	n.Maintenance = &curatorv1.NodeMaintenance{
+		Reason:            req.GetReason(),
+		By:                caller(ctx).String(),
+		Since:             timestamppb.New(now),
+		Until:             timestamppb.New(now.Add(d)),
+		LeadershipMovedTo: moved,
+	}
+	reason := fmt.Sprintf("in maintenance for %v, until %s: %s; %s", d, now.Add(d).UTC().Format(time.RFC3339), req.GetReason(), why)
+	if _, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_START, id, reason)); err != nil {
+		return nil, err
+	}
+	s.log.Info("node in maintenance", "node", id, "until", now.Add(d), "reason", req.GetReason(), "by", caller(ctx).String(), "etcd", why)
+	return s.getNode(ctx, id)
+}
+
+// clearForMaintenance checks that the cluster can lose node id's voter now,
+// if it has one, and moves etcd leadership away from it; it returns the
+// member leadership moved to (0: none) and what it found, in words.
+func (s *Service) clearForMaintenance(ctx context.Context, id string) (uint64, string, error) {
+	o, err := s.defrag.observeEtcd(ctx)
+	if err != nil {
+		return 0, "", err
+	}
+	var self *etcdMember
+	voters, answered := 0, 0
+	for i, m := range o.members {
+		if m.name == id {
+			self = &o.members[i]
+		}
+		if !m.learner {
+			voters++
+			if m.answered {
+				answered++
+			}
+		}
+	}
+	if self == nil || self.learner {
+		return 0, "its node has no etcd voter", nil
+	}
+	for _, m := range o.members {
+		if m.learner {
+			return 0, "", errMaintenance("learner", "learner %x (node %s) is catching up: node %s's voter may go once it is promoted or gone", m.id, m.name, id)
+		}
+	}
+	if o.pending {
+		return 0, "", rpcerr.RetryAfter(errMaintenance("change_pending", "an etcd membership change is pending: node %s's voter may go once it finished", id), time.Second)
+	}
+	// Losing this voter leaves answered−1 of voters: the quorum needs
+	// voters/2+1 of them.
+	if t := answered - (voters/2 + 1); t < 1 {
+		return 0, "", errMaintenance("failure_tolerance", "%d of %d voters answer, so the failure tolerance is %d: taking node %s's voter down would lose the quorum; bring the others back first", answered, voters, t, id)
+	}
+	leader, why := o.leader()
+	if leader == 0 {
+		return 0, "", errMaintenance("no_leader", "etcd has no leader the members agree on (%s)", why)
+	}
+	if leader != self.id {
+		return 0, fmt.Sprintf("its voter %x does not lead etcd (%x does); failure tolerance %d of %d voters", self.id, leader, answered-(voters/2+1), voters), nil
+	}
+	to, err := s.defrag.moveLeader(ctx, o, leader)
+	if err != nil {
+		return 0, "", fmt.Errorf("move etcd leadership away from node %s's voter %x: %w", id, leader, err)
+	}
+	return to, fmt.Sprintf("etcd leadership moved from its voter %x to %x", leader, to), nil
+}
+
+// endMaintenance clears node id's maintenance, audited with why; it reports
+// whether there was one.
+func (s *Service) endMaintenance(ctx context.Context, id, why string) (*curatorv1.Node, bool, error) {
+	n, err := s.getNode(ctx, id)
+	if err != nil {
+		return nil, false, err
+	}
+	if n.GetMaintenance() == nil {
+		return n, false, nil
+	}
+	m := n.GetMaintenance()
+	n.Maintenance = nil
+	reason := fmt.Sprintf("maintenance (%s, since %s) %s", m.GetReason(), m.GetSince().AsTime().UTC().Format(time.RFC3339), why)
+	if _, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_END, id, reason)); err != nil {
+		return nil, false, err
+	}
+	s.log.Info("node maintenance ended", "node", id, "why", why)
+	n, err = s.getNode(ctx, id)
+	return n, true, err
+}
+
+// expireMaintenance clears, while this replica leads, every maintenance
+// whose end passed, until ctx ends.
+func (s *Service) expireMaintenance(ctx context.Context) error {
+	for run.Sleep(ctx, maintenanceSweep) {
+		if _, _, ok := s.lead.ours(); !ok {
+			continue
+		}
+		now := time.Now()
+		var expired []string
+		if err := s.eachNode(ctx, func(n *curatorv1.Node) error {
+			if n.GetMaintenance() != nil && !inMaintenance(n, now) {
+				expired = append(expired, n.GetId())
+			}
+			return nil
+		}); err != nil {
+			s.log.Warn("look for expired maintenance", "err", err)
+			continue
+		}
+		for _, id := range expired {
+			if _, _, err := s.endMaintenance(ctx, id, "expired (its end passed)"); err != nil {
+				s.log.Warn("end an expired maintenance", "node", id, "err", err)
+			}
+		}
+	}
+	return nil
+}
