@@ -386,8 +386,8 @@ func TestAutopilot(t *testing.T) {
 		"grow: spread over zones": {cluster([]Node{node("a", "z1", true), node("b", "z1", true)},
 			node("w", "z1", false), node("x", "z2", false)), ap},
 		"maintenance: a voter silent for long, in maintenance: not replaced, no standby": {cluster([]Node{node("a", "", true), maintenance(dead(node("b", "", true), 10*time.Minute), time.Minute), node("c", "", true)}, node("x", "", false)), ap},
-		"maintenance ended: the silent voter is dead, its replacement joins":              {cluster([]Node{node("a", "", true), maintenance(dead(node("b", "", true), 10*time.Minute), -time.Second), node("c", "", true)}, node("x", "", false)), ap},
-		"maintenance: a node in maintenance is no candidate":                              {cluster([]Node{node("a", "", true)}, maintenance(node("x", "", false), time.Minute)), ap},
+		"maintenance ended: the silent voter is dead, its replacement joins":             {cluster([]Node{node("a", "", true), maintenance(dead(node("b", "", true), 10*time.Minute), -time.Second), node("c", "", true)}, node("x", "", false)), ap},
+		"maintenance: a node in maintenance is no candidate":                             {cluster([]Node{node("a", "", true)}, maintenance(node("x", "", false), time.Minute)), ap},
 		"a learner behind on a dead node is removed": {func() Observed {
 			o := cluster([]Node{node("a", "", true)}, dead(node("x", "", true), time.Minute))
 			o.Members = append(o.Members, Member{ID: 9, NodeID: "x", Learner: true, Started: true})
