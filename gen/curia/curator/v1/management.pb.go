@@ -26,6 +26,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// NodeView is how much of each node a listing carries.
+type NodeView int32
+
+const (
+	// The call's default: NODE_VIEW_BASIC for ListNodes, NODE_VIEW_FULL for
+	// GetNodes.
+	NodeView_NODE_VIEW_UNSPECIFIED NodeView = 0
+	// Every field but the certificate and CRL bytes: id, state, roles,
+	// health, labels (the zone), status (addresses, version), serials and
+	// the certificate list (serial, principal, validity) are there, while
+	// roles.consensus_member.member_certificate and the CA certificate and
+	// CRL of roles.consensus_member.join are empty.
+	NodeView_NODE_VIEW_BASIC NodeView = 1
+	// The whole node, certificate and CRL bytes included.
+	NodeView_NODE_VIEW_FULL NodeView = 2
+)
+
+// Enum value maps for NodeView.
+var (
+	NodeView_name = map[int32]string{
+		0: "NODE_VIEW_UNSPECIFIED",
+		1: "NODE_VIEW_BASIC",
+		2: "NODE_VIEW_FULL",
+	}
+	NodeView_value = map[string]int32{
+		"NODE_VIEW_UNSPECIFIED": 0,
+		"NODE_VIEW_BASIC":       1,
+		"NODE_VIEW_FULL":        2,
+	}
+)
+
+func (x NodeView) Enum() *NodeView {
+	p := new(NodeView)
+	*p = x
+	return p
+}
+
+func (x NodeView) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NodeView) Descriptor() protoreflect.EnumDescriptor {
+	return file_curia_curator_v1_management_proto_enumTypes[0].Descriptor()
+}
+
+func (NodeView) Type() protoreflect.EnumType {
+	return &file_curia_curator_v1_management_proto_enumTypes[0]
+}
+
+func (x NodeView) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NodeView.Descriptor instead.
+func (NodeView) EnumDescriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{0}
+}
+
 // SnapshotTrigger is why a snapshot was taken.
 type SnapshotTrigger int32
 
@@ -67,11 +125,11 @@ func (x SnapshotTrigger) String() string {
 }
 
 func (SnapshotTrigger) Descriptor() protoreflect.EnumDescriptor {
-	return file_curia_curator_v1_management_proto_enumTypes[0].Descriptor()
+	return file_curia_curator_v1_management_proto_enumTypes[1].Descriptor()
 }
 
 func (SnapshotTrigger) Type() protoreflect.EnumType {
-	return &file_curia_curator_v1_management_proto_enumTypes[0]
+	return &file_curia_curator_v1_management_proto_enumTypes[1]
 }
 
 func (x SnapshotTrigger) Number() protoreflect.EnumNumber {
@@ -80,7 +138,7 @@ func (x SnapshotTrigger) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SnapshotTrigger.Descriptor instead.
 func (SnapshotTrigger) EnumDescriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{0}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{1}
 }
 
 // GetNodesRequest filters nodes.
@@ -89,7 +147,11 @@ type GetNodesRequest struct {
 	// A CEL expression over `node` (curia.curator.v1.Node), e.g.
 	// `node.state == NODE_STATE_UP && has(node.roles.consensus_member)`.
 	// Empty matches every node. At most 4096 characters.
-	Filter        string `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	Filter string `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// How much of each node to send. Unspecified is NODE_VIEW_FULL here, as
+	// GetNodes answered before views existed (ListNodes' default is BASIC).
+	// The filter sees the whole node whatever the view.
+	View          NodeView `protobuf:"varint,2,opt,name=view,proto3,enum=curia.curator.v1.NodeView" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -131,6 +193,144 @@ func (x *GetNodesRequest) GetFilter() string {
 	return ""
 }
 
+func (x *GetNodesRequest) GetView() NodeView {
+	if x != nil {
+		return x.View
+	}
+	return NodeView_NODE_VIEW_UNSPECIFIED
+}
+
+// ListNodesRequest asks for one page of the nodes that match a filter.
+type ListNodesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A CEL expression over `node`, as GetNodesRequest.filter. Empty matches
+	// every node. At most 4096 characters.
+	Filter string `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// How much of each node to send; unspecified is NODE_VIEW_BASIC.
+	View NodeView `protobuf:"varint,2,opt,name=view,proto3,enum=curia.curator.v1.NodeView" json:"view,omitempty"`
+	// The most nodes on the page: 0 means 500; at most 1000.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page, to continue after it (with
+	// the same filter and view); empty for the first page. At most 1024
+	// characters.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesRequest) Reset() {
+	*x = ListNodesRequest{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesRequest) ProtoMessage() {}
+
+func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
+func (*ListNodesRequest) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListNodesRequest) GetFilter() string {
+	if x != nil {
+		return x.Filter
+	}
+	return ""
+}
+
+func (x *ListNodesRequest) GetView() NodeView {
+	if x != nil {
+		return x.View
+	}
+	return NodeView_NODE_VIEW_UNSPECIFIED
+}
+
+func (x *ListNodesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListNodesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListNodesResponse is one page of matching nodes.
+type ListNodesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Matching nodes, sorted by id, at most page_size of them.
+	Nodes []*Node `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The page_token of the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesResponse) Reset() {
+	*x = ListNodesResponse{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesResponse) ProtoMessage() {}
+
+func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
+func (*ListNodesResponse) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ListNodesResponse) GetNodes() []*Node {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ListNodesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 // GetNodesResponse is a batch of matching nodes.
 type GetNodesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -142,7 +342,7 @@ type GetNodesResponse struct {
 
 func (x *GetNodesResponse) Reset() {
 	*x = GetNodesResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[1]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -154,7 +354,7 @@ func (x *GetNodesResponse) String() string {
 func (*GetNodesResponse) ProtoMessage() {}
 
 func (x *GetNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[1]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -167,7 +367,7 @@ func (x *GetNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodesResponse.ProtoReflect.Descriptor instead.
 func (*GetNodesResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{1}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *GetNodesResponse) GetNodes() []*Node {
@@ -188,7 +388,7 @@ type ApproveNodeRequest struct {
 
 func (x *ApproveNodeRequest) Reset() {
 	*x = ApproveNodeRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[2]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -200,7 +400,7 @@ func (x *ApproveNodeRequest) String() string {
 func (*ApproveNodeRequest) ProtoMessage() {}
 
 func (x *ApproveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[2]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -213,7 +413,7 @@ func (x *ApproveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveNodeRequest.ProtoReflect.Descriptor instead.
 func (*ApproveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{2}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ApproveNodeRequest) GetNodeId() string {
@@ -234,7 +434,7 @@ type ApproveNodeResponse struct {
 
 func (x *ApproveNodeResponse) Reset() {
 	*x = ApproveNodeResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[3]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -246,7 +446,7 @@ func (x *ApproveNodeResponse) String() string {
 func (*ApproveNodeResponse) ProtoMessage() {}
 
 func (x *ApproveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[3]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -259,7 +459,7 @@ func (x *ApproveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveNodeResponse.ProtoReflect.Descriptor instead.
 func (*ApproveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{3}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ApproveNodeResponse) GetNode() *Node {
@@ -288,7 +488,7 @@ type UpdateNodeRolesRequest struct {
 
 func (x *UpdateNodeRolesRequest) Reset() {
 	*x = UpdateNodeRolesRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[4]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -300,7 +500,7 @@ func (x *UpdateNodeRolesRequest) String() string {
 func (*UpdateNodeRolesRequest) ProtoMessage() {}
 
 func (x *UpdateNodeRolesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[4]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -313,7 +513,7 @@ func (x *UpdateNodeRolesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNodeRolesRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNodeRolesRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{4}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *UpdateNodeRolesRequest) GetNodeId() string {
@@ -362,7 +562,7 @@ type UpdateNodeRolesResponse struct {
 
 func (x *UpdateNodeRolesResponse) Reset() {
 	*x = UpdateNodeRolesResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[5]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +574,7 @@ func (x *UpdateNodeRolesResponse) String() string {
 func (*UpdateNodeRolesResponse) ProtoMessage() {}
 
 func (x *UpdateNodeRolesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[5]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +587,7 @@ func (x *UpdateNodeRolesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNodeRolesResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNodeRolesResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{5}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *UpdateNodeRolesResponse) GetNode() *Node {
@@ -413,7 +613,7 @@ type DeleteNodeRequest struct {
 
 func (x *DeleteNodeRequest) Reset() {
 	*x = DeleteNodeRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[6]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +625,7 @@ func (x *DeleteNodeRequest) String() string {
 func (*DeleteNodeRequest) ProtoMessage() {}
 
 func (x *DeleteNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[6]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +638,7 @@ func (x *DeleteNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNodeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteNodeRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{6}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeleteNodeRequest) GetNodeId() string {
@@ -475,7 +675,7 @@ type DeleteNodeResponse struct {
 
 func (x *DeleteNodeResponse) Reset() {
 	*x = DeleteNodeResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[7]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -487,7 +687,7 @@ func (x *DeleteNodeResponse) String() string {
 func (*DeleteNodeResponse) ProtoMessage() {}
 
 func (x *DeleteNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[7]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -500,7 +700,7 @@ func (x *DeleteNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNodeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteNodeResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{7}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeleteNodeResponse) GetRevokedSerial() string {
@@ -526,7 +726,7 @@ type GetClusterInfoRequest struct {
 
 func (x *GetClusterInfoRequest) Reset() {
 	*x = GetClusterInfoRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[8]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -538,7 +738,7 @@ func (x *GetClusterInfoRequest) String() string {
 func (*GetClusterInfoRequest) ProtoMessage() {}
 
 func (x *GetClusterInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[8]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -551,7 +751,7 @@ func (x *GetClusterInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterInfoRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{8}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{10}
 }
 
 // GetClusterInfoResponse describes the cluster.
@@ -578,7 +778,7 @@ type GetClusterInfoResponse struct {
 
 func (x *GetClusterInfoResponse) Reset() {
 	*x = GetClusterInfoResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[9]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +790,7 @@ func (x *GetClusterInfoResponse) String() string {
 func (*GetClusterInfoResponse) ProtoMessage() {}
 
 func (x *GetClusterInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[9]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +803,7 @@ func (x *GetClusterInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetClusterInfoResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{9}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetClusterInfoResponse) GetClusterName() string {
@@ -686,7 +886,7 @@ type EtcdMaintenanceStatus struct {
 
 func (x *EtcdMaintenanceStatus) Reset() {
 	*x = EtcdMaintenanceStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +898,7 @@ func (x *EtcdMaintenanceStatus) String() string {
 func (*EtcdMaintenanceStatus) ProtoMessage() {}
 
 func (x *EtcdMaintenanceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +911,7 @@ func (x *EtcdMaintenanceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EtcdMaintenanceStatus.ProtoReflect.Descriptor instead.
 func (*EtcdMaintenanceStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{10}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *EtcdMaintenanceStatus) GetDefragCheckInterval() *durationpb.Duration {
@@ -793,7 +993,7 @@ type SnapshotStatus struct {
 
 func (x *SnapshotStatus) Reset() {
 	*x = SnapshotStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +1005,7 @@ func (x *SnapshotStatus) String() string {
 func (*SnapshotStatus) ProtoMessage() {}
 
 func (x *SnapshotStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -818,7 +1018,7 @@ func (x *SnapshotStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotStatus.ProtoReflect.Descriptor instead.
 func (*SnapshotStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{11}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SnapshotStatus) GetEnabled() bool {
@@ -881,7 +1081,7 @@ type SnapshotMember struct {
 
 func (x *SnapshotMember) Reset() {
 	*x = SnapshotMember{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1093,7 @@ func (x *SnapshotMember) String() string {
 func (*SnapshotMember) ProtoMessage() {}
 
 func (x *SnapshotMember) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1106,7 @@ func (x *SnapshotMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotMember.ProtoReflect.Descriptor instead.
 func (*SnapshotMember) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{12}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SnapshotMember) GetId() uint64 {
@@ -976,7 +1176,7 @@ type SnapshotMetadata struct {
 
 func (x *SnapshotMetadata) Reset() {
 	*x = SnapshotMetadata{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1188,7 @@ func (x *SnapshotMetadata) String() string {
 func (*SnapshotMetadata) ProtoMessage() {}
 
 func (x *SnapshotMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1201,7 @@ func (x *SnapshotMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotMetadata.ProtoReflect.Descriptor instead.
 func (*SnapshotMetadata) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{13}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SnapshotMetadata) GetName() string {
@@ -1118,7 +1318,7 @@ type TakeSnapshotRequest struct {
 
 func (x *TakeSnapshotRequest) Reset() {
 	*x = TakeSnapshotRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1330,7 @@ func (x *TakeSnapshotRequest) String() string {
 func (*TakeSnapshotRequest) ProtoMessage() {}
 
 func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1343,7 @@ func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{14}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TakeSnapshotRequest) GetReason() string {
@@ -1174,7 +1374,7 @@ type TakeSnapshotResponse struct {
 
 func (x *TakeSnapshotResponse) Reset() {
 	*x = TakeSnapshotResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1386,7 @@ func (x *TakeSnapshotResponse) String() string {
 func (*TakeSnapshotResponse) ProtoMessage() {}
 
 func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1399,7 @@ func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{15}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TakeSnapshotResponse) GetSnapshot() *SnapshotMetadata {
@@ -1225,7 +1425,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1437,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1450,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{16}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{18}
 }
 
 // ListSnapshotsResponse lists the snapshots.
@@ -1266,7 +1466,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1478,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1491,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{17}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotMetadata {
@@ -1319,7 +1519,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1531,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1544,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{18}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetSnapshotRequest) GetName() string {
@@ -1369,7 +1569,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1381,7 +1581,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1394,7 +1594,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{19}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *SnapshotMetadata {
@@ -1420,7 +1620,7 @@ type GetConsensusStatusRequest struct {
 
 func (x *GetConsensusStatusRequest) Reset() {
 	*x = GetConsensusStatusRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1632,7 @@ func (x *GetConsensusStatusRequest) String() string {
 func (*GetConsensusStatusRequest) ProtoMessage() {}
 
 func (x *GetConsensusStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1645,7 @@ func (x *GetConsensusStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsensusStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetConsensusStatusRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{20}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{22}
 }
 
 // ConsensusMemberStatus is one etcd member and its node.
@@ -1484,7 +1684,7 @@ type ConsensusMemberStatus struct {
 
 func (x *ConsensusMemberStatus) Reset() {
 	*x = ConsensusMemberStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1696,7 @@ func (x *ConsensusMemberStatus) String() string {
 func (*ConsensusMemberStatus) ProtoMessage() {}
 
 func (x *ConsensusMemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1709,7 @@ func (x *ConsensusMemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsensusMemberStatus.ProtoReflect.Descriptor instead.
 func (*ConsensusMemberStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{21}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ConsensusMemberStatus) GetMemberId() uint64 {
@@ -1627,7 +1827,7 @@ type GetConsensusStatusResponse struct {
 
 func (x *GetConsensusStatusResponse) Reset() {
 	*x = GetConsensusStatusResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1839,7 @@ func (x *GetConsensusStatusResponse) String() string {
 func (*GetConsensusStatusResponse) ProtoMessage() {}
 
 func (x *GetConsensusStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1852,7 @@ func (x *GetConsensusStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsensusStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetConsensusStatusResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{22}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetConsensusStatusResponse) GetMembers() []*ConsensusMemberStatus {
@@ -1713,7 +1913,7 @@ type GetRegisterTicketRequest struct {
 
 func (x *GetRegisterTicketRequest) Reset() {
 	*x = GetRegisterTicketRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1725,7 +1925,7 @@ func (x *GetRegisterTicketRequest) String() string {
 func (*GetRegisterTicketRequest) ProtoMessage() {}
 
 func (x *GetRegisterTicketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1738,7 +1938,7 @@ func (x *GetRegisterTicketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegisterTicketRequest.ProtoReflect.Descriptor instead.
 func (*GetRegisterTicketRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{23}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{25}
 }
 
 // GetRegisterTicketResponse carries the ticket.
@@ -1752,7 +1952,7 @@ type GetRegisterTicketResponse struct {
 
 func (x *GetRegisterTicketResponse) Reset() {
 	*x = GetRegisterTicketResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +1964,7 @@ func (x *GetRegisterTicketResponse) String() string {
 func (*GetRegisterTicketResponse) ProtoMessage() {}
 
 func (x *GetRegisterTicketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +1977,7 @@ func (x *GetRegisterTicketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegisterTicketResponse.ProtoReflect.Descriptor instead.
 func (*GetRegisterTicketResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{24}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetRegisterTicketResponse) GetTicket() []byte {
@@ -1806,7 +2006,7 @@ type WatchAuditLogRequest struct {
 
 func (x *WatchAuditLogRequest) Reset() {
 	*x = WatchAuditLogRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +2018,7 @@ func (x *WatchAuditLogRequest) String() string {
 func (*WatchAuditLogRequest) ProtoMessage() {}
 
 func (x *WatchAuditLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +2031,7 @@ func (x *WatchAuditLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAuditLogRequest.ProtoReflect.Descriptor instead.
 func (*WatchAuditLogRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{25}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchAuditLogRequest) GetBacklog() int64 {
@@ -1868,7 +2068,7 @@ type WatchAuditLogResponse struct {
 
 func (x *WatchAuditLogResponse) Reset() {
 	*x = WatchAuditLogResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +2080,7 @@ func (x *WatchAuditLogResponse) String() string {
 func (*WatchAuditLogResponse) ProtoMessage() {}
 
 func (x *WatchAuditLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +2093,7 @@ func (x *WatchAuditLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAuditLogResponse.ProtoReflect.Descriptor instead.
 func (*WatchAuditLogResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{26}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchAuditLogResponse) GetEvent() *v1.Event {
@@ -1914,9 +2114,20 @@ var File_curia_curator_v1_management_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\n" +
-	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/audit/v1/audit.proto\x1a%curia/curator/v1/cluster_config.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"3\n" +
+	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/audit/v1/audit.proto\x1a%curia/curator/v1/cluster_config.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"m\n" +
 	"\x0fGetNodesRequest\x12 \n" +
-	"\x06filter\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06filter\"@\n" +
+	"\x06filter\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06filter\x128\n" +
+	"\x04view\x18\x02 \x01(\x0e2\x1a.curia.curator.v1.NodeViewB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04view\"\xc0\x01\n" +
+	"\x10ListNodesRequest\x12 \n" +
+	"\x06filter\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06filter\x128\n" +
+	"\x04view\x18\x02 \x01(\x0e2\x1a.curia.curator.v1.NodeViewB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04view\x12'\n" +
+	"\tpage_size\x18\x03 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12'\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tB\b\xbaH\x05r\x03\x18\x80\bR\tpageToken\"i\n" +
+	"\x11ListNodesResponse\x12,\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x16.curia.curator.v1.NodeR\x05nodes\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"@\n" +
 	"\x10GetNodesResponse\x12,\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x16.curia.curator.v1.NodeR\x05nodes\"8\n" +
 	"\x12ApproveNodeRequest\x12\"\n" +
@@ -2046,15 +2257,20 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\faudit.resume\x12Gstart_revision resumes a stream: it takes neither backlog nor no_follow\x1aBthis.start_revision == 0 || (this.backlog == 0 && !this.no_follow)\"`\n" +
 	"\x15WatchAuditLogResponse\x12+\n" +
 	"\x05event\x18\x01 \x01(\v2\x15.curia.audit.v1.EventR\x05event\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision*\xa2\x01\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision*N\n" +
+	"\bNodeView\x12\x19\n" +
+	"\x15NODE_VIEW_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fNODE_VIEW_BASIC\x10\x01\x12\x12\n" +
+	"\x0eNODE_VIEW_FULL\x10\x02*\xa2\x01\n" +
 	"\x0fSnapshotTrigger\x12 \n" +
 	"\x1cSNAPSHOT_TRIGGER_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aSNAPSHOT_TRIGGER_SCHEDULED\x10\x01\x12\x1e\n" +
 	"\x1aSNAPSHOT_TRIGGER_ON_DEMAND\x10\x02\x12-\n" +
-	")SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE\x10\x032\xc4\v\n" +
+	")SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE\x10\x032\x9f\f\n" +
 	"\n" +
 	"Management\x12X\n" +
-	"\bGetNodes\x12!.curia.curator.v1.GetNodesRequest\x1a\".curia.curator.v1.GetNodesResponse\"\x03\x90\x02\x010\x01\x12Z\n" +
+	"\bGetNodes\x12!.curia.curator.v1.GetNodesRequest\x1a\".curia.curator.v1.GetNodesResponse\"\x03\x90\x02\x010\x01\x12Y\n" +
+	"\tListNodes\x12\".curia.curator.v1.ListNodesRequest\x1a#.curia.curator.v1.ListNodesResponse\"\x03\x90\x02\x01\x12Z\n" +
 	"\vApproveNode\x12$.curia.curator.v1.ApproveNodeRequest\x1a%.curia.curator.v1.ApproveNodeResponse\x12f\n" +
 	"\x0fUpdateNodeRoles\x12(.curia.curator.v1.UpdateNodeRolesRequest\x1a).curia.curator.v1.UpdateNodeRolesResponse\x12W\n" +
 	"\n" +
@@ -2083,107 +2299,115 @@ func file_curia_curator_v1_management_proto_rawDescGZIP() []byte {
 	return file_curia_curator_v1_management_proto_rawDescData
 }
 
-var file_curia_curator_v1_management_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_curia_curator_v1_management_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_curia_curator_v1_management_proto_goTypes = []any{
-	(SnapshotTrigger)(0),                // 0: curia.curator.v1.SnapshotTrigger
-	(*GetNodesRequest)(nil),             // 1: curia.curator.v1.GetNodesRequest
-	(*GetNodesResponse)(nil),            // 2: curia.curator.v1.GetNodesResponse
-	(*ApproveNodeRequest)(nil),          // 3: curia.curator.v1.ApproveNodeRequest
-	(*ApproveNodeResponse)(nil),         // 4: curia.curator.v1.ApproveNodeResponse
-	(*UpdateNodeRolesRequest)(nil),      // 5: curia.curator.v1.UpdateNodeRolesRequest
-	(*UpdateNodeRolesResponse)(nil),     // 6: curia.curator.v1.UpdateNodeRolesResponse
-	(*DeleteNodeRequest)(nil),           // 7: curia.curator.v1.DeleteNodeRequest
-	(*DeleteNodeResponse)(nil),          // 8: curia.curator.v1.DeleteNodeResponse
-	(*GetClusterInfoRequest)(nil),       // 9: curia.curator.v1.GetClusterInfoRequest
-	(*GetClusterInfoResponse)(nil),      // 10: curia.curator.v1.GetClusterInfoResponse
-	(*EtcdMaintenanceStatus)(nil),       // 11: curia.curator.v1.EtcdMaintenanceStatus
-	(*SnapshotStatus)(nil),              // 12: curia.curator.v1.SnapshotStatus
-	(*SnapshotMember)(nil),              // 13: curia.curator.v1.SnapshotMember
-	(*SnapshotMetadata)(nil),            // 14: curia.curator.v1.SnapshotMetadata
-	(*TakeSnapshotRequest)(nil),         // 15: curia.curator.v1.TakeSnapshotRequest
-	(*TakeSnapshotResponse)(nil),        // 16: curia.curator.v1.TakeSnapshotResponse
-	(*ListSnapshotsRequest)(nil),        // 17: curia.curator.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),       // 18: curia.curator.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),          // 19: curia.curator.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),         // 20: curia.curator.v1.GetSnapshotResponse
-	(*GetConsensusStatusRequest)(nil),   // 21: curia.curator.v1.GetConsensusStatusRequest
-	(*ConsensusMemberStatus)(nil),       // 22: curia.curator.v1.ConsensusMemberStatus
-	(*GetConsensusStatusResponse)(nil),  // 23: curia.curator.v1.GetConsensusStatusResponse
-	(*GetRegisterTicketRequest)(nil),    // 24: curia.curator.v1.GetRegisterTicketRequest
-	(*GetRegisterTicketResponse)(nil),   // 25: curia.curator.v1.GetRegisterTicketResponse
-	(*WatchAuditLogRequest)(nil),        // 26: curia.curator.v1.WatchAuditLogRequest
-	(*WatchAuditLogResponse)(nil),       // 27: curia.curator.v1.WatchAuditLogResponse
-	nil,                                 // 28: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	(*Node)(nil),                        // 29: curia.curator.v1.Node
-	(*durationpb.Duration)(nil),         // 30: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),       // 31: google.protobuf.Timestamp
-	(NodeHealth)(0),                     // 32: curia.curator.v1.NodeHealth
-	(*v1.Event)(nil),                    // 33: curia.audit.v1.Event
-	(*GetClusterConfigRequest)(nil),     // 34: curia.curator.v1.GetClusterConfigRequest
-	(*UpdateClusterConfigRequest)(nil),  // 35: curia.curator.v1.UpdateClusterConfigRequest
-	(*WatchClusterConfigRequest)(nil),   // 36: curia.curator.v1.WatchClusterConfigRequest
-	(*GetClusterConfigResponse)(nil),    // 37: curia.curator.v1.GetClusterConfigResponse
-	(*UpdateClusterConfigResponse)(nil), // 38: curia.curator.v1.UpdateClusterConfigResponse
-	(*WatchClusterConfigResponse)(nil),  // 39: curia.curator.v1.WatchClusterConfigResponse
+	(NodeView)(0),                       // 0: curia.curator.v1.NodeView
+	(SnapshotTrigger)(0),                // 1: curia.curator.v1.SnapshotTrigger
+	(*GetNodesRequest)(nil),             // 2: curia.curator.v1.GetNodesRequest
+	(*ListNodesRequest)(nil),            // 3: curia.curator.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),           // 4: curia.curator.v1.ListNodesResponse
+	(*GetNodesResponse)(nil),            // 5: curia.curator.v1.GetNodesResponse
+	(*ApproveNodeRequest)(nil),          // 6: curia.curator.v1.ApproveNodeRequest
+	(*ApproveNodeResponse)(nil),         // 7: curia.curator.v1.ApproveNodeResponse
+	(*UpdateNodeRolesRequest)(nil),      // 8: curia.curator.v1.UpdateNodeRolesRequest
+	(*UpdateNodeRolesResponse)(nil),     // 9: curia.curator.v1.UpdateNodeRolesResponse
+	(*DeleteNodeRequest)(nil),           // 10: curia.curator.v1.DeleteNodeRequest
+	(*DeleteNodeResponse)(nil),          // 11: curia.curator.v1.DeleteNodeResponse
+	(*GetClusterInfoRequest)(nil),       // 12: curia.curator.v1.GetClusterInfoRequest
+	(*GetClusterInfoResponse)(nil),      // 13: curia.curator.v1.GetClusterInfoResponse
+	(*EtcdMaintenanceStatus)(nil),       // 14: curia.curator.v1.EtcdMaintenanceStatus
+	(*SnapshotStatus)(nil),              // 15: curia.curator.v1.SnapshotStatus
+	(*SnapshotMember)(nil),              // 16: curia.curator.v1.SnapshotMember
+	(*SnapshotMetadata)(nil),            // 17: curia.curator.v1.SnapshotMetadata
+	(*TakeSnapshotRequest)(nil),         // 18: curia.curator.v1.TakeSnapshotRequest
+	(*TakeSnapshotResponse)(nil),        // 19: curia.curator.v1.TakeSnapshotResponse
+	(*ListSnapshotsRequest)(nil),        // 20: curia.curator.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),       // 21: curia.curator.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),          // 22: curia.curator.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),         // 23: curia.curator.v1.GetSnapshotResponse
+	(*GetConsensusStatusRequest)(nil),   // 24: curia.curator.v1.GetConsensusStatusRequest
+	(*ConsensusMemberStatus)(nil),       // 25: curia.curator.v1.ConsensusMemberStatus
+	(*GetConsensusStatusResponse)(nil),  // 26: curia.curator.v1.GetConsensusStatusResponse
+	(*GetRegisterTicketRequest)(nil),    // 27: curia.curator.v1.GetRegisterTicketRequest
+	(*GetRegisterTicketResponse)(nil),   // 28: curia.curator.v1.GetRegisterTicketResponse
+	(*WatchAuditLogRequest)(nil),        // 29: curia.curator.v1.WatchAuditLogRequest
+	(*WatchAuditLogResponse)(nil),       // 30: curia.curator.v1.WatchAuditLogResponse
+	nil,                                 // 31: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	(*Node)(nil),                        // 32: curia.curator.v1.Node
+	(*durationpb.Duration)(nil),         // 33: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),       // 34: google.protobuf.Timestamp
+	(NodeHealth)(0),                     // 35: curia.curator.v1.NodeHealth
+	(*v1.Event)(nil),                    // 36: curia.audit.v1.Event
+	(*GetClusterConfigRequest)(nil),     // 37: curia.curator.v1.GetClusterConfigRequest
+	(*UpdateClusterConfigRequest)(nil),  // 38: curia.curator.v1.UpdateClusterConfigRequest
+	(*WatchClusterConfigRequest)(nil),   // 39: curia.curator.v1.WatchClusterConfigRequest
+	(*GetClusterConfigResponse)(nil),    // 40: curia.curator.v1.GetClusterConfigResponse
+	(*UpdateClusterConfigResponse)(nil), // 41: curia.curator.v1.UpdateClusterConfigResponse
+	(*WatchClusterConfigResponse)(nil),  // 42: curia.curator.v1.WatchClusterConfigResponse
 }
 var file_curia_curator_v1_management_proto_depIdxs = []int32{
-	29, // 0: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
-	29, // 1: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
-	29, // 2: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
-	28, // 3: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	12, // 4: curia.curator.v1.GetClusterInfoResponse.snapshots:type_name -> curia.curator.v1.SnapshotStatus
-	11, // 5: curia.curator.v1.GetClusterInfoResponse.etcd_maintenance:type_name -> curia.curator.v1.EtcdMaintenanceStatus
-	30, // 6: curia.curator.v1.EtcdMaintenanceStatus.defrag_check_interval:type_name -> google.protobuf.Duration
-	31, // 7: curia.curator.v1.EtcdMaintenanceStatus.last_run_start:type_name -> google.protobuf.Timestamp
-	31, // 8: curia.curator.v1.EtcdMaintenanceStatus.last_run_end:type_name -> google.protobuf.Timestamp
-	30, // 9: curia.curator.v1.SnapshotStatus.interval:type_name -> google.protobuf.Duration
-	14, // 10: curia.curator.v1.SnapshotStatus.last_good:type_name -> curia.curator.v1.SnapshotMetadata
-	31, // 11: curia.curator.v1.SnapshotStatus.last_failure_time:type_name -> google.protobuf.Timestamp
-	31, // 12: curia.curator.v1.SnapshotMetadata.taken_at:type_name -> google.protobuf.Timestamp
-	13, // 13: curia.curator.v1.SnapshotMetadata.source:type_name -> curia.curator.v1.SnapshotMember
-	13, // 14: curia.curator.v1.SnapshotMetadata.members:type_name -> curia.curator.v1.SnapshotMember
-	0,  // 15: curia.curator.v1.SnapshotMetadata.trigger:type_name -> curia.curator.v1.SnapshotTrigger
-	14, // 16: curia.curator.v1.TakeSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
-	14, // 17: curia.curator.v1.ListSnapshotsResponse.snapshots:type_name -> curia.curator.v1.SnapshotMetadata
-	14, // 18: curia.curator.v1.GetSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
-	32, // 19: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
-	31, // 20: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	22, // 21: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
-	33, // 22: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
-	1,  // 23: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
-	3,  // 24: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
-	5,  // 25: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
-	7,  // 26: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
-	9,  // 27: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
-	21, // 28: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
-	24, // 29: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
-	34, // 30: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
-	35, // 31: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
-	36, // 32: curia.curator.v1.Management.WatchClusterConfig:input_type -> curia.curator.v1.WatchClusterConfigRequest
-	26, // 33: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
-	15, // 34: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
-	17, // 35: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
-	19, // 36: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
-	2,  // 37: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
-	4,  // 38: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
-	6,  // 39: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
-	8,  // 40: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
-	10, // 41: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
-	23, // 42: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
-	25, // 43: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
-	37, // 44: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
-	38, // 45: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
-	39, // 46: curia.curator.v1.Management.WatchClusterConfig:output_type -> curia.curator.v1.WatchClusterConfigResponse
-	27, // 47: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
-	16, // 48: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
-	18, // 49: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
-	20, // 50: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
-	37, // [37:51] is the sub-list for method output_type
-	23, // [23:37] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	0,  // 0: curia.curator.v1.GetNodesRequest.view:type_name -> curia.curator.v1.NodeView
+	0,  // 1: curia.curator.v1.ListNodesRequest.view:type_name -> curia.curator.v1.NodeView
+	32, // 2: curia.curator.v1.ListNodesResponse.nodes:type_name -> curia.curator.v1.Node
+	32, // 3: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
+	32, // 4: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
+	32, // 5: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
+	31, // 6: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	15, // 7: curia.curator.v1.GetClusterInfoResponse.snapshots:type_name -> curia.curator.v1.SnapshotStatus
+	14, // 8: curia.curator.v1.GetClusterInfoResponse.etcd_maintenance:type_name -> curia.curator.v1.EtcdMaintenanceStatus
+	33, // 9: curia.curator.v1.EtcdMaintenanceStatus.defrag_check_interval:type_name -> google.protobuf.Duration
+	34, // 10: curia.curator.v1.EtcdMaintenanceStatus.last_run_start:type_name -> google.protobuf.Timestamp
+	34, // 11: curia.curator.v1.EtcdMaintenanceStatus.last_run_end:type_name -> google.protobuf.Timestamp
+	33, // 12: curia.curator.v1.SnapshotStatus.interval:type_name -> google.protobuf.Duration
+	17, // 13: curia.curator.v1.SnapshotStatus.last_good:type_name -> curia.curator.v1.SnapshotMetadata
+	34, // 14: curia.curator.v1.SnapshotStatus.last_failure_time:type_name -> google.protobuf.Timestamp
+	34, // 15: curia.curator.v1.SnapshotMetadata.taken_at:type_name -> google.protobuf.Timestamp
+	16, // 16: curia.curator.v1.SnapshotMetadata.source:type_name -> curia.curator.v1.SnapshotMember
+	16, // 17: curia.curator.v1.SnapshotMetadata.members:type_name -> curia.curator.v1.SnapshotMember
+	1,  // 18: curia.curator.v1.SnapshotMetadata.trigger:type_name -> curia.curator.v1.SnapshotTrigger
+	17, // 19: curia.curator.v1.TakeSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	17, // 20: curia.curator.v1.ListSnapshotsResponse.snapshots:type_name -> curia.curator.v1.SnapshotMetadata
+	17, // 21: curia.curator.v1.GetSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	35, // 22: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
+	34, // 23: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	25, // 24: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
+	36, // 25: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
+	2,  // 26: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
+	3,  // 27: curia.curator.v1.Management.ListNodes:input_type -> curia.curator.v1.ListNodesRequest
+	6,  // 28: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
+	8,  // 29: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
+	10, // 30: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
+	12, // 31: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
+	24, // 32: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
+	27, // 33: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
+	37, // 34: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
+	38, // 35: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
+	39, // 36: curia.curator.v1.Management.WatchClusterConfig:input_type -> curia.curator.v1.WatchClusterConfigRequest
+	29, // 37: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
+	18, // 38: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
+	20, // 39: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
+	22, // 40: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
+	5,  // 41: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
+	4,  // 42: curia.curator.v1.Management.ListNodes:output_type -> curia.curator.v1.ListNodesResponse
+	7,  // 43: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
+	9,  // 44: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
+	11, // 45: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
+	13, // 46: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
+	26, // 47: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
+	28, // 48: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
+	40, // 49: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
+	41, // 50: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
+	42, // 51: curia.curator.v1.Management.WatchClusterConfig:output_type -> curia.curator.v1.WatchClusterConfigResponse
+	30, // 52: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
+	19, // 53: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
+	21, // 54: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
+	23, // 55: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
+	41, // [41:56] is the sub-list for method output_type
+	26, // [26:41] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_management_proto_init() }
@@ -2193,14 +2417,14 @@ func file_curia_curator_v1_management_proto_init() {
 	}
 	file_curia_curator_v1_cluster_config_proto_init()
 	file_curia_curator_v1_node_proto_init()
-	file_curia_curator_v1_management_proto_msgTypes[4].OneofWrappers = []any{}
+	file_curia_curator_v1_management_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_management_proto_rawDesc), len(file_curia_curator_v1_management_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   28,
+			NumEnums:      2,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
