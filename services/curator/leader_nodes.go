@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 )
@@ -127,13 +128,30 @@ func inView(n *curatorv1.Node, view curatorv1.NodeView) *curatorv1.Node {
 		(len(cm.GetMemberCertificate()) == 0 && len(cm.GetJoin().GetCaCertificate()) == 0 && len(cm.GetJoin().GetCrl()) == 0) {
 		return n
 	}
-	out := proto.CloneOf(n)
-	cm = out.Roles.ConsensusMember
+	out := shallowCopy(n)
+	out.Roles = shallowCopy(out.Roles)
+	cm = shallowCopy(cm)
+	out.Roles.ConsensusMember = cm
 	cm.MemberCertificate = nil
 	if cm.Join != nil {
+		cm.Join = shallowCopy(cm.Join)
 		cm.Join.CaCertificate, cm.Join.Crl = nil, nil
 	}
 	return out
+}
+
+// shallowCopy is a new message with m's fields, sharing m's sub-messages,
+// lists and maps, whatever fields m's type gains: inView copies only the
+// messages it clears a field of (the nodes it answers are only
+// marshalled, never changed).
+func shallowCopy[M proto.Message](m M) M {
+	src := m.ProtoReflect()
+	dst := src.New()
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		dst.Set(fd, v)
+		return true
+	})
+	return dst.Interface().(M)
 }
 
 // A page token is base64url of

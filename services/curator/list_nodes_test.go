@@ -165,9 +165,16 @@ func TestListNodesViews(t *testing.T) {
 			}
 		})
 	}
-	// BASIC cleared copies: the replica's own view still has the bytes.
-	if !hasBytes(list(curatorv1.NodeView_NODE_VIEW_FULL)) {
+	// BASIC is FULL without the bytes, every other field the same, and
+	// it cleared copies: the replica's own view still has the bytes.
+	basic, full := list(curatorv1.NodeView_NODE_VIEW_BASIC), list(curatorv1.NodeView_NODE_VIEW_FULL)
+	if !hasBytes(full) {
 		t.Fatal("a BASIC listing cleared the replica's view of the node")
+	}
+	full.Roles.ConsensusMember.MemberCertificate = nil
+	full.Roles.ConsensusMember.Join.CaCertificate, full.Roles.ConsensusMember.Join.Crl = nil, nil
+	if !proto.Equal(basic, full) {
+		t.Fatalf("BASIC differs from FULL in more than the bytes:\nBASIC %v\nFULL  %v", basic, full)
 	}
 }
 
