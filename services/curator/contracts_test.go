@@ -61,6 +61,18 @@ func TestRequestContracts(t *testing.T) {
 			_, err := mgmt.ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: "node-1"})
 			return err
 		}},
+		"list nodes: page too big": {code: codes.InvalidArgument, field: "page_size", rule: "int32.gte_lte", call: func() error {
+			_, err := mgmt.ListNodes(ctx, &curatorv1.ListNodesRequest{PageSize: 1001})
+			return err
+		}},
+		"list nodes: too-long token": {code: codes.InvalidArgument, field: "page_token", rule: "string.max_len", call: func() error {
+			_, err := mgmt.ListNodes(ctx, &curatorv1.ListNodesRequest{PageToken: strings.Repeat("x", 1025)})
+			return err
+		}},
+		"list nodes: undefined view": {code: codes.InvalidArgument, field: "view", rule: "enum.defined_only", call: func() error {
+			_, err := mgmt.ListNodes(ctx, &curatorv1.ListNodesRequest{View: 3})
+			return err
+		}},
 		"roles: too-long reason": {code: codes.InvalidArgument, field: "reason", rule: "string.max_bytes", call: func() error {
 			_, err := mgmt.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: ag.ID, Reason: strings.Repeat("x", 1025)})
 			return err
