@@ -1383,3 +1383,54 @@ func TestWatchResumeTooOld(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchHubNodesAtSortedIDs: nodesAt answers every node in id order,
+// with the hub's current nodes, whether it sorts or uses the ids it kept:
+// a node that comes or goes (a put of a new id, a delete, a new snapshot)
+// sorts again; a change of a node under its id keeps the ids but answers
+// the new node.
+func TestWatchHubNodesAtSortedIDs(t *testing.T) {
+	h := watchTestHub(8, 10)
+	if err := h.install(map[string]*curatorv1.Node{wid("c"): {Id: wid("c")}, wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, nil, 10); err != nil {
+		t.Fatal(err)
+	}
+	at := func() string {
+		t.Helper()
+		nodes, _, err := h.nodesAt(context.Background(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, n := range nodes {
+			out = append(out, n.Id[len(n.Id)-1:]+":"+n.GetStatus().GetVersion())
+		}
+		return strings.Join(out, " ")
+	}
+	steps := []struct {
+		change []nodeChange
+		want   string
+	}{
+		{nil, "a: c:"}, // sorted, ids kept
+		{nil, "a: c:"}, // from the kept ids
+		{[]nodeChange{wput(11, "a", "v1")}, "a:v1 c:"},      // same ids, new node
+		{[]nodeChange{wput(12, "b", "v1")}, "a:v1 b:v1 c:"}, // a new id
+		{[]nodeChange{wdel(13, "a")}, "b:v1 c:"},            // a deleted id
+		{[]nodeChange{wdel(14, "x")}, "b:v1 c:"},            // deleting none
+		{[]nodeChange{wput(15, "0", "v1")}, "0:v1 b:v1 c:"}, // first in order
+	}
+	for i, s := range steps {
+		h.apply(s.change)
+		if got := at(); got != s.want {
+			t.Fatalf("step %d: nodesAt %q, want %q", i, got, s.want)
+		}
+		if got := at(); got != s.want { // again, from the kept ids
+			t.Fatalf("step %d, again: nodesAt %q, want %q", i, got, s.want)
+		}
+	}
+	if err := h.install(map[string]*curatorv1.Node{wid("d"): {Id: wid("d")}}, map[string]heartbeatRecord{}, nil, 20); err != nil {
+		t.Fatal(err)
+	}
+	if got := at(); got != "d:" {
+		t.Fatalf("after a new snapshot: nodesAt %q, want %q", got, "d:")
+	}
+}
