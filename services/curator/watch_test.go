@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -1432,5 +1433,47 @@ func TestWatchHubNodesAtSortedIDs(t *testing.T) {
 	}
 	if got := at(); got != "d:" {
 		t.Fatalf("after a new snapshot: nodesAt %q, want %q", got, "d:")
+	}
+}
+
+// TestWatchHubNodesAtConcurrent: reads that sort and keep ids race with
+// nodes coming and going (for go test -race); every read is sorted, and
+// has every node created before it began that is never deleted.
+func TestWatchHubNodesAtConcurrent(t *testing.T) {
+	h := watchTestHub(64, 10)
+	if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, nil, 10); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				nodes, _, err := h.nodesAt(ctx, 0)
+				if err != nil {
+					return
+				}
+				if !slices.IsSortedFunc(nodes, func(a, b *curatorv1.Node) int { return strings.Compare(a.Id, b.Id) }) || nodes[0].Id != wid("a") {
+					t.Errorf("nodesAt: not sorted, or without node a: %d nodes", len(nodes))
+					return
+				}
+			}
+		})
+	}
+	for i := range 300 {
+		c := fmt.Sprintf("b%03d", i)
+		h.apply([]nodeChange{wput(int64(11+2*i), c, "v1")})
+		if i%3 == 0 {
+			h.apply([]nodeChange{wdel(int64(12+2*i), c)})
+		} else {
+			h.apply([]nodeChange{wput(int64(12+2*i), "a", fmt.Sprint(i))})
+		}
+	}
+	cancel()
+	wg.Wait()
+	nodes, _, err := h.nodesAt(context.Background(), 0)
+	if err != nil || len(nodes) != 201 {
+		t.Fatalf("after the changes: %d nodes, %v; want 201", len(nodes), err)
 	}
 }
