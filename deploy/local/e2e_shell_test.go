@@ -101,8 +101,9 @@ func readmeCurlCommands(t *testing.T) []string {
 }
 
 // checkReadmeCurl runs the README's curl commands in a fresh shell that
-// sourced envFile: each must answer the cluster's info as JSON over the
-// Connect port, with mTLS and the admin certificate.
+// sourced envFile: each must answer as JSON over the Connect port, with
+// mTLS and the admin certificate, the cluster's info (GetClusterInfo) or
+// a page of nodes (ListNodes).
 func checkReadmeCurl(t *testing.T, envFile string) {
 	t.Helper()
 	for _, cmdline := range readmeCurlCommands(t) {
@@ -118,6 +119,17 @@ func checkReadmeCurl(t *testing.T, envFile string) {
 			}
 			return nil
 		})
+		if strings.Contains(cmdline, "/ListNodes") {
+			var page struct {
+				Nodes []struct {
+					ID string `json:"id"`
+				} `json:"nodes"`
+			}
+			if err := json.Unmarshal([]byte(out), &page); err != nil || len(page.Nodes) == 0 || page.Nodes[0].ID == "" {
+				t.Fatalf("want a page of nodes as JSON (%v):\n%s", err, out)
+			}
+			continue
+		}
 		var info struct {
 			ClusterName  string            `json:"clusterName"`
 			LeaderName   string            `json:"leaderName"`

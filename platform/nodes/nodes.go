@@ -1,5 +1,6 @@
 // Package nodes reads the node registry as the curators serve it
-// (Management/GetNodes), for the tools that need all of it at once.
+// (Management/GetNodes, or ListNodes page after page), for the tools that
+// need all of it at once.
 package nodes
 
 import (
@@ -27,6 +28,26 @@ func List(ctx context.Context, m curatorv1.ManagementClient, filter string) ([]*
 			return nil, err
 		}
 		out = append(out, resp.GetNodes()...)
+	}
+}
+
+// ListBasic returns every node that matches filter as List does, but
+// without certificate and CRL bytes (NODE_VIEW_BASIC), read with ListNodes
+// page after page: for callers that show nodes and never their
+// certificates. A node created or deleted meanwhile may or may not be in
+// it; every other node is, once.
+func ListBasic(ctx context.Context, m curatorv1.ManagementClient, filter string) ([]*curatorv1.Node, error) {
+	req := &curatorv1.ListNodesRequest{Filter: filter, View: curatorv1.NodeView_NODE_VIEW_BASIC, PageSize: 1000}
+	var out []*curatorv1.Node
+	for {
+		resp, err := m.ListNodes(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, resp.GetNodes()...)
+		if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
+			return out, nil
+		}
 	}
 }
 

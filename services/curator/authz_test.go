@@ -108,6 +108,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{"/curia.curator.v1.Curator/GetCurrentLeader", &curatorv1.GetCurrentLeaderRequest{}, true, []string{"admin", "node itself", "another node", "curator", "reconciler"}},
 		{"/curia.curator.v1.Curator/WatchCRL", &curatorv1.WatchCRLRequest{}, true, []string{"admin", "node itself", "another node", "curator", "reconciler", "enrolling node"}},
 		{"/curia.curator.v1.Management/GetNodes", &curatorv1.GetNodesRequest{}, true, []string{"admin"}},
+		{"/curia.curator.v1.Management/ListNodes", &curatorv1.ListNodesRequest{}, false, []string{"admin"}},
 		{"/curia.curator.v1.Management/ApproveNode", &curatorv1.ApproveNodeRequest{NodeId: self.ID}, false, []string{"admin"}},
 		{"/curia.curator.v1.Management/UpdateNodeRoles", &curatorv1.UpdateNodeRolesRequest{NodeId: self.ID}, false, []string{"admin"}},
 		{"/curia.curator.v1.Management/DeleteNode", &curatorv1.DeleteNodeRequest{NodeId: self.ID}, false, []string{"admin"}},

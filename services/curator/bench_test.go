@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
@@ -59,6 +61,59 @@ func BenchmarkGetNodes10k(b *testing.B) {
 	}
 	b.ReportMetric(float64(10_001*b.N)/b.Elapsed().Seconds(), "nodes/s")
 	b.ReportMetric(float64(toFirst)/float64(time.Millisecond)/float64(b.N), "ms/first-message")
+}
+
+// BenchmarkListNodes10k lists all of 10,000 seeded nodes (and the
+// bootstrap node) through ListNodes on the curator leader, page after page
+// of the default 500, in the BASIC and the FULL view. Every seeded node
+// carries the bootstrap node's consensus_member role, its member
+// certificate and the join's CA certificate and CRL: the most certificate
+// bytes a listing can hold, what BASIC leaves out. resp-bytes/op is the
+// size of the pages (protobuf), as the client received them.
+func BenchmarkListNodes10k(b *testing.B) {
+	const nodes = 10_001
+	c := cut.New(b, 1)
+	m := c.Management()
+	ctx := context.Background()
+	boot, err := m.ListNodes(ctx, &curatorv1.ListNodesRequest{View: curatorv1.NodeView_NODE_VIEW_FULL})
+	if err != nil || len(boot.Nodes) != 1 || len(boot.Nodes[0].GetRoles().GetConsensusMember().GetMemberCertificate()) == 0 {
+		b.Fatalf("the bootstrap node: %v, %v", boot, err)
+	}
+	member := boot.Nodes[0].Roles.ConsensusMember
+	cut.SeedNodesWith(b, c.Etcd(c.Voters[0].ClientURL), nodes-1, func(n *curatorv1.Node) {
+		n.Roles = &curatorv1.Roles{ConsensusMember: member}
+	})
+	for _, view := range []curatorv1.NodeView{curatorv1.NodeView_NODE_VIEW_BASIC, curatorv1.NodeView_NODE_VIEW_FULL} {
+		b.Run("view="+strings.TrimPrefix(view.String(), "NODE_VIEW_"), func(b *testing.B) {
+			var size int
+			listAll := func() {
+				size = 0
+				req := &curatorv1.ListNodesRequest{View: view}
+				got := 0
+				for {
+					resp, err := m.ListNodes(ctx, req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					got += len(resp.Nodes)
+					size += proto.Size(resp)
+					if req.PageToken = resp.NextPageToken; req.PageToken == "" {
+						break
+					}
+				}
+				if got != nodes {
+					b.Fatalf("listed %d nodes, want %d", got, nodes)
+				}
+			}
+			listAll() // warm: connections, caches
+			b.ReportAllocs()
+			for b.Loop() {
+				listAll()
+			}
+			b.ReportMetric(float64(size), "resp-bytes/op")
+			b.ReportMetric(float64(nodes*b.N)/b.Elapsed().Seconds(), "nodes/s")
+		})
+	}
 }
 
 // BenchmarkRoleUpdates compares non-membership role updates per second

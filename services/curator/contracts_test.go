@@ -69,6 +69,18 @@ func TestRequestContracts(t *testing.T) {
 			_, err := mgmt.StartNodeMaintenance(ctx, &curatorv1.StartNodeMaintenanceRequest{NodeId: ag.ID})
 			return err
 		}},
+		"list nodes: page too big": {code: codes.InvalidArgument, field: "page_size", rule: "int32.gte_lte", call: func() error {
+			_, err := mgmt.ListNodes(ctx, &curatorv1.ListNodesRequest{PageSize: 1001})
+			return err
+		}},
+		"list nodes: too-long token": {code: codes.InvalidArgument, field: "page_token", rule: "string.max_len", call: func() error {
+			_, err := mgmt.ListNodes(ctx, &curatorv1.ListNodesRequest{PageToken: strings.Repeat("x", 1025)})
+			return err
+		}},
+		"list nodes: undefined view": {code: codes.InvalidArgument, field: "view", rule: "enum.defined_only", call: func() error {
+			_, err := mgmt.ListNodes(ctx, &curatorv1.ListNodesRequest{View: 3})
+			return err
+		}},
 		"roles: too-long reason": {code: codes.InvalidArgument, field: "reason", rule: "string.max_bytes", call: func() error {
 			_, err := mgmt.UpdateNodeRoles(ctx, &curatorv1.UpdateNodeRolesRequest{NodeId: ag.ID, Reason: strings.Repeat("x", 1025)})
 			return err

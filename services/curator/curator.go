@@ -14,7 +14,8 @@
 // writes), follower.go (forwarding), store.go (node records),
 // leader_enrolment.go (bootstrap, register, commit), leader_management.go
 // (roles, delete, cluster info), leader_nodes.go and filter.go (GetNodes
-// with CEL filters), heartbeat.go (heartbeats and health, in shards),
+// and ListNodes' pages, with CEL filters), heartbeat.go (heartbeats and
+// health, in shards),
 // leader_consensus_status.go, leader_audit.go, leader_leases.go (leases),
 // leader_snapshots.go and snapshot_take.go (etcd snapshots),
 // leader_defrag.go (etcd defragmentation and its NOSPACE alarm),

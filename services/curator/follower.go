@@ -32,7 +32,8 @@ var localMethods = map[string]bool{
 	"/curia.curator.v1.Curator/GetMembership":    true, // every replica reaches the consensus services
 	// Every replica's watch hub answers GetNodes at etcd's current
 	// revision (leader_nodes.go): reads scale with the replicas.
-	"/curia.curator.v1.Management/GetNodes": true,
+	"/curia.curator.v1.Management/GetNodes":  true,
+	"/curia.curator.v1.Management/ListNodes": true, // GetNodes a page at a time
 	// Every replica watches the configuration's key (leader_cluster_config.go).
 	"/curia.curator.v1.Management/WatchClusterConfig": true,
 }

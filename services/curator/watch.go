@@ -247,6 +247,13 @@ type watchHub struct {
 	// of its heartbeats replaces it with a copy, so that streams may send
 	// it outside the lock.
 	nodes map[string]*curatorv1.Node
+	// ids is the ids of nodes, sorted, for the reads that answer nodes in
+	// id order (nodesAt): kept from one read to the next while no node
+	// comes or goes (a heartbeat replaces a node under its id), nil when
+	// one did since. idsGen counts those changes: a read that sorted
+	// outside the lock keeps its ids only if none happened meanwhile.
+	ids    []string
+	idsGen uint64
 	// health is every node's heartbeats at rev: its line in a shard, and
 	// the per-node keys of older curators.
 	health map[string]heartbeatRecord
@@ -420,6 +427,7 @@ func (h *watchHub) install(nodes map[string]*curatorv1.Node, health map[string]h
 		shards = map[string][]string{}
 	}
 	h.nodes, h.health, h.shards, h.rev, h.oldest, h.ready = nodes, health, shards, rev, rev, true
+	h.idsChangedLocked()
 	h.ring.reset()
 	h.advanceLocked(true)
 	h.log.Info("watch hub loaded nodes", "revision", rev, "nodes", len(nodes))
@@ -557,12 +565,18 @@ func (h *watchHub) apply(changes []nodeChange) {
 			switch {
 			case !ok:
 			case c.deleted:
-				delete(h.nodes, id)
+				if _, ok := h.nodes[id]; ok {
+					delete(h.nodes, id)
+					h.idsChangedLocked()
+				}
 				delete(h.unreadable, c.key)
 				resp.Deleted = append(resp.Deleted, id)
 			default:
 				n := h.decode(c.key, c.value, c.rev)
 				h.health[n.Id].decorate(n)
+				if _, ok := h.nodes[n.Id]; !ok {
+					h.idsChangedLocked()
+				}
 				h.nodes[n.Id] = n
 				resp.Nodes = append(resp.Nodes, n)
 			}
@@ -966,11 +980,28 @@ func (h *watchHub) nodesAt(ctx context.Context, minRev int64) ([]*curatorv1.Node
 		ready, rev, advanced := h.ready, h.rev, h.advanced
 		if ready && rev >= minRev {
 			nodes := make([]*curatorv1.Node, 0, len(h.nodes))
+			if h.ids != nil {
+				for _, id := range h.ids {
+					nodes = append(nodes, h.nodes[id])
+				}
+				h.mu.RUnlock()
+				return nodes, rev, nil
+			}
 			for _, n := range h.nodes {
 				nodes = append(nodes, n)
 			}
+			gen := h.idsGen
 			h.mu.RUnlock()
 			slices.SortFunc(nodes, func(a, b *curatorv1.Node) int { return cmp.Compare(a.Id, b.Id) })
+			ids := make([]string, len(nodes))
+			for i, n := range nodes {
+				ids[i] = n.Id
+			}
+			h.mu.Lock()
+			if h.idsGen == gen {
+				h.ids = ids
+			}
+			h.mu.Unlock()
 			return nodes, rev, nil
 		}
 		h.mu.RUnlock()
@@ -991,6 +1022,13 @@ func (h *watchHub) nodesAt(ctx context.Context, minRev int64) ([]*curatorv1.Node
 		}
 		nudge.Stop()
 	}
+}
+
+// idsChangedLocked notes that a node came or went: ids must be sorted
+// again. h.mu is held for writing.
+func (h *watchHub) idsChangedLocked() {
+	h.ids = nil
+	h.idsGen++
 }
 
 // currentNodes is nodesAt etcd's current revision: every node as of a

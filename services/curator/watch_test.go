@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -1388,5 +1389,98 @@ func TestWatchResumeTooOld(t *testing.T) {
 			}
 			w.close()
 		})
+	}
+}
+
+// TestWatchHubNodesAtSortedIDs: nodesAt answers every node in id order,
+// with the hub's current nodes, whether it sorts or uses the ids it kept:
+// a node that comes or goes (a put of a new id, a delete, a new snapshot)
+// sorts again; a change of a node under its id keeps the ids but answers
+// the new node.
+func TestWatchHubNodesAtSortedIDs(t *testing.T) {
+	h := watchTestHub(8, 10)
+	if err := h.install(map[string]*curatorv1.Node{wid("c"): {Id: wid("c")}, wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, nil, 10); err != nil {
+		t.Fatal(err)
+	}
+	at := func() string {
+		t.Helper()
+		nodes, _, err := h.nodesAt(context.Background(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, n := range nodes {
+			out = append(out, n.Id[len(n.Id)-1:]+":"+n.GetStatus().GetVersion())
+		}
+		return strings.Join(out, " ")
+	}
+	steps := []struct {
+		change []nodeChange
+		want   string
+	}{
+		{nil, "a: c:"}, // sorted, ids kept
+		{nil, "a: c:"}, // from the kept ids
+		{[]nodeChange{wput(11, "a", "v1")}, "a:v1 c:"},      // same ids, new node
+		{[]nodeChange{wput(12, "b", "v1")}, "a:v1 b:v1 c:"}, // a new id
+		{[]nodeChange{wdel(13, "a")}, "b:v1 c:"},            // a deleted id
+		{[]nodeChange{wdel(14, "x")}, "b:v1 c:"},            // deleting none
+		{[]nodeChange{wput(15, "0", "v1")}, "0:v1 b:v1 c:"}, // first in order
+	}
+	for i, s := range steps {
+		h.apply(s.change)
+		if got := at(); got != s.want {
+			t.Fatalf("step %d: nodesAt %q, want %q", i, got, s.want)
+		}
+		if got := at(); got != s.want { // again, from the kept ids
+			t.Fatalf("step %d, again: nodesAt %q, want %q", i, got, s.want)
+		}
+	}
+	if err := h.install(map[string]*curatorv1.Node{wid("d"): {Id: wid("d")}}, map[string]heartbeatRecord{}, nil, 20); err != nil {
+		t.Fatal(err)
+	}
+	if got := at(); got != "d:" {
+		t.Fatalf("after a new snapshot: nodesAt %q, want %q", got, "d:")
+	}
+}
+
+// TestWatchHubNodesAtConcurrent: reads that sort and keep ids race with
+// nodes coming and going (for go test -race); every read is sorted, and
+// has every node created before it began that is never deleted.
+func TestWatchHubNodesAtConcurrent(t *testing.T) {
+	h := watchTestHub(64, 10)
+	if err := h.install(map[string]*curatorv1.Node{wid("a"): {Id: wid("a")}}, map[string]heartbeatRecord{}, nil, 10); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				nodes, _, err := h.nodesAt(ctx, 0)
+				if err != nil {
+					return
+				}
+				if !slices.IsSortedFunc(nodes, func(a, b *curatorv1.Node) int { return strings.Compare(a.Id, b.Id) }) || nodes[0].Id != wid("a") {
+					t.Errorf("nodesAt: not sorted, or without node a: %d nodes", len(nodes))
+					return
+				}
+			}
+		})
+	}
+	for i := range 300 {
+		c := fmt.Sprintf("b%03d", i)
+		h.apply([]nodeChange{wput(int64(11+2*i), c, "v1")})
+		if i%3 == 0 {
+			h.apply([]nodeChange{wdel(int64(12+2*i), c)})
+		} else {
+			h.apply([]nodeChange{wput(int64(12+2*i), "a", fmt.Sprint(i))})
+		}
+	}
+	cancel()
+	wg.Wait()
+	nodes, _, err := h.nodesAt(context.Background(), 0)
+	if err != nil || len(nodes) != 201 {
+		t.Fatalf("after the changes: %d nodes, %v; want 201", len(nodes), err)
 	}
 }

@@ -126,7 +126,7 @@ type auditRow struct {
 }
 
 // live renders a page's live part from st; for the nodes page with a
-// filter it asks the curator for the matching ids (GetNodes' filter).
+// filter it asks the curator for the matching ids (ListNodes' filter).
 func (p *pages) live(ctx context.Context, page, filter string, st state) liveData {
 	ld := liveData{Now: time.Now(), CSRF: p.d.csrf, NodesTotal: len(st.Nodes)}
 	ld.Problems = problems(st)
@@ -143,7 +143,7 @@ func (p *pages) live(ctx context.Context, page, filter string, st state) liveDat
 		if filter != "" {
 			ld.Filtered = true
 			ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			matched, err := nodes.List(ctx, p.d.view.mgmt, filter)
+			matched, err := nodes.ListBasic(ctx, p.d.view.mgmt, filter)
 			cancel()
 			if err != nil {
 				ld.FilterErr = errText(err)

@@ -26,9 +26,10 @@ import (
 //	audit    Management/WatchAuditLog: the newest events
 //	leader   Curator/GetCurrentLeader: the curator leader and term
 //	status   asked on every change the streams report, and every Refresh:
-//	         GetClusterInfo, GetConsensusStatus, GetClusterConfig, GetNodes
-//	         (heartbeats: a heartbeat that changes no health is no Watch
-//	         event), and each reconciler's GetStatus and the active one's Plan
+//	         GetClusterInfo, GetConsensusStatus, GetClusterConfig, ListNodes
+//	         BASIC (heartbeats: a heartbeat that changes no health is no
+//	         Watch event; no certificates, which the pages never show),
+//	         and each reconciler's GetStatus and the active one's Plan
 //
 // Every change bumps the version and wakes the event streams (changed).
 type view struct {
@@ -50,7 +51,7 @@ type state struct {
 	Nodes       map[string]*curatorv1.Node
 	NodesSynced bool
 	NodesErr    error
-	Heartbeats  map[string]*curatorv1.Node // GetNodes: fresh health and heartbeat
+	Heartbeats  map[string]*curatorv1.Node // ListNodes BASIC: fresh health and heartbeat
 	Audit       []auditEntry               // newest first
 	AuditErr    error
 	Leader      *curatorv1.GetCurrentLeaderResponse
@@ -350,5 +351,13 @@ func keepMap(now, last map[string]*curatorv1.Node) map[string]*curatorv1.Node {
 
 // heartbeats lists the nodes for their health and last heartbeat.
 func (v *view) heartbeats(ctx context.Context) (map[string]*curatorv1.Node, error) {
-	return nodes.ByID(ctx, v.mgmt, "")
+	list, err := nodes.ListBasic(ctx, v.mgmt, "")
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]*curatorv1.Node, len(list))
+	for _, n := range list {
+		out[n.GetId()] = n
+	}
+	return out, nil
 }

@@ -378,6 +378,13 @@ func AuditLog(t testing.TB, m curatorv1.ManagementClient) []*auditv1.Event {
 // enrolments.
 func SeedNodes(b testing.TB, cli *clientv3.Client, n int) []string {
 	b.Helper()
+	return SeedNodesWith(b, cli, n, nil)
+}
+
+// SeedNodesWith is SeedNodes with each node given its shape by shape (when
+// not nil) before it is written, e.g. roles with certificates.
+func SeedNodesWith(b testing.TB, cli *clientv3.Client, n int, shape func(*curatorv1.Node)) []string {
+	b.Helper()
 	ctx := context.Background()
 	ids := make([]string, 0, n)
 	var ops []clientv3.Op
@@ -396,11 +403,15 @@ func SeedNodes(b testing.TB, cli *clientv3.Client, n int) []string {
 			b.Fatal(err)
 		}
 		id := pki.NodeID(pub)
-		v, err := records.EncodeNode(&curatorv1.Node{
+		node := &curatorv1.Node{
 			Id: id, PublicKey: pub, State: curatorv1.NodeState_NODE_STATE_UP,
 			Status: &curatorv1.NodeStatus{Address: "10.0.0.1", Version: "bench"},
 			Labels: map[string]string{"zone": "a"},
-		})
+		}
+		if shape != nil {
+			shape(node)
+		}
+		v, err := records.EncodeNode(node)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -26,6 +26,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// NodeView is how much of each node a listing carries.
+type NodeView int32
+
+const (
+	// The call's default: NODE_VIEW_BASIC for ListNodes, NODE_VIEW_FULL for
+	// GetNodes.
+	NodeView_NODE_VIEW_UNSPECIFIED NodeView = 0
+	// Every field but the certificate and CRL bytes: id, state, roles,
+	// health, labels (the zone), status (addresses, version), serials and
+	// the certificate list (serial, principal, validity) are there, while
+	// roles.consensus_member.member_certificate and the CA certificate and
+	// CRL of roles.consensus_member.join are empty.
+	NodeView_NODE_VIEW_BASIC NodeView = 1
+	// The whole node, certificate and CRL bytes included.
+	NodeView_NODE_VIEW_FULL NodeView = 2
+)
+
+// Enum value maps for NodeView.
+var (
+	NodeView_name = map[int32]string{
+		0: "NODE_VIEW_UNSPECIFIED",
+		1: "NODE_VIEW_BASIC",
+		2: "NODE_VIEW_FULL",
+	}
+	NodeView_value = map[string]int32{
+		"NODE_VIEW_UNSPECIFIED": 0,
+		"NODE_VIEW_BASIC":       1,
+		"NODE_VIEW_FULL":        2,
+	}
+)
+
+func (x NodeView) Enum() *NodeView {
+	p := new(NodeView)
+	*p = x
+	return p
+}
+
+func (x NodeView) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NodeView) Descriptor() protoreflect.EnumDescriptor {
+	return file_curia_curator_v1_management_proto_enumTypes[0].Descriptor()
+}
+
+func (NodeView) Type() protoreflect.EnumType {
+	return &file_curia_curator_v1_management_proto_enumTypes[0]
+}
+
+func (x NodeView) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NodeView.Descriptor instead.
+func (NodeView) EnumDescriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{0}
+}
+
 // SnapshotTrigger is why a snapshot was taken.
 type SnapshotTrigger int32
 
@@ -67,11 +125,11 @@ func (x SnapshotTrigger) String() string {
 }
 
 func (SnapshotTrigger) Descriptor() protoreflect.EnumDescriptor {
-	return file_curia_curator_v1_management_proto_enumTypes[0].Descriptor()
+	return file_curia_curator_v1_management_proto_enumTypes[1].Descriptor()
 }
 
 func (SnapshotTrigger) Type() protoreflect.EnumType {
-	return &file_curia_curator_v1_management_proto_enumTypes[0]
+	return &file_curia_curator_v1_management_proto_enumTypes[1]
 }
 
 func (x SnapshotTrigger) Number() protoreflect.EnumNumber {
@@ -80,7 +138,7 @@ func (x SnapshotTrigger) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SnapshotTrigger.Descriptor instead.
 func (SnapshotTrigger) EnumDescriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{0}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{1}
 }
 
 // GetNodesRequest filters nodes.
@@ -89,7 +147,11 @@ type GetNodesRequest struct {
 	// A CEL expression over `node` (curia.curator.v1.Node), e.g.
 	// `node.state == NODE_STATE_UP && has(node.roles.consensus_member)`.
 	// Empty matches every node. At most 4096 characters.
-	Filter        string `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	Filter string `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// How much of each node to send. Unspecified is NODE_VIEW_FULL here, as
+	// GetNodes answered before views existed (ListNodes' default is BASIC).
+	// The filter sees the whole node whatever the view.
+	View          NodeView `protobuf:"varint,2,opt,name=view,proto3,enum=curia.curator.v1.NodeView" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -131,6 +193,144 @@ func (x *GetNodesRequest) GetFilter() string {
 	return ""
 }
 
+func (x *GetNodesRequest) GetView() NodeView {
+	if x != nil {
+		return x.View
+	}
+	return NodeView_NODE_VIEW_UNSPECIFIED
+}
+
+// ListNodesRequest asks for one page of the nodes that match a filter.
+type ListNodesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A CEL expression over `node`, as GetNodesRequest.filter. Empty matches
+	// every node. At most 4096 characters.
+	Filter string `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// How much of each node to send; unspecified is NODE_VIEW_BASIC.
+	View NodeView `protobuf:"varint,2,opt,name=view,proto3,enum=curia.curator.v1.NodeView" json:"view,omitempty"`
+	// The most nodes on the page: 0 means 500; at most 1000.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page, to continue after it (with
+	// the same filter and view); empty for the first page. At most 1024
+	// characters.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesRequest) Reset() {
+	*x = ListNodesRequest{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesRequest) ProtoMessage() {}
+
+func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
+func (*ListNodesRequest) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListNodesRequest) GetFilter() string {
+	if x != nil {
+		return x.Filter
+	}
+	return ""
+}
+
+func (x *ListNodesRequest) GetView() NodeView {
+	if x != nil {
+		return x.View
+	}
+	return NodeView_NODE_VIEW_UNSPECIFIED
+}
+
+func (x *ListNodesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListNodesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListNodesResponse is one page of matching nodes.
+type ListNodesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Matching nodes, sorted by id, at most page_size of them.
+	Nodes []*Node `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The page_token of the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesResponse) Reset() {
+	*x = ListNodesResponse{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesResponse) ProtoMessage() {}
+
+func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
+func (*ListNodesResponse) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ListNodesResponse) GetNodes() []*Node {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ListNodesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 // GetNodesResponse is a batch of matching nodes.
 type GetNodesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -142,7 +342,7 @@ type GetNodesResponse struct {
 
 func (x *GetNodesResponse) Reset() {
 	*x = GetNodesResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[1]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -154,7 +354,7 @@ func (x *GetNodesResponse) String() string {
 func (*GetNodesResponse) ProtoMessage() {}
 
 func (x *GetNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[1]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -167,7 +367,7 @@ func (x *GetNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodesResponse.ProtoReflect.Descriptor instead.
 func (*GetNodesResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{1}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *GetNodesResponse) GetNodes() []*Node {
@@ -188,7 +388,7 @@ type ApproveNodeRequest struct {
 
 func (x *ApproveNodeRequest) Reset() {
 	*x = ApproveNodeRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[2]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -200,7 +400,7 @@ func (x *ApproveNodeRequest) String() string {
 func (*ApproveNodeRequest) ProtoMessage() {}
 
 func (x *ApproveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[2]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -213,7 +413,7 @@ func (x *ApproveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveNodeRequest.ProtoReflect.Descriptor instead.
 func (*ApproveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{2}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ApproveNodeRequest) GetNodeId() string {
@@ -234,7 +434,7 @@ type ApproveNodeResponse struct {
 
 func (x *ApproveNodeResponse) Reset() {
 	*x = ApproveNodeResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[3]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -246,7 +446,7 @@ func (x *ApproveNodeResponse) String() string {
 func (*ApproveNodeResponse) ProtoMessage() {}
 
 func (x *ApproveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[3]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -259,7 +459,7 @@ func (x *ApproveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveNodeResponse.ProtoReflect.Descriptor instead.
 func (*ApproveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{3}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ApproveNodeResponse) GetNode() *Node {
@@ -288,7 +488,7 @@ type UpdateNodeRolesRequest struct {
 
 func (x *UpdateNodeRolesRequest) Reset() {
 	*x = UpdateNodeRolesRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[4]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -300,7 +500,7 @@ func (x *UpdateNodeRolesRequest) String() string {
 func (*UpdateNodeRolesRequest) ProtoMessage() {}
 
 func (x *UpdateNodeRolesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[4]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -313,7 +513,7 @@ func (x *UpdateNodeRolesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNodeRolesRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNodeRolesRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{4}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *UpdateNodeRolesRequest) GetNodeId() string {
@@ -362,7 +562,7 @@ type UpdateNodeRolesResponse struct {
 
 func (x *UpdateNodeRolesResponse) Reset() {
 	*x = UpdateNodeRolesResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[5]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +574,7 @@ func (x *UpdateNodeRolesResponse) String() string {
 func (*UpdateNodeRolesResponse) ProtoMessage() {}
 
 func (x *UpdateNodeRolesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[5]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +587,7 @@ func (x *UpdateNodeRolesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNodeRolesResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNodeRolesResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{5}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *UpdateNodeRolesResponse) GetNode() *Node {
@@ -414,7 +614,7 @@ type StartNodeMaintenanceRequest struct {
 
 func (x *StartNodeMaintenanceRequest) Reset() {
 	*x = StartNodeMaintenanceRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[6]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -426,7 +626,7 @@ func (x *StartNodeMaintenanceRequest) String() string {
 func (*StartNodeMaintenanceRequest) ProtoMessage() {}
 
 func (x *StartNodeMaintenanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[6]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -439,7 +639,7 @@ func (x *StartNodeMaintenanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartNodeMaintenanceRequest.ProtoReflect.Descriptor instead.
 func (*StartNodeMaintenanceRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{6}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StartNodeMaintenanceRequest) GetNodeId() string {
@@ -474,7 +674,7 @@ type StartNodeMaintenanceResponse struct {
 
 func (x *StartNodeMaintenanceResponse) Reset() {
 	*x = StartNodeMaintenanceResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[7]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +686,7 @@ func (x *StartNodeMaintenanceResponse) String() string {
 func (*StartNodeMaintenanceResponse) ProtoMessage() {}
 
 func (x *StartNodeMaintenanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[7]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +699,7 @@ func (x *StartNodeMaintenanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartNodeMaintenanceResponse.ProtoReflect.Descriptor instead.
 func (*StartNodeMaintenanceResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{7}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StartNodeMaintenanceResponse) GetNode() *Node {
@@ -520,7 +720,7 @@ type EndNodeMaintenanceRequest struct {
 
 func (x *EndNodeMaintenanceRequest) Reset() {
 	*x = EndNodeMaintenanceRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[8]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +732,7 @@ func (x *EndNodeMaintenanceRequest) String() string {
 func (*EndNodeMaintenanceRequest) ProtoMessage() {}
 
 func (x *EndNodeMaintenanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[8]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +745,7 @@ func (x *EndNodeMaintenanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndNodeMaintenanceRequest.ProtoReflect.Descriptor instead.
 func (*EndNodeMaintenanceRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{8}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *EndNodeMaintenanceRequest) GetNodeId() string {
@@ -568,7 +768,7 @@ type EndNodeMaintenanceResponse struct {
 
 func (x *EndNodeMaintenanceResponse) Reset() {
 	*x = EndNodeMaintenanceResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[9]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +780,7 @@ func (x *EndNodeMaintenanceResponse) String() string {
 func (*EndNodeMaintenanceResponse) ProtoMessage() {}
 
 func (x *EndNodeMaintenanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[9]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +793,7 @@ func (x *EndNodeMaintenanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndNodeMaintenanceResponse.ProtoReflect.Descriptor instead.
 func (*EndNodeMaintenanceResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{9}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EndNodeMaintenanceResponse) GetNode() *Node {
@@ -626,7 +826,7 @@ type DeleteNodeRequest struct {
 
 func (x *DeleteNodeRequest) Reset() {
 	*x = DeleteNodeRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +838,7 @@ func (x *DeleteNodeRequest) String() string {
 func (*DeleteNodeRequest) ProtoMessage() {}
 
 func (x *DeleteNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[10]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +851,7 @@ func (x *DeleteNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNodeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteNodeRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{10}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteNodeRequest) GetNodeId() string {
@@ -688,7 +888,7 @@ type DeleteNodeResponse struct {
 
 func (x *DeleteNodeResponse) Reset() {
 	*x = DeleteNodeResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +900,7 @@ func (x *DeleteNodeResponse) String() string {
 func (*DeleteNodeResponse) ProtoMessage() {}
 
 func (x *DeleteNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[11]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +913,7 @@ func (x *DeleteNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNodeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteNodeResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{11}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteNodeResponse) GetRevokedSerial() string {
@@ -739,7 +939,7 @@ type GetClusterInfoRequest struct {
 
 func (x *GetClusterInfoRequest) Reset() {
 	*x = GetClusterInfoRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +951,7 @@ func (x *GetClusterInfoRequest) String() string {
 func (*GetClusterInfoRequest) ProtoMessage() {}
 
 func (x *GetClusterInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +964,7 @@ func (x *GetClusterInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterInfoRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{12}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{14}
 }
 
 // GetClusterInfoResponse describes the cluster.
@@ -791,7 +991,7 @@ type GetClusterInfoResponse struct {
 
 func (x *GetClusterInfoResponse) Reset() {
 	*x = GetClusterInfoResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -803,7 +1003,7 @@ func (x *GetClusterInfoResponse) String() string {
 func (*GetClusterInfoResponse) ProtoMessage() {}
 
 func (x *GetClusterInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -816,7 +1016,7 @@ func (x *GetClusterInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetClusterInfoResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{13}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetClusterInfoResponse) GetClusterName() string {
@@ -899,7 +1099,7 @@ type EtcdMaintenanceStatus struct {
 
 func (x *EtcdMaintenanceStatus) Reset() {
 	*x = EtcdMaintenanceStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -911,7 +1111,7 @@ func (x *EtcdMaintenanceStatus) String() string {
 func (*EtcdMaintenanceStatus) ProtoMessage() {}
 
 func (x *EtcdMaintenanceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -924,7 +1124,7 @@ func (x *EtcdMaintenanceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EtcdMaintenanceStatus.ProtoReflect.Descriptor instead.
 func (*EtcdMaintenanceStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{14}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EtcdMaintenanceStatus) GetDefragCheckInterval() *durationpb.Duration {
@@ -1006,7 +1206,7 @@ type SnapshotStatus struct {
 
 func (x *SnapshotStatus) Reset() {
 	*x = SnapshotStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1218,7 @@ func (x *SnapshotStatus) String() string {
 func (*SnapshotStatus) ProtoMessage() {}
 
 func (x *SnapshotStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1231,7 @@ func (x *SnapshotStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotStatus.ProtoReflect.Descriptor instead.
 func (*SnapshotStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{15}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SnapshotStatus) GetEnabled() bool {
@@ -1094,7 +1294,7 @@ type SnapshotMember struct {
 
 func (x *SnapshotMember) Reset() {
 	*x = SnapshotMember{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1106,7 +1306,7 @@ func (x *SnapshotMember) String() string {
 func (*SnapshotMember) ProtoMessage() {}
 
 func (x *SnapshotMember) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1119,7 +1319,7 @@ func (x *SnapshotMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotMember.ProtoReflect.Descriptor instead.
 func (*SnapshotMember) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{16}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SnapshotMember) GetId() uint64 {
@@ -1189,7 +1389,7 @@ type SnapshotMetadata struct {
 
 func (x *SnapshotMetadata) Reset() {
 	*x = SnapshotMetadata{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1401,7 @@ func (x *SnapshotMetadata) String() string {
 func (*SnapshotMetadata) ProtoMessage() {}
 
 func (x *SnapshotMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1414,7 @@ func (x *SnapshotMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotMetadata.ProtoReflect.Descriptor instead.
 func (*SnapshotMetadata) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{17}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SnapshotMetadata) GetName() string {
@@ -1331,7 +1531,7 @@ type TakeSnapshotRequest struct {
 
 func (x *TakeSnapshotRequest) Reset() {
 	*x = TakeSnapshotRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1543,7 @@ func (x *TakeSnapshotRequest) String() string {
 func (*TakeSnapshotRequest) ProtoMessage() {}
 
 func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1556,7 @@ func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{18}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TakeSnapshotRequest) GetReason() string {
@@ -1387,7 +1587,7 @@ type TakeSnapshotResponse struct {
 
 func (x *TakeSnapshotResponse) Reset() {
 	*x = TakeSnapshotResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1599,7 @@ func (x *TakeSnapshotResponse) String() string {
 func (*TakeSnapshotResponse) ProtoMessage() {}
 
 func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1612,7 @@ func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{19}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TakeSnapshotResponse) GetSnapshot() *SnapshotMetadata {
@@ -1438,7 +1638,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1650,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1663,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{20}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{22}
 }
 
 // ListSnapshotsResponse lists the snapshots.
@@ -1479,7 +1679,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1491,7 +1691,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1504,7 +1704,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{21}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotMetadata {
@@ -1532,7 +1732,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1744,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1757,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{22}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetSnapshotRequest) GetName() string {
@@ -1582,7 +1782,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1794,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1807,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{23}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *SnapshotMetadata {
@@ -1633,7 +1833,7 @@ type GetConsensusStatusRequest struct {
 
 func (x *GetConsensusStatusRequest) Reset() {
 	*x = GetConsensusStatusRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +1845,7 @@ func (x *GetConsensusStatusRequest) String() string {
 func (*GetConsensusStatusRequest) ProtoMessage() {}
 
 func (x *GetConsensusStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +1858,7 @@ func (x *GetConsensusStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsensusStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetConsensusStatusRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{24}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{26}
 }
 
 // ConsensusMemberStatus is one etcd member and its node.
@@ -1697,7 +1897,7 @@ type ConsensusMemberStatus struct {
 
 func (x *ConsensusMemberStatus) Reset() {
 	*x = ConsensusMemberStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1909,7 @@ func (x *ConsensusMemberStatus) String() string {
 func (*ConsensusMemberStatus) ProtoMessage() {}
 
 func (x *ConsensusMemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1922,7 @@ func (x *ConsensusMemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsensusMemberStatus.ProtoReflect.Descriptor instead.
 func (*ConsensusMemberStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{25}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ConsensusMemberStatus) GetMemberId() uint64 {
@@ -1840,7 +2040,7 @@ type GetConsensusStatusResponse struct {
 
 func (x *GetConsensusStatusResponse) Reset() {
 	*x = GetConsensusStatusResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1852,7 +2052,7 @@ func (x *GetConsensusStatusResponse) String() string {
 func (*GetConsensusStatusResponse) ProtoMessage() {}
 
 func (x *GetConsensusStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1865,7 +2065,7 @@ func (x *GetConsensusStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsensusStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetConsensusStatusResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{26}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetConsensusStatusResponse) GetMembers() []*ConsensusMemberStatus {
@@ -1926,7 +2126,7 @@ type GetRegisterTicketRequest struct {
 
 func (x *GetRegisterTicketRequest) Reset() {
 	*x = GetRegisterTicketRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[27]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1938,7 +2138,7 @@ func (x *GetRegisterTicketRequest) String() string {
 func (*GetRegisterTicketRequest) ProtoMessage() {}
 
 func (x *GetRegisterTicketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[27]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1951,7 +2151,7 @@ func (x *GetRegisterTicketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegisterTicketRequest.ProtoReflect.Descriptor instead.
 func (*GetRegisterTicketRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{27}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{29}
 }
 
 // GetRegisterTicketResponse carries the ticket.
@@ -1965,7 +2165,7 @@ type GetRegisterTicketResponse struct {
 
 func (x *GetRegisterTicketResponse) Reset() {
 	*x = GetRegisterTicketResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[28]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2177,7 @@ func (x *GetRegisterTicketResponse) String() string {
 func (*GetRegisterTicketResponse) ProtoMessage() {}
 
 func (x *GetRegisterTicketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[28]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2190,7 @@ func (x *GetRegisterTicketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegisterTicketResponse.ProtoReflect.Descriptor instead.
 func (*GetRegisterTicketResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{28}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetRegisterTicketResponse) GetTicket() []byte {
@@ -2019,7 +2219,7 @@ type WatchAuditLogRequest struct {
 
 func (x *WatchAuditLogRequest) Reset() {
 	*x = WatchAuditLogRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[29]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2031,7 +2231,7 @@ func (x *WatchAuditLogRequest) String() string {
 func (*WatchAuditLogRequest) ProtoMessage() {}
 
 func (x *WatchAuditLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[29]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2044,7 +2244,7 @@ func (x *WatchAuditLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAuditLogRequest.ProtoReflect.Descriptor instead.
 func (*WatchAuditLogRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{29}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WatchAuditLogRequest) GetBacklog() int64 {
@@ -2081,7 +2281,7 @@ type WatchAuditLogResponse struct {
 
 func (x *WatchAuditLogResponse) Reset() {
 	*x = WatchAuditLogResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[30]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2093,7 +2293,7 @@ func (x *WatchAuditLogResponse) String() string {
 func (*WatchAuditLogResponse) ProtoMessage() {}
 
 func (x *WatchAuditLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[30]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2106,7 +2306,7 @@ func (x *WatchAuditLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAuditLogResponse.ProtoReflect.Descriptor instead.
 func (*WatchAuditLogResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{30}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WatchAuditLogResponse) GetEvent() *v1.Event {
@@ -2127,9 +2327,20 @@ var File_curia_curator_v1_management_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\n" +
-	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/audit/v1/audit.proto\x1a%curia/curator/v1/cluster_config.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"3\n" +
+	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/audit/v1/audit.proto\x1a%curia/curator/v1/cluster_config.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"m\n" +
 	"\x0fGetNodesRequest\x12 \n" +
-	"\x06filter\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06filter\"@\n" +
+	"\x06filter\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06filter\x128\n" +
+	"\x04view\x18\x02 \x01(\x0e2\x1a.curia.curator.v1.NodeViewB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04view\"\xc0\x01\n" +
+	"\x10ListNodesRequest\x12 \n" +
+	"\x06filter\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06filter\x128\n" +
+	"\x04view\x18\x02 \x01(\x0e2\x1a.curia.curator.v1.NodeViewB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04view\x12'\n" +
+	"\tpage_size\x18\x03 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12'\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tB\b\xbaH\x05r\x03\x18\x80\bR\tpageToken\"i\n" +
+	"\x11ListNodesResponse\x12,\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x16.curia.curator.v1.NodeR\x05nodes\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"@\n" +
 	"\x10GetNodesResponse\x12,\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x16.curia.curator.v1.NodeR\x05nodes\"8\n" +
 	"\x12ApproveNodeRequest\x12\"\n" +
@@ -2271,15 +2482,20 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\faudit.resume\x12Gstart_revision resumes a stream: it takes neither backlog nor no_follow\x1aBthis.start_revision == 0 || (this.backlog == 0 && !this.no_follow)\"`\n" +
 	"\x15WatchAuditLogResponse\x12+\n" +
 	"\x05event\x18\x01 \x01(\v2\x15.curia.audit.v1.EventR\x05event\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision*\xa2\x01\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision*N\n" +
+	"\bNodeView\x12\x19\n" +
+	"\x15NODE_VIEW_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fNODE_VIEW_BASIC\x10\x01\x12\x12\n" +
+	"\x0eNODE_VIEW_FULL\x10\x02*\xa2\x01\n" +
 	"\x0fSnapshotTrigger\x12 \n" +
 	"\x1cSNAPSHOT_TRIGGER_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aSNAPSHOT_TRIGGER_SCHEDULED\x10\x01\x12\x1e\n" +
 	"\x1aSNAPSHOT_TRIGGER_ON_DEMAND\x10\x02\x12-\n" +
-	")SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE\x10\x032\xac\r\n" +
+	")SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE\x10\x032\x87\x0e\n" +
 	"\n" +
 	"Management\x12X\n" +
-	"\bGetNodes\x12!.curia.curator.v1.GetNodesRequest\x1a\".curia.curator.v1.GetNodesResponse\"\x03\x90\x02\x010\x01\x12Z\n" +
+	"\bGetNodes\x12!.curia.curator.v1.GetNodesRequest\x1a\".curia.curator.v1.GetNodesResponse\"\x03\x90\x02\x010\x01\x12Y\n" +
+	"\tListNodes\x12\".curia.curator.v1.ListNodesRequest\x1a#.curia.curator.v1.ListNodesResponse\"\x03\x90\x02\x01\x12Z\n" +
 	"\vApproveNode\x12$.curia.curator.v1.ApproveNodeRequest\x1a%.curia.curator.v1.ApproveNodeResponse\x12f\n" +
 	"\x0fUpdateNodeRoles\x12(.curia.curator.v1.UpdateNodeRolesRequest\x1a).curia.curator.v1.UpdateNodeRolesResponse\x12W\n" +
 	"\n" +
@@ -2310,118 +2526,126 @@ func file_curia_curator_v1_management_proto_rawDescGZIP() []byte {
 	return file_curia_curator_v1_management_proto_rawDescData
 }
 
-var file_curia_curator_v1_management_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_curia_curator_v1_management_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_curia_curator_v1_management_proto_goTypes = []any{
-	(SnapshotTrigger)(0),                 // 0: curia.curator.v1.SnapshotTrigger
-	(*GetNodesRequest)(nil),              // 1: curia.curator.v1.GetNodesRequest
-	(*GetNodesResponse)(nil),             // 2: curia.curator.v1.GetNodesResponse
-	(*ApproveNodeRequest)(nil),           // 3: curia.curator.v1.ApproveNodeRequest
-	(*ApproveNodeResponse)(nil),          // 4: curia.curator.v1.ApproveNodeResponse
-	(*UpdateNodeRolesRequest)(nil),       // 5: curia.curator.v1.UpdateNodeRolesRequest
-	(*UpdateNodeRolesResponse)(nil),      // 6: curia.curator.v1.UpdateNodeRolesResponse
-	(*StartNodeMaintenanceRequest)(nil),  // 7: curia.curator.v1.StartNodeMaintenanceRequest
-	(*StartNodeMaintenanceResponse)(nil), // 8: curia.curator.v1.StartNodeMaintenanceResponse
-	(*EndNodeMaintenanceRequest)(nil),    // 9: curia.curator.v1.EndNodeMaintenanceRequest
-	(*EndNodeMaintenanceResponse)(nil),   // 10: curia.curator.v1.EndNodeMaintenanceResponse
-	(*DeleteNodeRequest)(nil),            // 11: curia.curator.v1.DeleteNodeRequest
-	(*DeleteNodeResponse)(nil),           // 12: curia.curator.v1.DeleteNodeResponse
-	(*GetClusterInfoRequest)(nil),        // 13: curia.curator.v1.GetClusterInfoRequest
-	(*GetClusterInfoResponse)(nil),       // 14: curia.curator.v1.GetClusterInfoResponse
-	(*EtcdMaintenanceStatus)(nil),        // 15: curia.curator.v1.EtcdMaintenanceStatus
-	(*SnapshotStatus)(nil),               // 16: curia.curator.v1.SnapshotStatus
-	(*SnapshotMember)(nil),               // 17: curia.curator.v1.SnapshotMember
-	(*SnapshotMetadata)(nil),             // 18: curia.curator.v1.SnapshotMetadata
-	(*TakeSnapshotRequest)(nil),          // 19: curia.curator.v1.TakeSnapshotRequest
-	(*TakeSnapshotResponse)(nil),         // 20: curia.curator.v1.TakeSnapshotResponse
-	(*ListSnapshotsRequest)(nil),         // 21: curia.curator.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),        // 22: curia.curator.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),           // 23: curia.curator.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),          // 24: curia.curator.v1.GetSnapshotResponse
-	(*GetConsensusStatusRequest)(nil),    // 25: curia.curator.v1.GetConsensusStatusRequest
-	(*ConsensusMemberStatus)(nil),        // 26: curia.curator.v1.ConsensusMemberStatus
-	(*GetConsensusStatusResponse)(nil),   // 27: curia.curator.v1.GetConsensusStatusResponse
-	(*GetRegisterTicketRequest)(nil),     // 28: curia.curator.v1.GetRegisterTicketRequest
-	(*GetRegisterTicketResponse)(nil),    // 29: curia.curator.v1.GetRegisterTicketResponse
-	(*WatchAuditLogRequest)(nil),         // 30: curia.curator.v1.WatchAuditLogRequest
-	(*WatchAuditLogResponse)(nil),        // 31: curia.curator.v1.WatchAuditLogResponse
-	nil,                                  // 32: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	(*Node)(nil),                         // 33: curia.curator.v1.Node
-	(*durationpb.Duration)(nil),          // 34: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),        // 35: google.protobuf.Timestamp
-	(NodeHealth)(0),                      // 36: curia.curator.v1.NodeHealth
-	(*v1.Event)(nil),                     // 37: curia.audit.v1.Event
-	(*GetClusterConfigRequest)(nil),      // 38: curia.curator.v1.GetClusterConfigRequest
-	(*UpdateClusterConfigRequest)(nil),   // 39: curia.curator.v1.UpdateClusterConfigRequest
-	(*WatchClusterConfigRequest)(nil),    // 40: curia.curator.v1.WatchClusterConfigRequest
-	(*GetClusterConfigResponse)(nil),     // 41: curia.curator.v1.GetClusterConfigResponse
-	(*UpdateClusterConfigResponse)(nil),  // 42: curia.curator.v1.UpdateClusterConfigResponse
-	(*WatchClusterConfigResponse)(nil),   // 43: curia.curator.v1.WatchClusterConfigResponse
+	(NodeView)(0),                        // 0: curia.curator.v1.NodeView
+	(SnapshotTrigger)(0),                 // 1: curia.curator.v1.SnapshotTrigger
+	(*GetNodesRequest)(nil),              // 2: curia.curator.v1.GetNodesRequest
+	(*ListNodesRequest)(nil),             // 3: curia.curator.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),            // 4: curia.curator.v1.ListNodesResponse
+	(*GetNodesResponse)(nil),             // 5: curia.curator.v1.GetNodesResponse
+	(*ApproveNodeRequest)(nil),           // 6: curia.curator.v1.ApproveNodeRequest
+	(*ApproveNodeResponse)(nil),          // 7: curia.curator.v1.ApproveNodeResponse
+	(*UpdateNodeRolesRequest)(nil),       // 8: curia.curator.v1.UpdateNodeRolesRequest
+	(*UpdateNodeRolesResponse)(nil),      // 9: curia.curator.v1.UpdateNodeRolesResponse
+	(*StartNodeMaintenanceRequest)(nil),  // 10: curia.curator.v1.StartNodeMaintenanceRequest
+	(*StartNodeMaintenanceResponse)(nil), // 11: curia.curator.v1.StartNodeMaintenanceResponse
+	(*EndNodeMaintenanceRequest)(nil),    // 12: curia.curator.v1.EndNodeMaintenanceRequest
+	(*EndNodeMaintenanceResponse)(nil),   // 13: curia.curator.v1.EndNodeMaintenanceResponse
+	(*DeleteNodeRequest)(nil),            // 14: curia.curator.v1.DeleteNodeRequest
+	(*DeleteNodeResponse)(nil),           // 15: curia.curator.v1.DeleteNodeResponse
+	(*GetClusterInfoRequest)(nil),        // 16: curia.curator.v1.GetClusterInfoRequest
+	(*GetClusterInfoResponse)(nil),       // 17: curia.curator.v1.GetClusterInfoResponse
+	(*EtcdMaintenanceStatus)(nil),        // 18: curia.curator.v1.EtcdMaintenanceStatus
+	(*SnapshotStatus)(nil),               // 19: curia.curator.v1.SnapshotStatus
+	(*SnapshotMember)(nil),               // 20: curia.curator.v1.SnapshotMember
+	(*SnapshotMetadata)(nil),             // 21: curia.curator.v1.SnapshotMetadata
+	(*TakeSnapshotRequest)(nil),          // 22: curia.curator.v1.TakeSnapshotRequest
+	(*TakeSnapshotResponse)(nil),         // 23: curia.curator.v1.TakeSnapshotResponse
+	(*ListSnapshotsRequest)(nil),         // 24: curia.curator.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 25: curia.curator.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),           // 26: curia.curator.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),          // 27: curia.curator.v1.GetSnapshotResponse
+	(*GetConsensusStatusRequest)(nil),    // 28: curia.curator.v1.GetConsensusStatusRequest
+	(*ConsensusMemberStatus)(nil),        // 29: curia.curator.v1.ConsensusMemberStatus
+	(*GetConsensusStatusResponse)(nil),   // 30: curia.curator.v1.GetConsensusStatusResponse
+	(*GetRegisterTicketRequest)(nil),     // 31: curia.curator.v1.GetRegisterTicketRequest
+	(*GetRegisterTicketResponse)(nil),    // 32: curia.curator.v1.GetRegisterTicketResponse
+	(*WatchAuditLogRequest)(nil),         // 33: curia.curator.v1.WatchAuditLogRequest
+	(*WatchAuditLogResponse)(nil),        // 34: curia.curator.v1.WatchAuditLogResponse
+	nil,                                  // 35: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	(*Node)(nil),                         // 36: curia.curator.v1.Node
+	(*durationpb.Duration)(nil),          // 37: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),        // 38: google.protobuf.Timestamp
+	(NodeHealth)(0),                      // 39: curia.curator.v1.NodeHealth
+	(*v1.Event)(nil),                     // 40: curia.audit.v1.Event
+	(*GetClusterConfigRequest)(nil),      // 41: curia.curator.v1.GetClusterConfigRequest
+	(*UpdateClusterConfigRequest)(nil),   // 42: curia.curator.v1.UpdateClusterConfigRequest
+	(*WatchClusterConfigRequest)(nil),    // 43: curia.curator.v1.WatchClusterConfigRequest
+	(*GetClusterConfigResponse)(nil),     // 44: curia.curator.v1.GetClusterConfigResponse
+	(*UpdateClusterConfigResponse)(nil),  // 45: curia.curator.v1.UpdateClusterConfigResponse
+	(*WatchClusterConfigResponse)(nil),   // 46: curia.curator.v1.WatchClusterConfigResponse
 }
 var file_curia_curator_v1_management_proto_depIdxs = []int32{
-	33, // 0: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
-	33, // 1: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
-	33, // 2: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
-	34, // 3: curia.curator.v1.StartNodeMaintenanceRequest.duration:type_name -> google.protobuf.Duration
-	33, // 4: curia.curator.v1.StartNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
-	33, // 5: curia.curator.v1.EndNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
-	32, // 6: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	16, // 7: curia.curator.v1.GetClusterInfoResponse.snapshots:type_name -> curia.curator.v1.SnapshotStatus
-	15, // 8: curia.curator.v1.GetClusterInfoResponse.etcd_maintenance:type_name -> curia.curator.v1.EtcdMaintenanceStatus
-	34, // 9: curia.curator.v1.EtcdMaintenanceStatus.defrag_check_interval:type_name -> google.protobuf.Duration
-	35, // 10: curia.curator.v1.EtcdMaintenanceStatus.last_run_start:type_name -> google.protobuf.Timestamp
-	35, // 11: curia.curator.v1.EtcdMaintenanceStatus.last_run_end:type_name -> google.protobuf.Timestamp
-	34, // 12: curia.curator.v1.SnapshotStatus.interval:type_name -> google.protobuf.Duration
-	18, // 13: curia.curator.v1.SnapshotStatus.last_good:type_name -> curia.curator.v1.SnapshotMetadata
-	35, // 14: curia.curator.v1.SnapshotStatus.last_failure_time:type_name -> google.protobuf.Timestamp
-	35, // 15: curia.curator.v1.SnapshotMetadata.taken_at:type_name -> google.protobuf.Timestamp
-	17, // 16: curia.curator.v1.SnapshotMetadata.source:type_name -> curia.curator.v1.SnapshotMember
-	17, // 17: curia.curator.v1.SnapshotMetadata.members:type_name -> curia.curator.v1.SnapshotMember
-	0,  // 18: curia.curator.v1.SnapshotMetadata.trigger:type_name -> curia.curator.v1.SnapshotTrigger
-	18, // 19: curia.curator.v1.TakeSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
-	18, // 20: curia.curator.v1.ListSnapshotsResponse.snapshots:type_name -> curia.curator.v1.SnapshotMetadata
-	18, // 21: curia.curator.v1.GetSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
-	36, // 22: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
-	35, // 23: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	26, // 24: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
-	37, // 25: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
-	1,  // 26: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
-	3,  // 27: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
-	5,  // 28: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
-	11, // 29: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
-	7,  // 30: curia.curator.v1.Management.StartNodeMaintenance:input_type -> curia.curator.v1.StartNodeMaintenanceRequest
-	9,  // 31: curia.curator.v1.Management.EndNodeMaintenance:input_type -> curia.curator.v1.EndNodeMaintenanceRequest
-	13, // 32: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
-	25, // 33: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
-	28, // 34: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
-	38, // 35: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
-	39, // 36: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
-	40, // 37: curia.curator.v1.Management.WatchClusterConfig:input_type -> curia.curator.v1.WatchClusterConfigRequest
-	30, // 38: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
-	19, // 39: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
-	21, // 40: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
-	23, // 41: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
-	2,  // 42: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
-	4,  // 43: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
-	6,  // 44: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
-	12, // 45: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
-	8,  // 46: curia.curator.v1.Management.StartNodeMaintenance:output_type -> curia.curator.v1.StartNodeMaintenanceResponse
-	10, // 47: curia.curator.v1.Management.EndNodeMaintenance:output_type -> curia.curator.v1.EndNodeMaintenanceResponse
-	14, // 48: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
-	27, // 49: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
-	29, // 50: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
-	41, // 51: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
-	42, // 52: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
-	43, // 53: curia.curator.v1.Management.WatchClusterConfig:output_type -> curia.curator.v1.WatchClusterConfigResponse
-	31, // 54: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
-	20, // 55: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
-	22, // 56: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
-	24, // 57: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
-	42, // [42:58] is the sub-list for method output_type
-	26, // [26:42] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	0,  // 0: curia.curator.v1.GetNodesRequest.view:type_name -> curia.curator.v1.NodeView
+	0,  // 1: curia.curator.v1.ListNodesRequest.view:type_name -> curia.curator.v1.NodeView
+	36, // 2: curia.curator.v1.ListNodesResponse.nodes:type_name -> curia.curator.v1.Node
+	36, // 3: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
+	36, // 4: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
+	36, // 5: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
+	37, // 6: curia.curator.v1.StartNodeMaintenanceRequest.duration:type_name -> google.protobuf.Duration
+	36, // 7: curia.curator.v1.StartNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
+	36, // 8: curia.curator.v1.EndNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
+	35, // 9: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	19, // 10: curia.curator.v1.GetClusterInfoResponse.snapshots:type_name -> curia.curator.v1.SnapshotStatus
+	18, // 11: curia.curator.v1.GetClusterInfoResponse.etcd_maintenance:type_name -> curia.curator.v1.EtcdMaintenanceStatus
+	37, // 12: curia.curator.v1.EtcdMaintenanceStatus.defrag_check_interval:type_name -> google.protobuf.Duration
+	38, // 13: curia.curator.v1.EtcdMaintenanceStatus.last_run_start:type_name -> google.protobuf.Timestamp
+	38, // 14: curia.curator.v1.EtcdMaintenanceStatus.last_run_end:type_name -> google.protobuf.Timestamp
+	37, // 15: curia.curator.v1.SnapshotStatus.interval:type_name -> google.protobuf.Duration
+	21, // 16: curia.curator.v1.SnapshotStatus.last_good:type_name -> curia.curator.v1.SnapshotMetadata
+	38, // 17: curia.curator.v1.SnapshotStatus.last_failure_time:type_name -> google.protobuf.Timestamp
+	38, // 18: curia.curator.v1.SnapshotMetadata.taken_at:type_name -> google.protobuf.Timestamp
+	20, // 19: curia.curator.v1.SnapshotMetadata.source:type_name -> curia.curator.v1.SnapshotMember
+	20, // 20: curia.curator.v1.SnapshotMetadata.members:type_name -> curia.curator.v1.SnapshotMember
+	1,  // 21: curia.curator.v1.SnapshotMetadata.trigger:type_name -> curia.curator.v1.SnapshotTrigger
+	21, // 22: curia.curator.v1.TakeSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	21, // 23: curia.curator.v1.ListSnapshotsResponse.snapshots:type_name -> curia.curator.v1.SnapshotMetadata
+	21, // 24: curia.curator.v1.GetSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	39, // 25: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
+	38, // 26: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	29, // 27: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
+	40, // 28: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
+	2,  // 29: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
+	3,  // 30: curia.curator.v1.Management.ListNodes:input_type -> curia.curator.v1.ListNodesRequest
+	6,  // 31: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
+	8,  // 32: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
+	14, // 33: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
+	10, // 34: curia.curator.v1.Management.StartNodeMaintenance:input_type -> curia.curator.v1.StartNodeMaintenanceRequest
+	12, // 35: curia.curator.v1.Management.EndNodeMaintenance:input_type -> curia.curator.v1.EndNodeMaintenanceRequest
+	16, // 36: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
+	28, // 37: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
+	31, // 38: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
+	41, // 39: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
+	42, // 40: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
+	43, // 41: curia.curator.v1.Management.WatchClusterConfig:input_type -> curia.curator.v1.WatchClusterConfigRequest
+	33, // 42: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
+	22, // 43: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
+	24, // 44: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
+	26, // 45: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
+	5,  // 46: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
+	4,  // 47: curia.curator.v1.Management.ListNodes:output_type -> curia.curator.v1.ListNodesResponse
+	7,  // 48: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
+	9,  // 49: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
+	15, // 50: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
+	11, // 51: curia.curator.v1.Management.StartNodeMaintenance:output_type -> curia.curator.v1.StartNodeMaintenanceResponse
+	13, // 52: curia.curator.v1.Management.EndNodeMaintenance:output_type -> curia.curator.v1.EndNodeMaintenanceResponse
+	17, // 53: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
+	30, // 54: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
+	32, // 55: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
+	44, // 56: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
+	45, // 57: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
+	46, // 58: curia.curator.v1.Management.WatchClusterConfig:output_type -> curia.curator.v1.WatchClusterConfigResponse
+	34, // 59: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
+	23, // 60: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
+	25, // 61: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
+	27, // 62: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
+	46, // [46:63] is the sub-list for method output_type
+	29, // [29:46] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_management_proto_init() }
@@ -2431,14 +2655,14 @@ func file_curia_curator_v1_management_proto_init() {
 	}
 	file_curia_curator_v1_cluster_config_proto_init()
 	file_curia_curator_v1_node_proto_init()
-	file_curia_curator_v1_management_proto_msgTypes[4].OneofWrappers = []any{}
+	file_curia_curator_v1_management_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_management_proto_rawDesc), len(file_curia_curator_v1_management_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   32,
+			NumEnums:      2,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	Management_GetNodes_FullMethodName             = "/curia.curator.v1.Management/GetNodes"
+	Management_ListNodes_FullMethodName            = "/curia.curator.v1.Management/ListNodes"
 	Management_ApproveNode_FullMethodName          = "/curia.curator.v1.Management/ApproveNode"
 	Management_UpdateNodeRoles_FullMethodName      = "/curia.curator.v1.Management/UpdateNodeRoles"
 	Management_DeleteNode_FullMethodName           = "/curia.curator.v1.Management/DeleteNode"
@@ -48,6 +49,22 @@ type ManagementClient interface {
 	// moment within the call (a linearizable read, served from the replica's
 	// watched view of the registry, not read from etcd node by node).
 	GetNodes(ctx context.Context, in *GetNodesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetNodesResponse], error)
+	// ListNodes lists the nodes matching a filter, sorted by id, a page at a
+	// time: the same nodes as GetNodes, in one unary call per page, so that
+	// curl lists them too:
+	//
+	//	curl ... -H 'Content-Type: application/json' -d '{"pageSize": 100}' \
+	//	  https://HOST:PORT/curia.curator.v1.Management/ListNodes
+	//
+	// Each page is a linearizable read served by the replica asked, as
+	// GetNodes is. Pages continue after the last node id of the page before
+	// (next_page_token), so a walk through every page returns each node that
+	// exists throughout the walk exactly once however the registry changes
+	// meanwhile: a node created or deleted during the walk may or may not
+	// appear (once at most), and each node is as of its own page.
+	// INVALID_ARGUMENT for a page_token that ListNodes did not return, or that
+	// it returned for another filter or view.
+	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
 	// ApproveNode moves a NEW node to STANDBY.
 	ApproveNode(ctx context.Context, in *ApproveNodeRequest, opts ...grpc.CallOption) (*ApproveNodeResponse, error)
 	// UpdateNodeRoles gives or takes roles: etcd membership first, role second.
@@ -148,6 +165,16 @@ func (c *managementClient) GetNodes(ctx context.Context, in *GetNodesRequest, op
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Management_GetNodesClient = grpc.ServerStreamingClient[GetNodesResponse]
+
+func (c *managementClient) ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListNodesResponse)
+	err := c.cc.Invoke(ctx, Management_ListNodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 
 func (c *managementClient) ApproveNode(ctx context.Context, in *ApproveNodeRequest, opts ...grpc.CallOption) (*ApproveNodeResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -337,6 +364,22 @@ type ManagementServer interface {
 	// moment within the call (a linearizable read, served from the replica's
 	// watched view of the registry, not read from etcd node by node).
 	GetNodes(*GetNodesRequest, grpc.ServerStreamingServer[GetNodesResponse]) error
+	// ListNodes lists the nodes matching a filter, sorted by id, a page at a
+	// time: the same nodes as GetNodes, in one unary call per page, so that
+	// curl lists them too:
+	//
+	//	curl ... -H 'Content-Type: application/json' -d '{"pageSize": 100}' \
+	//	  https://HOST:PORT/curia.curator.v1.Management/ListNodes
+	//
+	// Each page is a linearizable read served by the replica asked, as
+	// GetNodes is. Pages continue after the last node id of the page before
+	// (next_page_token), so a walk through every page returns each node that
+	// exists throughout the walk exactly once however the registry changes
+	// meanwhile: a node created or deleted during the walk may or may not
+	// appear (once at most), and each node is as of its own page.
+	// INVALID_ARGUMENT for a page_token that ListNodes did not return, or that
+	// it returned for another filter or view.
+	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
 	// ApproveNode moves a NEW node to STANDBY.
 	ApproveNode(context.Context, *ApproveNodeRequest) (*ApproveNodeResponse, error)
 	// UpdateNodeRoles gives or takes roles: etcd membership first, role second.
@@ -422,6 +465,9 @@ type UnimplementedManagementServer struct{}
 func (UnimplementedManagementServer) GetNodes(*GetNodesRequest, grpc.ServerStreamingServer[GetNodesResponse]) error {
 	return status.Error(codes.Unimplemented, "method GetNodes not implemented")
 }
+func (UnimplementedManagementServer) ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListNodes not implemented")
+}
 func (UnimplementedManagementServer) ApproveNode(context.Context, *ApproveNodeRequest) (*ApproveNodeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ApproveNode not implemented")
 }
@@ -498,6 +544,24 @@ func _Management_GetNodes_Handler(srv interface{}, stream grpc.ServerStream) err
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Management_GetNodesServer = grpc.ServerStreamingServer[GetNodesResponse]
+
+func _Management_ListNodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListNodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ManagementServer).ListNodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Management_ListNodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ManagementServer).ListNodes(ctx, req.(*ListNodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
 
 func _Management_ApproveNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ApproveNodeRequest)
@@ -755,6 +819,10 @@ var Management_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "curia.curator.v1.Management",
 	HandlerType: (*ManagementServer)(nil),
 	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ListNodes",
+			Handler:    _Management_ListNodes_Handler,
+		},
 		{
 			MethodName: "ApproveNode",
 			Handler:    _Management_ApproveNode_Handler,

@@ -35,6 +35,8 @@ const (
 const (
 	// ManagementGetNodesProcedure is the fully-qualified name of the Management's GetNodes RPC.
 	ManagementGetNodesProcedure = "/curia.curator.v1.Management/GetNodes"
+	// ManagementListNodesProcedure is the fully-qualified name of the Management's ListNodes RPC.
+	ManagementListNodesProcedure = "/curia.curator.v1.Management/ListNodes"
 	// ManagementApproveNodeProcedure is the fully-qualified name of the Management's ApproveNode RPC.
 	ManagementApproveNodeProcedure = "/curia.curator.v1.Management/ApproveNode"
 	// ManagementUpdateNodeRolesProcedure is the fully-qualified name of the Management's
@@ -84,6 +86,22 @@ type ManagementClient interface {
 	// moment within the call (a linearizable read, served from the replica's
 	// watched view of the registry, not read from etcd node by node).
 	GetNodes(context.Context, *connect.Request[v1.GetNodesRequest]) (*connect.ServerStreamForClient[v1.GetNodesResponse], error)
+	// ListNodes lists the nodes matching a filter, sorted by id, a page at a
+	// time: the same nodes as GetNodes, in one unary call per page, so that
+	// curl lists them too:
+	//
+	//	curl ... -H 'Content-Type: application/json' -d '{"pageSize": 100}' \
+	//	  https://HOST:PORT/curia.curator.v1.Management/ListNodes
+	//
+	// Each page is a linearizable read served by the replica asked, as
+	// GetNodes is. Pages continue after the last node id of the page before
+	// (next_page_token), so a walk through every page returns each node that
+	// exists throughout the walk exactly once however the registry changes
+	// meanwhile: a node created or deleted during the walk may or may not
+	// appear (once at most), and each node is as of its own page.
+	// INVALID_ARGUMENT for a page_token that ListNodes did not return, or that
+	// it returned for another filter or view.
+	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
 	// ApproveNode moves a NEW node to STANDBY.
 	ApproveNode(context.Context, *connect.Request[v1.ApproveNodeRequest]) (*connect.Response[v1.ApproveNodeResponse], error)
 	// UpdateNodeRoles gives or takes roles: etcd membership first, role second.
@@ -173,6 +191,13 @@ func NewManagementClient(httpClient connect.HTTPClient, baseURL string, opts ...
 			httpClient,
 			baseURL+ManagementGetNodesProcedure,
 			connect.WithSchema(managementMethods.ByName("GetNodes")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		listNodes: connect.NewClient[v1.ListNodesRequest, v1.ListNodesResponse](
+			httpClient,
+			baseURL+ManagementListNodesProcedure,
+			connect.WithSchema(managementMethods.ByName("ListNodes")),
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
@@ -280,6 +305,7 @@ func NewManagementClient(httpClient connect.HTTPClient, baseURL string, opts ...
 // managementClient implements ManagementClient.
 type managementClient struct {
 	getNodes             *connect.Client[v1.GetNodesRequest, v1.GetNodesResponse]
+	listNodes            *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
 	approveNode          *connect.Client[v1.ApproveNodeRequest, v1.ApproveNodeResponse]
 	updateNodeRoles      *connect.Client[v1.UpdateNodeRolesRequest, v1.UpdateNodeRolesResponse]
 	deleteNode           *connect.Client[v1.DeleteNodeRequest, v1.DeleteNodeResponse]
@@ -300,6 +326,11 @@ type managementClient struct {
 // GetNodes calls curia.curator.v1.Management.GetNodes.
 func (c *managementClient) GetNodes(ctx context.Context, req *connect.Request[v1.GetNodesRequest]) (*connect.ServerStreamForClient[v1.GetNodesResponse], error) {
 	return c.getNodes.CallServerStream(ctx, req)
+}
+
+// ListNodes calls curia.curator.v1.Management.ListNodes.
+func (c *managementClient) ListNodes(ctx context.Context, req *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error) {
+	return c.listNodes.CallUnary(ctx, req)
 }
 
 // ApproveNode calls curia.curator.v1.Management.ApproveNode.
@@ -383,6 +414,22 @@ type ManagementHandler interface {
 	// moment within the call (a linearizable read, served from the replica's
 	// watched view of the registry, not read from etcd node by node).
 	GetNodes(context.Context, *connect.Request[v1.GetNodesRequest], *connect.ServerStream[v1.GetNodesResponse]) error
+	// ListNodes lists the nodes matching a filter, sorted by id, a page at a
+	// time: the same nodes as GetNodes, in one unary call per page, so that
+	// curl lists them too:
+	//
+	//	curl ... -H 'Content-Type: application/json' -d '{"pageSize": 100}' \
+	//	  https://HOST:PORT/curia.curator.v1.Management/ListNodes
+	//
+	// Each page is a linearizable read served by the replica asked, as
+	// GetNodes is. Pages continue after the last node id of the page before
+	// (next_page_token), so a walk through every page returns each node that
+	// exists throughout the walk exactly once however the registry changes
+	// meanwhile: a node created or deleted during the walk may or may not
+	// appear (once at most), and each node is as of its own page.
+	// INVALID_ARGUMENT for a page_token that ListNodes did not return, or that
+	// it returned for another filter or view.
+	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
 	// ApproveNode moves a NEW node to STANDBY.
 	ApproveNode(context.Context, *connect.Request[v1.ApproveNodeRequest]) (*connect.Response[v1.ApproveNodeResponse], error)
 	// UpdateNodeRoles gives or takes roles: etcd membership first, role second.
@@ -468,6 +515,13 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 		ManagementGetNodesProcedure,
 		svc.GetNodes,
 		connect.WithSchema(managementMethods.ByName("GetNodes")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	managementListNodesHandler := connect.NewUnaryHandler(
+		ManagementListNodesProcedure,
+		svc.ListNodes,
+		connect.WithSchema(managementMethods.ByName("ListNodes")),
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
@@ -573,6 +627,8 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 		switch r.URL.Path {
 		case ManagementGetNodesProcedure:
 			managementGetNodesHandler.ServeHTTP(w, r)
+		case ManagementListNodesProcedure:
+			managementListNodesHandler.ServeHTTP(w, r)
 		case ManagementApproveNodeProcedure:
 			managementApproveNodeHandler.ServeHTTP(w, r)
 		case ManagementUpdateNodeRolesProcedure:
@@ -614,6 +670,10 @@ type UnimplementedManagementHandler struct{}
 
 func (UnimplementedManagementHandler) GetNodes(context.Context, *connect.Request[v1.GetNodesRequest], *connect.ServerStream[v1.GetNodesResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.GetNodes is not implemented"))
+}
+
+func (UnimplementedManagementHandler) ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.ListNodes is not implemented"))
 }
 
 func (UnimplementedManagementHandler) ApproveNode(context.Context, *connect.Request[v1.ApproveNodeRequest]) (*connect.Response[v1.ApproveNodeResponse], error) {
