@@ -108,8 +108,13 @@ func newPeerGate(addr, socket string, trusted *x509.CertPool, certFile, keyFile 
 			}
 			return &c, nil
 		},
-		VerifyPeerCertificate: func(_ [][]byte, chains [][]*x509.Certificate) error {
-			return g.admit(chains[0][0])
+		// VerifyConnection, not VerifyPeerCertificate: it runs on resumed
+		// sessions too, after the chain was verified.
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("no client certificate")
+			}
+			return g.admit(cs.PeerCertificates[0])
 		},
 	}
 	return g, nil

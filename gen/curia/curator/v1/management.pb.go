@@ -2357,11 +2357,11 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x16_kubernetes_controllerB\x14\n" +
 	"\x12_kubernetes_worker\"E\n" +
 	"\x17UpdateNodeRolesResponse\x12*\n" +
-	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\"\xb5\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\"\xb2\x01\n" +
 	"\x1bStartNodeMaintenanceRequest\x12\"\n" +
 	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x12&\n" +
-	"\x06reason\x18\x02 \x01(\tB\x0e\xbaH\vr\t\xe0\xd5\"\x01\x10\x01(\x80\bR\x06reason\x12J\n" +
-	"\bduration\x18\x03 \x01(\v2\x19.google.protobuf.DurationB\x13\xbaH\x10\xd8\x01\x01\xaa\x01\n" +
+	"\x06reason\x18\x02 \x01(\tB\x0e\xbaH\vr\t\xe0\xd5\"\x01\x10\x01(\x80\bR\x06reason\x12G\n" +
+	"\bduration\x18\x03 \x01(\v2\x19.google.protobuf.DurationB\x10\xbaH\r\xaa\x01\n" +
 	"\"\x04\b\x80\xa3\x052\x02\b<R\bduration\"J\n" +
 	"\x1cStartNodeMaintenanceResponse\x12*\n" +
 	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\"?\n" +
