@@ -220,6 +220,14 @@ tidy: ## go mod tidy every module (each on its own, as CI's clean clone sees it)
 run: build $(GRPCURL) ## start a local cluster as processes (state in .curia; FRESH=1 starts over)
 	$(BIN)/curia-local --state .curia --bin $(BIN) --grpcurl $(abspath $(GRPCURL)) $(if $(FRESH),--fresh)
 
+.PHONY: upgrade
+# With make run's cluster running: `make upgrade` rebuilds bin/ and restarts
+# every process from it, one at a time (a rolling upgrade to this tree;
+# unchanged binaries make it a rolling restart); TO=<dir> installs another
+# build's binaries into bin/ first.
+upgrade: build ## replace the running local cluster's processes one at a time, each node in maintenance (TO=<dir>: another build's binaries)
+	$(BIN)/curia-local upgrade --state .curia --bin $(BIN) $(if $(TO),--to $(TO))
+
 .PHONY: recover
 recover: ## after a quorum loss of the local cluster: say what recovery would do; CONFIRM=<node> does it (SNAPSHOT=<file> restores a snapshot on that node instead)
 	@test -x $(BIN)/curia-local || $(MAKE) --no-print-directory build

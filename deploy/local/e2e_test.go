@@ -351,6 +351,8 @@ func TestE2E(t *testing.T) {
 
 	t.Run("dashboard", func(t *testing.T) { dashboardScenario(t, c) })
 
+	t.Run("rolling restart keeps the quorum", func(t *testing.T) { rollingRestart(t, c) })
+
 	t.Run("size 5, then back to 3 keeping the etcd leader", func(t *testing.T) {
 		untilVoters(t, 5, setConfig(t, &curatorv1.ClusterConfig{ControlPlaneSize: 5}, "control_plane_size"), "size 3 → 5")
 		leader := c.leader()

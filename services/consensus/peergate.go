@@ -209,15 +209,14 @@ func (g *peerGate) serve(ctx context.Context, conn net.Conn) {
 	g.mu.Unlock()
 }
 
-// timeoutConn bounds each read and write on a peer's connection as etcd's
-// own peer listener does: raft streams carry a heartbeat more often than
-// that, so a peer that stops answering (frozen, partitioned) is dropped.
+// timeoutConn bounds each write to a peer as etcd's own peer listener
+// does: raft streams carry a heartbeat more often than that, so a peer
+// that stops reading (frozen, partitioned) is dropped. Reads are not
+// bounded: on a stream the peer opened, it sends nothing after its
+// request while etcd writes to it (bounding reads would close every idle
+// direction, and etcd's strict reconfiguration check counts a peer whose
+// streams keep reconnecting as not connected).
 type timeoutConn struct{ net.Conn }
-
-func (c timeoutConn) Read(b []byte) (int, error) {
-	_ = c.SetReadDeadline(time.Now().Add(rafthttp.ConnReadTimeout))
-	return c.Conn.Read(b)
-}
 
 func (c timeoutConn) Write(b []byte) (int, error) {
 	_ = c.SetWriteDeadline(time.Now().Add(rafthttp.ConnWriteTimeout))

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/rafthttp"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -148,6 +149,14 @@ func TestPeerConnectionCutOnRevocation(t *testing.T) {
 	}
 	if err := members(); err != nil {
 		t.Fatalf("before the revocation: %v", err)
+	}
+	// Idle longer than etcd's peer read timeout, as the peer's side of a
+	// raft stream is: the gate keeps it (it closed such connections every
+	// 5 s once, and etcd's strict reconfiguration check then counted the
+	// peers as never connected).
+	time.Sleep(rafthttp.ConnReadTimeout + time.Second)
+	if err := members(); err != nil {
+		t.Fatalf("after %v idle, before the revocation: %v", rafthttp.ConnReadTimeout+time.Second, err)
 	}
 
 	c.PKI.Revoke(t, c.Etcd(n.ClientURL), doomed.Leaf())

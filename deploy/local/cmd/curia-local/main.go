@@ -66,6 +66,10 @@ func run(args []string) error {
 		return nil
 	})
 	var ro local.RecoverOptions
+	var to string
+	if cmd == "upgrade" {
+		fs.StringVar(&to, "to", "", "directory with the new consensus, curator, reconciler and roleserve binaries, installed into --bin (default: --bin itself: a rolling restart)")
+	}
 	if cmd == "recover" {
 		fs.StringVar(&ro.Confirm, "confirm", "", "consent: the node whose data becomes the cluster (the survivor recover names, or the node to restore --snapshot on)")
 		fs.StringVar(&ro.Snapshot, "snapshot", "", "restore this snapshot file (Management/GetSnapshot's, or <state>/snapshots/*.db) instead of a survivor's data")
@@ -134,6 +138,15 @@ func run(args []string) error {
 			os.Exit(2)
 		}
 		return err
+	case "upgrade":
+		if to == "" {
+			to = cfg.Bin
+		}
+		r, err := c.Upgrade(ctx, to)
+		if r != nil {
+			fmt.Println("curia-local upgrade:", r)
+		}
+		return err
 	case "pause":
 		// A node's consensus and roleserve containers join this one's
 		// network namespace; it never crashes, so they can restart on
@@ -141,7 +154,7 @@ func run(args []string) error {
 		<-ctx.Done()
 		return nil
 	}
-	return fmt.Errorf("unknown command %q: want run, pki, init, recover, pause or dashboard", cmd)
+	return fmt.Errorf("unknown command %q: want run, pki, init, recover, upgrade, pause or dashboard", cmd)
 }
 
 // dashboard starts the compose cluster's dashboard, detached, against the
