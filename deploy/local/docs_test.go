@@ -19,6 +19,18 @@ import (
 // worker.
 var docPages = []string{
 	"README.md",
+	"docs/operating/administration.md",
+	"docs/operating/configuration.md",
+	"docs/operating/snapshots.md",
+	"docs/operating/scaling.md",
+	"docs/operating/certificates.md",
+	"docs/operating/recovery.md",
+	"docs/operating/compose.md",
+	"docs/operating/kubernetes.md",
+	"docs/operating/dashboard.md",
+	"docs/operating/testing.md",
+	"docs/operating/benchmarks.md",
+	"docs/operating/development.md",
 }
 
 // readDocs is the text of every page of docPages, one after the other.
