@@ -180,7 +180,7 @@ bench-compare: ## change per metric from an earlier make bench to bench/results.
 .PHONY: test-e2e
 # Docker is asked here, not when the Makefile is read: with it the compose
 # cluster's image is built and its test runs; without, that test skips.
-test-e2e: build $(GRPCURL) ## end-to-end tests: the process cluster (and every grpcurl command in the README), and the compose cluster when Docker runs
+test-e2e: build $(GRPCURL) ## end-to-end tests: the process cluster (and every grpcurl command in the README and docs/operating/), and the compose cluster when Docker runs
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; \
 	else echo "test-e2e: no Docker: the compose cluster test will skip"; fi
 	go test -tags e2e -count=1 -timeout 20m -v ./deploy/local/

@@ -27,33 +27,9 @@ import (
 	"curia.dev/platform/rpc"
 )
 
-// readmeComposeRecover is the README's quorum-loss recovery on compose
-// ("When things go wrong"), the arguments after `docker compose`: the
-// first command that runs curia-local recover in the init service, which
-// says what it would do; the README's next one must be the same with
-// --confirm.
-func readmeComposeRecover(t *testing.T) []string {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cmds [][]string
-	for _, line := range strings.Split(string(b), "\n") {
-		line, _, _ = strings.Cut(line, "#")
-		if f := strings.Fields(line); len(f) > 2 && f[0] == "docker" && f[1] == "compose" && slices.Contains(f, "recover") {
-			cmds = append(cmds, f[2:])
-		}
-	}
-	if len(cmds) < 2 || !slices.Equal(cmds[1][:len(cmds[1])-2], cmds[0]) || cmds[1][len(cmds[1])-2] != "--confirm" {
-		t.Fatalf("README.md's compose recovery: %q, want a command and then the same with --confirm <node>", cmds)
-	}
-	return cmds[0]
-}
-
 // checkComposeRecovery loses a majority of the compose cluster's voters
 // for good (the etcd leader's node and another voter's: containers
-// removed, consensus volumes deleted) and follows the README: the recovery
+// removed, consensus volumes deleted) and follows docs/operating/recovery.md: the recovery
 // command says what it would do and names the survivor, does it with
 // --confirm, the lost nodes come back empty and rejoin as learners, and
 // the control plane is back at 3 voters with every node's record and the
@@ -61,8 +37,13 @@ func readmeComposeRecover(t *testing.T) []string {
 // container as the compose file says, names the survivor. agree waits
 // until roles and membership agree, with 3 voters and every node UP.
 func checkComposeRecovery(t *testing.T, project string, env []string, m curatorv1.ManagementClient, creds *rpc.Credentials, agree func() map[string]bool) {
-	// As the README says, with a shorter --settle than its 10 s default.
-	composeRecoverCmd := append(readmeComposeRecover(t), "--settle", "5s")
+	// As docs/operating/recovery.md says, with a shorter --settle than its
+	// 10 s default.
+	recoverCmd, err := composeRecoverCommands(readDocs(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	composeRecoverCmd := append(recoverCmd, "--settle", "5s")
 	t.Logf("docker compose %s", strings.Join(composeRecoverCmd, " "))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

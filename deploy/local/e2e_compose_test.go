@@ -28,7 +28,7 @@ import (
 // port and on the dashboard up.sh starts on the host, has autopilot
 // replace a paused voter, scales the curators and reconcilers, restarts
 // it from its volumes, recovers it from the loss of two voters with their
-// data as the README says, and stops it and its dashboard with `make down`.
+// data as docs/operating/recovery.md says, and stops it and its dashboard with `make down`.
 // It needs Docker, the curia:dev image and bin/ (make test-e2e builds
 // them); without Docker it is skipped.
 func TestCompose(t *testing.T) {
@@ -122,7 +122,7 @@ func TestCompose(t *testing.T) {
 	t.Run("every container reads only its own keys", func(t *testing.T) { checkComposeSecrets(t, "curia-e2e") })
 	// up.sh prints `source <out>/env`: out is absolute here.
 	t.Run("the printed command in a fresh shell", func(t *testing.T) { checkPrintedCommands(t, printed, t.TempDir(), pinnedGrpcurl(t)) })
-	t.Run("README curl", func(t *testing.T) { checkReadmeCurl(t, filepath.Join(out, "env")) })
+	t.Run("doc curl", func(t *testing.T) { checkDocCurl(t, filepath.Join(out, "env")) })
 
 	// make up set control_plane_size 3: a paused voter node is replaced by
 	// the worker, and once unpaused it is a worker itself.
@@ -229,7 +229,7 @@ func TestCompose(t *testing.T) {
 	}
 	url := checkComposeDashboard(t, printed, out)
 
-	t.Run("quorum-loss recovery, as the README says", func(t *testing.T) {
+	t.Run("quorum-loss recovery, as docs/operating/recovery.md says", func(t *testing.T) {
 		checkComposeRecovery(t, "curia-e2e", env, mgmt(), creds, check)
 	})
 

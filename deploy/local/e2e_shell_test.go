@@ -81,32 +81,18 @@ func checkPrintedCommands(t *testing.T, output, dir, grpcurl string) {
 	}
 }
 
-// readmeCurlCommands are the curl commands of README.md.
-func readmeCurlCommands(t *testing.T) []string {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if l = strings.TrimSpace(l); strings.HasPrefix(l, "curl ") {
-			out = append(out, l)
-		}
-	}
-	if len(out) == 0 {
-		t.Fatal("no curl command in README.md")
-	}
-	return out
-}
-
-// checkReadmeCurl runs the README's curl commands in a fresh shell that
+// checkDocCurl runs the curl commands of the docs (docPages: the
+// administration page has them) in a fresh shell that
 // sourced envFile: each must answer as JSON over the Connect port, with
 // mTLS and the admin certificate, the cluster's info (GetClusterInfo) or
 // a page of nodes (ListNodes).
-func checkReadmeCurl(t *testing.T, envFile string) {
+func checkDocCurl(t *testing.T, envFile string) {
 	t.Helper()
-	for _, cmdline := range readmeCurlCommands(t) {
+	cmds := curlCommands(readDocs(t))
+	if len(cmds) == 0 {
+		t.Fatal("no curl command in the docs")
+	}
+	for _, cmdline := range cmds {
 		t.Log(cmdline)
 		var out string
 		// A follower forwards to the leader: right after a leader change

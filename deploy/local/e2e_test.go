@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -347,7 +346,7 @@ func TestE2E(t *testing.T) {
 		checkPrintedCommands(t, string(b), t.TempDir(), pinnedGrpcurl(t))
 	})
 
-	t.Run("README curl", func(t *testing.T) { checkReadmeCurl(t, filepath.Join(c.state, "env")) })
+	t.Run("doc curl", func(t *testing.T) { checkDocCurl(t, filepath.Join(c.state, "env")) })
 
 	t.Run("dashboard", func(t *testing.T) { dashboardScenario(t, c) })
 
@@ -545,8 +544,8 @@ func TestE2E(t *testing.T) {
 		untilVoters(t, 3, begun, "voter deleted → 3 voters again")
 	})
 
-	// The README's commands end by deleting a worker.
-	t.Run("README commands", func(t *testing.T) { runReadme(t, c) })
+	// The docs' commands (the administration page's) end by deleting a worker.
+	t.Run("doc commands", func(t *testing.T) { runDocCommands(t, c) })
 
 	t.Run("no member removed while its node existed", func(t *testing.T) { auditInvariant(t, c) })
 
@@ -629,7 +628,8 @@ func reconcilers(t *testing.T, c *cluster) (active, standby string) {
 	return active, standby
 }
 
-// runReadme runs every grpcurl and curl command of README.md, in order, with the
+// runDocCommands runs every grpcurl and curl command of the docs (README.md
+// and the operator's manual, docs/operating/: docPages, in order), with the
 // cluster's env file and NODE (the worker's id) set, as an operator would.
 // A command ending in "# fails: <Code>" must fail with that code; a command
 // that meets etcd's reconfiguration window (Unavailable) is retried, as an
@@ -637,16 +637,12 @@ func reconcilers(t *testing.T, c *cluster) (active, standby string) {
 // (SNAPSHOT=$(grpcurl ...)) sets it for the commands after it. Pipelines
 // fail when any of their commands does; files they write land in a
 // temporary directory.
-func runReadme(t *testing.T, c *cluster) {
+func runDocCommands(t *testing.T, c *cluster) {
 	grpcurl, err := exec.LookPath("grpcurl")
 	if err != nil {
 		t.Fatal("grpcurl is not on PATH: run the e2e tests with make test-e2e")
 	}
 	_ = grpcurl
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	env := os.Environ()
 	for k, v := range c.env {
 		env = append(env, k+"="+v)
@@ -656,10 +652,8 @@ func runReadme(t *testing.T, c *cluster) {
 	env = append(env, "NODE="+worker)
 	ran := 0
 	work := t.TempDir()
-	assign := regexp.MustCompile(`^([A-Z_]+)=\$\((grpcurl .*)\)$`)
-	for _, line := range strings.Split(string(b), "\n") {
-		line = strings.TrimSpace(line)
-		if m := assign.FindStringSubmatch(line); m != nil {
+	for _, line := range adminCommands(readDocs(t)) {
+		if m := assignCommand.FindStringSubmatch(line); m != nil {
 			cmd := exec.Command("bash", "-c", "set -o pipefail; "+m[2])
 			cmd.Env, cmd.Dir = env, work
 			out, err := cmd.Output()
@@ -699,7 +693,7 @@ func runReadme(t *testing.T, c *cluster) {
 		})
 	}
 	if ran < 10 {
-		t.Fatalf("only %d grpcurl commands in README.md", ran)
+		t.Fatalf("only %d grpcurl commands in the docs", ran)
 	}
 	c.eventuallyAgree()
 }

@@ -14,7 +14,7 @@
 //
 // The API message may gain fields the record lacks (computed on read: a
 // node's health, last heartbeat, revision); the conversion leaves them
-// unset, and the reader fills them in. See docs/design-changes.md,
+// unset, and the reader fills them in. See docs/design/api.md,
 // "Storage records".
 package records
 
