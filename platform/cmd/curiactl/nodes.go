@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 )
@@ -24,7 +25,7 @@ func (a *app) nodesCmd() *cobra.Command {
 		Example: `  curiactl nodes list
   curiactl nodes get node-0123456789abcdef0123456789abcdef`,
 	}
-	cmd.AddCommand(a.nodesListCmd(), a.nodesGetCmd(), a.nodesApproveCmd(), a.nodesDeleteCmd(), a.nodesRolesCmd())
+	cmd.AddCommand(a.nodesListCmd(), a.nodesGetCmd(), a.nodesApproveCmd(), a.nodesDeleteCmd(), a.nodesRolesCmd(), a.nodesMaintenanceCmd())
 	return cmd
 }
 
@@ -95,6 +96,9 @@ func nodeTable(w io.Writer, nodes []*curatorv1.Node, now time.Time) {
 		if n.GetHealth() != curatorv1.NodeHealth_NODE_HEALTH_UNSPECIFIED {
 			health, heartbeat = enumName(n.GetHealth().String(), "NODE_HEALTH_"), ago(n.GetLastHeartbeat(), now)
 		}
+		if mt := n.GetMaintenance(); mt != nil && now.Before(mt.GetUntil().AsTime()) {
+			state += "+MAINTENANCE"
+		}
 		row(w, n.GetId(), state, health, roles(n.GetRoles()),
 			orDash(n.GetStatus().GetAddress()), orDash(n.GetStatus().GetVersion()), heartbeat)
 	}
@@ -126,6 +130,9 @@ func nodeDetail(w io.Writer, n *curatorv1.Node, now time.Time) {
 	}
 	slices.Sort(labels)
 	row(w, "LABELS:", orDash(strings.Join(labels, ",")))
+	if mt := n.GetMaintenance(); mt != nil {
+		row(w, "MAINTENANCE:", fmt.Sprintf("%s, by %s, since %s, until %s", mt.GetReason(), mt.GetBy(), timestamp(mt.GetSince()), timestamp(mt.GetUntil())))
+	}
 	row(w, "CERTIFICATE SERIAL:", orDash(n.GetCertificateSerial()))
 	row(w, "REVISION:", strconv.FormatInt(n.GetRevision(), 10))
 	for i, c := range n.GetCertificates() {
@@ -270,5 +277,67 @@ left as it is. kubernetes-controller requires consensus-member.`,
 	set.Flags().BoolVar(&worker, "kubernetes-worker", false, "give (true) or take (false) KubernetesWorker")
 	set.Flags().StringVar(&reason, "reason", "", "why, for the audit log")
 	cmd.AddCommand(set)
+	return cmd
+}
+
+func (a *app) nodesMaintenanceCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "maintenance",
+		Short: "Take a node out of service for a while, or bring it back (StartNodeMaintenance, EndNodeMaintenance)",
+		Example: `  curiactl nodes maintenance start node-0123456789abcdef0123456789abcdef --reason "kernel upgrade" --duration 15m
+  curiactl nodes maintenance end node-0123456789abcdef0123456789abcdef`,
+	}
+	var reason string
+	var duration time.Duration
+	start := &cobra.Command{
+		Use:     "start ID",
+		Short:   "Put a node into maintenance: autopilot neither replaces its voter nor adds a standby; etcd leadership moves away from it",
+		Example: `  curiactl nodes maintenance start node-0123456789abcdef0123456789abcdef --reason "kernel upgrade" --duration 15m`,
+		Args:    args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			m, err := a.mgmt()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd.Context())
+			defer cancel()
+			req := &curatorv1.StartNodeMaintenanceRequest{NodeId: ids[0], Reason: reason}
+			if duration != 0 {
+				req.Duration = durationpb.New(duration)
+			}
+			resp, err := m.StartNodeMaintenance(ctx, req)
+			if err != nil {
+				return err
+			}
+			n := redact(resp.GetNode())
+			return printMessage(a.stdout, a.output, n, func(w io.Writer) { nodeDetail(w, n, time.Now()) })
+		},
+	}
+	start.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
+	start.Flags().DurationVar(&duration, "duration", 0, "how long at most; it ends by itself after (default 10m; 1m to 24h)")
+	end := &cobra.Command{
+		Use:     "end ID",
+		Short:   "End a node's maintenance (ending one not in maintenance changes nothing)",
+		Example: `  curiactl nodes maintenance end node-0123456789abcdef0123456789abcdef`,
+		Args:    args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			m, err := a.mgmt()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd.Context())
+			defer cancel()
+			resp, err := m.EndNodeMaintenance(ctx, &curatorv1.EndNodeMaintenanceRequest{NodeId: ids[0]})
+			if err != nil {
+				return err
+			}
+			if !resp.GetEnded() {
+				fmt.Fprintf(a.stderr, "node %s was not in maintenance: nothing changed\n", ids[0])
+			}
+			n := redact(resp.GetNode())
+			return printMessage(a.stdout, a.output, n, func(w io.Writer) { nodeTable(w, []*curatorv1.Node{n}, time.Now()) })
+		},
+	}
+	cmd.AddCommand(start, end)
 	return cmd
 }
