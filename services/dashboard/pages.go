@@ -111,6 +111,9 @@ type nodeRow struct {
 	Leader, Started, Healthy   bool
 	Lag                        string
 	Unreadable                 string
+	// Maintenance says why and until when the node is in maintenance
+	// ("" when it is not).
+	Maintenance string
 }
 
 type planData struct {
@@ -282,6 +285,9 @@ func rowOf(n *curatorv1.Node, beat *curatorv1.Node, m *curatorv1.ConsensusMember
 	}
 	r.Health = trimEnum(health.String())
 	r.Heartbeat, r.HeartbeatTime = ago(last), clock(last)
+	if mt := n.GetMaintenance(); mt != nil && time.Now().Before(mt.GetUntil().AsTime()) {
+		r.Maintenance = fmt.Sprintf("in maintenance until %s: %s", clock(mt.GetUntil()), mt.GetReason())
+	}
 	if roles := n.Roles; roles != nil {
 		if roles.ConsensusMember != nil {
 			r.Roles, r.HasCM = append(r.Roles, "ConsensusMember"), true
