@@ -115,6 +115,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		// Without a reason: the admin's call fails on its contract, and changes nothing.
 		{"/curia.curator.v1.Management/StartNodeMaintenance", &curatorv1.StartNodeMaintenanceRequest{NodeId: self.ID}, false, []string{"admin"}},
 		{"/curia.curator.v1.Management/EndNodeMaintenance", &curatorv1.EndNodeMaintenanceRequest{NodeId: self.ID}, false, []string{"admin"}},
+		{"/curia.curator.v1.Management/DecommissionNode", &curatorv1.DecommissionNodeRequest{NodeId: self.ID}, false, []string{"admin"}},
 		{"/curia.curator.v1.Management/GetClusterInfo", &curatorv1.GetClusterInfoRequest{}, false, []string{"admin"}},
 		{"/curia.curator.v1.Management/GetConsensusStatus", &curatorv1.GetConsensusStatusRequest{}, false, []string{"admin"}},
 		{"/curia.curator.v1.Management/GetRegisterTicket", &curatorv1.GetRegisterTicketRequest{}, false, []string{"admin"}},

@@ -2,6 +2,7 @@ package curator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -207,4 +208,63 @@ func (s *Service) expireMaintenance(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+func (x *managementServer) DecommissionNode(ctx context.Context, req *curatorv1.DecommissionNodeRequest) (*curatorv1.DecommissionNodeResponse, error) {
+	n, err := x.s.decommission(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &curatorv1.DecommissionNodeResponse{Node: n}, nil
+}
+
+// decommission takes node req.NodeId out of service for good: maintenance
+// first (so autopilot never picks it as a new voter while it goes, and a
+// voter's node goes only while the cluster can lose that voter), then its
+// roles (updateRoles: etcd membership first), then the state, in the
+// write that ends the maintenance.
+func (s *Service) decommission(ctx context.Context, req *curatorv1.DecommissionNodeRequest) (*curatorv1.Node, error) {
+	id := req.GetNodeId()
+	n, err := s.getNode(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if n.GetState() == curatorv1.NodeState_NODE_STATE_DECOMMISSIONED {
+		return n, nil
+	}
+	if n.GetState() != curatorv1.NodeState_NODE_STATE_UP {
+		return nil, fmt.Errorf("%w: node %s is %s: only an UP node is decommissioned; delete a node that never committed (DeleteNode)", errRefused, id, n.GetState())
+	}
+	if !inMaintenance(n, time.Now()) {
+		if _, err := s.startMaintenance(ctx, &curatorv1.StartNodeMaintenanceRequest{NodeId: id, Reason: "decommissioning: " + req.GetReason()}); err != nil {
+			return nil, err
+		}
+	}
+	if hasRoles(n.GetRoles()) {
+		off := false
+		if _, err := s.updateRoles(ctx, &curatorv1.UpdateNodeRolesRequest{
+			NodeId: id, ConsensusMember: &off, KubernetesController: &off, KubernetesWorker: &off,
+			Reason: "decommissioning: " + req.GetReason(),
+		}); err != nil {
+			return nil, fmt.Errorf("take node %s's roles (it stays in maintenance; DecommissionNode again goes on): %w", id, err)
+		}
+	}
+	for range conflictAttempts {
+		if n, err = s.getNode(ctx, id); err != nil {
+			return nil, err
+		}
+		if hasRoles(n.GetRoles()) {
+			return nil, fmt.Errorf("%w: node %s got a role back while it was decommissioned (%v); DecommissionNode again", errConflict, id, n.GetRoles())
+		}
+		n.State, n.Maintenance = curatorv1.NodeState_NODE_STATE_DECOMMISSIONED, nil
+		_, err = s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_DECOMMISSION, id, "decommissioned: "+req.GetReason()))
+		if !errors.Is(err, errConflict) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("node decommissioned", "node", id, "by", caller(ctx).String(), "reason", req.GetReason())
+	return s.getNode(ctx, id)
 }

@@ -179,3 +179,57 @@ func TestNodeMaintenance(t *testing.T) {
 		t.Fatalf("audit: %d starts and %d ends, want 2 and 2", starts, ends)
 	}
 }
+
+// TestDecommission (issue 30): a voter's node is decommissioned: it loses
+// its etcd member and its roles, becomes DECOMMISSIONED (audited, not in
+// maintenance), and DeleteNode then needs no bypass. Decommissioning it
+// again changes nothing; an unknown node is NotFound.
+func TestDecommission(t *testing.T) {
+	c := cut.NewWithOptions(t, cut.Options{Voters: 3, Curators: 1})
+	ctx := ctxT(t)
+	m := c.Management()
+	v := c.Voters[0]
+	member := v.Status().MemberId
+
+	if _, err := m.DecommissionNode(ctx, &curatorv1.DecommissionNodeRequest{NodeId: ct.NewNodeID(t), Reason: "x"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown node: %v, want NotFound", err)
+	}
+	if _, err := m.DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: v.ID}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("DeleteNode of an UP voter's node without bypass: %v, want FailedPrecondition", err)
+	}
+	var resp *curatorv1.DecommissionNodeResponse
+	proctest.Eventually(t, time.Minute, func() error {
+		var err error
+		resp, err = m.DecommissionNode(ctx, &curatorv1.DecommissionNodeRequest{NodeId: v.ID, Reason: "hardware retired"})
+		return err
+	})
+	n := resp.GetNode()
+	if n.GetState() != curatorv1.NodeState_NODE_STATE_DECOMMISSIONED || n.GetRoles().GetConsensusMember() != nil || n.GetMaintenance() != nil {
+		t.Fatalf("after DecommissionNode: state %v, roles %v, maintenance %v", n.GetState(), n.GetRoles(), n.GetMaintenance())
+	}
+	st, err := m.GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mem := range st.GetMembers() {
+		if mem.GetMemberId() == member {
+			t.Fatalf("member %s of the decommissioned node is still in etcd", types.ID(member))
+		}
+	}
+	again, err := m.DecommissionNode(ctx, &curatorv1.DecommissionNodeRequest{NodeId: v.ID, Reason: "again"})
+	if err != nil || again.GetNode().GetRevision() != n.GetRevision() {
+		t.Fatalf("decommissioning again: %v (revision %d, was %d); want nothing changed", err, again.GetNode().GetRevision(), n.GetRevision())
+	}
+	if _, err := m.DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: v.ID}); err != nil {
+		t.Fatalf("DeleteNode of a decommissioned node without bypass: %v", err)
+	}
+	decommissions := 0
+	for _, e := range cut.AuditLog(t, m) {
+		if e.GetAction() == auditv1.AuditAction_AUDIT_ACTION_NODE_DECOMMISSION {
+			decommissions++
+		}
+	}
+	if decommissions != 1 {
+		t.Fatalf("%d decommission events, want 1", decommissions)
+	}
+}

@@ -25,7 +25,7 @@ func (a *app) nodesCmd() *cobra.Command {
 		Example: `  curiactl nodes list
   curiactl nodes get node-0123456789abcdef0123456789abcdef`,
 	}
-	cmd.AddCommand(a.nodesListCmd(), a.nodesGetCmd(), a.nodesApproveCmd(), a.nodesDeleteCmd(), a.nodesRolesCmd(), a.nodesMaintenanceCmd())
+	cmd.AddCommand(a.nodesListCmd(), a.nodesGetCmd(), a.nodesApproveCmd(), a.nodesDeleteCmd(), a.nodesRolesCmd(), a.nodesMaintenanceCmd(), a.nodesDecommissionCmd())
 	return cmd
 }
 
@@ -339,5 +339,32 @@ func (a *app) nodesMaintenanceCmd() *cobra.Command {
 		},
 	}
 	cmd.AddCommand(start, end)
+	return cmd
+}
+
+func (a *app) nodesDecommissionCmd() *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "decommission ID",
+		Short: "Take a node out of service for good: maintenance, its roles (its etcd member first), then DECOMMISSIONED (DecommissionNode); delete needs no bypass after",
+		Example: `  curiactl nodes decommission node-0123456789abcdef0123456789abcdef --reason "hardware retired"
+  curiactl nodes delete node-0123456789abcdef0123456789abcdef`,
+		Args: args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			m, err := a.mgmt()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd.Context())
+			defer cancel()
+			resp, err := m.DecommissionNode(ctx, &curatorv1.DecommissionNodeRequest{NodeId: ids[0], Reason: reason})
+			if err != nil {
+				return err
+			}
+			n := redact(resp.GetNode())
+			return printMessage(a.stdout, a.output, n, func(w io.Writer) { nodeTable(w, []*curatorv1.Node{n}, time.Now()) })
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
 	return cmd
 }

@@ -78,6 +78,9 @@ const (
 	// A node's maintenance ended: an admin ended it (EndNodeMaintenance), or
 	// its end passed and the curator leader cleared it; reason says which.
 	AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_END AuditAction = 19
+	// An admin decommissioned a node (DecommissionNode): it lost its roles
+	// and is DECOMMISSIONED.
+	AuditAction_AUDIT_ACTION_NODE_DECOMMISSION AuditAction = 20
 )
 
 // Enum value maps for AuditAction.
@@ -103,6 +106,7 @@ var (
 		17: "AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE",
 		18: "AUDIT_ACTION_NODE_MAINTENANCE_START",
 		19: "AUDIT_ACTION_NODE_MAINTENANCE_END",
+		20: "AUDIT_ACTION_NODE_DECOMMISSION",
 	}
 	AuditAction_value = map[string]int32{
 		"AUDIT_ACTION_UNSPECIFIED":                             0,
@@ -125,6 +129,7 @@ var (
 		"AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE":                17,
 		"AUDIT_ACTION_NODE_MAINTENANCE_START":                  18,
 		"AUDIT_ACTION_NODE_MAINTENANCE_END":                    19,
+		"AUDIT_ACTION_NODE_DECOMMISSION":                       20,
 	}
 )
 
@@ -445,7 +450,7 @@ const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"\x05Roles\x12)\n" +
 	"\x10consensus_member\x18\x01 \x01(\bR\x0fconsensusMember\x123\n" +
 	"\x15kubernetes_controller\x18\x02 \x01(\bR\x14kubernetesController\x12+\n" +
-	"\x11kubernetes_worker\x18\x03 \x01(\bR\x10kubernetesWorker*\xed\x05\n" +
+	"\x11kubernetes_worker\x18\x03 \x01(\bR\x10kubernetesWorker*\x91\x06\n" +
 	"\vAuditAction\x12\x1c\n" +
 	"\x18AUDIT_ACTION_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eAUDIT_ACTION_CLUSTER_BOOTSTRAP\x10\x01\x12\x1c\n" +
@@ -467,7 +472,8 @@ const file_curia_audit_v1_audit_proto_rawDesc = "" +
 	"#AUDIT_ACTION_ETCD_NOSPACE_RECOVERED\x10\x10\x12)\n" +
 	"%AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE\x10\x11\x12'\n" +
 	"#AUDIT_ACTION_NODE_MAINTENANCE_START\x10\x12\x12%\n" +
-	"!AUDIT_ACTION_NODE_MAINTENANCE_END\x10\x13*\x87\x01\n" +
+	"!AUDIT_ACTION_NODE_MAINTENANCE_END\x10\x13\x12\"\n" +
+	"\x1eAUDIT_ACTION_NODE_DECOMMISSION\x10\x14*\x87\x01\n" +
 	"\rChangeOutcome\x12\x1e\n" +
 	"\x1aCHANGE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CHANGE_OUTCOME_APPLIED\x10\x01\x12\x1e\n" +

@@ -810,6 +810,107 @@ func (x *EndNodeMaintenanceResponse) GetEnded() bool {
 	return false
 }
 
+// DecommissionNodeRequest takes a node out of service for good.
+type DecommissionNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's id (node-<32 hex digits>).
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Why, for the audit log: 1 to 1024 bytes of printable text.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecommissionNodeRequest) Reset() {
+	*x = DecommissionNodeRequest{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecommissionNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecommissionNodeRequest) ProtoMessage() {}
+
+func (x *DecommissionNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecommissionNodeRequest.ProtoReflect.Descriptor instead.
+func (*DecommissionNodeRequest) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *DecommissionNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DecommissionNodeRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// DecommissionNodeResponse is the node, DECOMMISSIONED.
+type DecommissionNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node after the call.
+	Node          *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecommissionNodeResponse) Reset() {
+	*x = DecommissionNodeResponse{}
+	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecommissionNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecommissionNodeResponse) ProtoMessage() {}
+
+func (x *DecommissionNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecommissionNodeResponse.ProtoReflect.Descriptor instead.
+func (*DecommissionNodeResponse) Descriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *DecommissionNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
 // DeleteNodeRequest deletes a node.
 type DeleteNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -826,7 +927,7 @@ type DeleteNodeRequest struct {
 
 func (x *DeleteNodeRequest) Reset() {
 	*x = DeleteNodeRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -838,7 +939,7 @@ func (x *DeleteNodeRequest) String() string {
 func (*DeleteNodeRequest) ProtoMessage() {}
 
 func (x *DeleteNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[12]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -851,7 +952,7 @@ func (x *DeleteNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNodeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteNodeRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{12}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteNodeRequest) GetNodeId() string {
@@ -888,7 +989,7 @@ type DeleteNodeResponse struct {
 
 func (x *DeleteNodeResponse) Reset() {
 	*x = DeleteNodeResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +1001,7 @@ func (x *DeleteNodeResponse) String() string {
 func (*DeleteNodeResponse) ProtoMessage() {}
 
 func (x *DeleteNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[13]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +1014,7 @@ func (x *DeleteNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNodeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteNodeResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{13}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeleteNodeResponse) GetRevokedSerial() string {
@@ -939,7 +1040,7 @@ type GetClusterInfoRequest struct {
 
 func (x *GetClusterInfoRequest) Reset() {
 	*x = GetClusterInfoRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1052,7 @@ func (x *GetClusterInfoRequest) String() string {
 func (*GetClusterInfoRequest) ProtoMessage() {}
 
 func (x *GetClusterInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[14]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1065,7 @@ func (x *GetClusterInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterInfoRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{14}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{16}
 }
 
 // GetClusterInfoResponse describes the cluster.
@@ -991,7 +1092,7 @@ type GetClusterInfoResponse struct {
 
 func (x *GetClusterInfoResponse) Reset() {
 	*x = GetClusterInfoResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1104,7 @@ func (x *GetClusterInfoResponse) String() string {
 func (*GetClusterInfoResponse) ProtoMessage() {}
 
 func (x *GetClusterInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[15]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1117,7 @@ func (x *GetClusterInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetClusterInfoResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{15}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetClusterInfoResponse) GetClusterName() string {
@@ -1099,7 +1200,7 @@ type EtcdMaintenanceStatus struct {
 
 func (x *EtcdMaintenanceStatus) Reset() {
 	*x = EtcdMaintenanceStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1212,7 @@ func (x *EtcdMaintenanceStatus) String() string {
 func (*EtcdMaintenanceStatus) ProtoMessage() {}
 
 func (x *EtcdMaintenanceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[16]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1225,7 @@ func (x *EtcdMaintenanceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EtcdMaintenanceStatus.ProtoReflect.Descriptor instead.
 func (*EtcdMaintenanceStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{16}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EtcdMaintenanceStatus) GetDefragCheckInterval() *durationpb.Duration {
@@ -1206,7 +1307,7 @@ type SnapshotStatus struct {
 
 func (x *SnapshotStatus) Reset() {
 	*x = SnapshotStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1218,7 +1319,7 @@ func (x *SnapshotStatus) String() string {
 func (*SnapshotStatus) ProtoMessage() {}
 
 func (x *SnapshotStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[17]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1231,7 +1332,7 @@ func (x *SnapshotStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotStatus.ProtoReflect.Descriptor instead.
 func (*SnapshotStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{17}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SnapshotStatus) GetEnabled() bool {
@@ -1294,7 +1395,7 @@ type SnapshotMember struct {
 
 func (x *SnapshotMember) Reset() {
 	*x = SnapshotMember{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1306,7 +1407,7 @@ func (x *SnapshotMember) String() string {
 func (*SnapshotMember) ProtoMessage() {}
 
 func (x *SnapshotMember) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[18]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1319,7 +1420,7 @@ func (x *SnapshotMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotMember.ProtoReflect.Descriptor instead.
 func (*SnapshotMember) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{18}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SnapshotMember) GetId() uint64 {
@@ -1389,7 +1490,7 @@ type SnapshotMetadata struct {
 
 func (x *SnapshotMetadata) Reset() {
 	*x = SnapshotMetadata{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1502,7 @@ func (x *SnapshotMetadata) String() string {
 func (*SnapshotMetadata) ProtoMessage() {}
 
 func (x *SnapshotMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[19]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1515,7 @@ func (x *SnapshotMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotMetadata.ProtoReflect.Descriptor instead.
 func (*SnapshotMetadata) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{19}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SnapshotMetadata) GetName() string {
@@ -1531,7 +1632,7 @@ type TakeSnapshotRequest struct {
 
 func (x *TakeSnapshotRequest) Reset() {
 	*x = TakeSnapshotRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1543,7 +1644,7 @@ func (x *TakeSnapshotRequest) String() string {
 func (*TakeSnapshotRequest) ProtoMessage() {}
 
 func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[20]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1556,7 +1657,7 @@ func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{20}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TakeSnapshotRequest) GetReason() string {
@@ -1587,7 +1688,7 @@ type TakeSnapshotResponse struct {
 
 func (x *TakeSnapshotResponse) Reset() {
 	*x = TakeSnapshotResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +1700,7 @@ func (x *TakeSnapshotResponse) String() string {
 func (*TakeSnapshotResponse) ProtoMessage() {}
 
 func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[21]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +1713,7 @@ func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{21}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TakeSnapshotResponse) GetSnapshot() *SnapshotMetadata {
@@ -1638,7 +1739,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1650,7 +1751,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[22]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1663,7 +1764,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{22}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{24}
 }
 
 // ListSnapshotsResponse lists the snapshots.
@@ -1679,7 +1780,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1792,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[23]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1805,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{23}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotMetadata {
@@ -1732,7 +1833,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +1845,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[24]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +1858,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{24}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetSnapshotRequest) GetName() string {
@@ -1782,7 +1883,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1895,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[25]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1908,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{25}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *SnapshotMetadata {
@@ -1833,7 +1934,7 @@ type GetConsensusStatusRequest struct {
 
 func (x *GetConsensusStatusRequest) Reset() {
 	*x = GetConsensusStatusRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +1946,7 @@ func (x *GetConsensusStatusRequest) String() string {
 func (*GetConsensusStatusRequest) ProtoMessage() {}
 
 func (x *GetConsensusStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[26]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +1959,7 @@ func (x *GetConsensusStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsensusStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetConsensusStatusRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{26}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{28}
 }
 
 // ConsensusMemberStatus is one etcd member and its node.
@@ -1897,7 +1998,7 @@ type ConsensusMemberStatus struct {
 
 func (x *ConsensusMemberStatus) Reset() {
 	*x = ConsensusMemberStatus{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[27]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2010,7 @@ func (x *ConsensusMemberStatus) String() string {
 func (*ConsensusMemberStatus) ProtoMessage() {}
 
 func (x *ConsensusMemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[27]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2023,7 @@ func (x *ConsensusMemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsensusMemberStatus.ProtoReflect.Descriptor instead.
 func (*ConsensusMemberStatus) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{27}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ConsensusMemberStatus) GetMemberId() uint64 {
@@ -2040,7 +2141,7 @@ type GetConsensusStatusResponse struct {
 
 func (x *GetConsensusStatusResponse) Reset() {
 	*x = GetConsensusStatusResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[28]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2052,7 +2153,7 @@ func (x *GetConsensusStatusResponse) String() string {
 func (*GetConsensusStatusResponse) ProtoMessage() {}
 
 func (x *GetConsensusStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[28]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2065,7 +2166,7 @@ func (x *GetConsensusStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsensusStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetConsensusStatusResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{28}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetConsensusStatusResponse) GetMembers() []*ConsensusMemberStatus {
@@ -2126,7 +2227,7 @@ type GetRegisterTicketRequest struct {
 
 func (x *GetRegisterTicketRequest) Reset() {
 	*x = GetRegisterTicketRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[29]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2138,7 +2239,7 @@ func (x *GetRegisterTicketRequest) String() string {
 func (*GetRegisterTicketRequest) ProtoMessage() {}
 
 func (x *GetRegisterTicketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[29]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2151,7 +2252,7 @@ func (x *GetRegisterTicketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegisterTicketRequest.ProtoReflect.Descriptor instead.
 func (*GetRegisterTicketRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{29}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{31}
 }
 
 // GetRegisterTicketResponse carries the ticket.
@@ -2165,7 +2266,7 @@ type GetRegisterTicketResponse struct {
 
 func (x *GetRegisterTicketResponse) Reset() {
 	*x = GetRegisterTicketResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[30]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2177,7 +2278,7 @@ func (x *GetRegisterTicketResponse) String() string {
 func (*GetRegisterTicketResponse) ProtoMessage() {}
 
 func (x *GetRegisterTicketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[30]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2190,7 +2291,7 @@ func (x *GetRegisterTicketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegisterTicketResponse.ProtoReflect.Descriptor instead.
 func (*GetRegisterTicketResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{30}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetRegisterTicketResponse) GetTicket() []byte {
@@ -2219,7 +2320,7 @@ type WatchAuditLogRequest struct {
 
 func (x *WatchAuditLogRequest) Reset() {
 	*x = WatchAuditLogRequest{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[31]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2332,7 @@ func (x *WatchAuditLogRequest) String() string {
 func (*WatchAuditLogRequest) ProtoMessage() {}
 
 func (x *WatchAuditLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[31]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2345,7 @@ func (x *WatchAuditLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAuditLogRequest.ProtoReflect.Descriptor instead.
 func (*WatchAuditLogRequest) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{31}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WatchAuditLogRequest) GetBacklog() int64 {
@@ -2281,7 +2382,7 @@ type WatchAuditLogResponse struct {
 
 func (x *WatchAuditLogResponse) Reset() {
 	*x = WatchAuditLogResponse{}
-	mi := &file_curia_curator_v1_management_proto_msgTypes[32]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2293,7 +2394,7 @@ func (x *WatchAuditLogResponse) String() string {
 func (*WatchAuditLogResponse) ProtoMessage() {}
 
 func (x *WatchAuditLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_curia_curator_v1_management_proto_msgTypes[32]
+	mi := &file_curia_curator_v1_management_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2306,7 +2407,7 @@ func (x *WatchAuditLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAuditLogResponse.ProtoReflect.Descriptor instead.
 func (*WatchAuditLogResponse) Descriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{32}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WatchAuditLogResponse) GetEvent() *v1.Event {
@@ -2369,7 +2470,12 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\"^\n" +
 	"\x1aEndNodeMaintenanceResponse\x12*\n" +
 	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\x12\x14\n" +
-	"\x05ended\x18\x02 \x01(\bR\x05ended\"\xb7\x01\n" +
+	"\x05ended\x18\x02 \x01(\bR\x05ended\"e\n" +
+	"\x17DecommissionNodeRequest\x12\"\n" +
+	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x12&\n" +
+	"\x06reason\x18\x02 \x01(\tB\x0e\xbaH\vr\t\xe0\xd5\"\x01\x10\x01(\x80\bR\x06reason\"F\n" +
+	"\x18DecommissionNodeResponse\x12*\n" +
+	"\x04node\x18\x01 \x01(\v2\x16.curia.curator.v1.NodeR\x04node\"\xb7\x01\n" +
 	"\x11DeleteNodeRequest\x12\"\n" +
 	"\anode_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01R\x06nodeId\x125\n" +
 	"\x17safety_bypass_has_roles\x18\x02 \x01(\bR\x14safetyBypassHasRoles\x12G\n" +
@@ -2491,7 +2597,7 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x1cSNAPSHOT_TRIGGER_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aSNAPSHOT_TRIGGER_SCHEDULED\x10\x01\x12\x1e\n" +
 	"\x1aSNAPSHOT_TRIGGER_ON_DEMAND\x10\x02\x12-\n" +
-	")SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE\x10\x032\x87\x0e\n" +
+	")SNAPSHOT_TRIGGER_BEFORE_MEMBERSHIP_CHANGE\x10\x032\xf2\x0e\n" +
 	"\n" +
 	"Management\x12X\n" +
 	"\bGetNodes\x12!.curia.curator.v1.GetNodesRequest\x1a\".curia.curator.v1.GetNodesResponse\"\x03\x90\x02\x010\x01\x12Y\n" +
@@ -2501,7 +2607,8 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\n" +
 	"DeleteNode\x12#.curia.curator.v1.DeleteNodeRequest\x1a$.curia.curator.v1.DeleteNodeResponse\x12u\n" +
 	"\x14StartNodeMaintenance\x12-.curia.curator.v1.StartNodeMaintenanceRequest\x1a..curia.curator.v1.StartNodeMaintenanceResponse\x12o\n" +
-	"\x12EndNodeMaintenance\x12+.curia.curator.v1.EndNodeMaintenanceRequest\x1a,.curia.curator.v1.EndNodeMaintenanceResponse\x12h\n" +
+	"\x12EndNodeMaintenance\x12+.curia.curator.v1.EndNodeMaintenanceRequest\x1a,.curia.curator.v1.EndNodeMaintenanceResponse\x12i\n" +
+	"\x10DecommissionNode\x12).curia.curator.v1.DecommissionNodeRequest\x1a*.curia.curator.v1.DecommissionNodeResponse\x12h\n" +
 	"\x0eGetClusterInfo\x12'.curia.curator.v1.GetClusterInfoRequest\x1a(.curia.curator.v1.GetClusterInfoResponse\"\x03\x90\x02\x01\x12t\n" +
 	"\x12GetConsensusStatus\x12+.curia.curator.v1.GetConsensusStatusRequest\x1a,.curia.curator.v1.GetConsensusStatusResponse\"\x03\x90\x02\x01\x12q\n" +
 	"\x11GetRegisterTicket\x12*.curia.curator.v1.GetRegisterTicketRequest\x1a+.curia.curator.v1.GetRegisterTicketResponse\"\x03\x90\x02\x01\x12n\n" +
@@ -2527,7 +2634,7 @@ func file_curia_curator_v1_management_proto_rawDescGZIP() []byte {
 }
 
 var file_curia_curator_v1_management_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_curia_curator_v1_management_proto_goTypes = []any{
 	(NodeView)(0),                        // 0: curia.curator.v1.NodeView
 	(SnapshotTrigger)(0),                 // 1: curia.curator.v1.SnapshotTrigger
@@ -2543,109 +2650,114 @@ var file_curia_curator_v1_management_proto_goTypes = []any{
 	(*StartNodeMaintenanceResponse)(nil), // 11: curia.curator.v1.StartNodeMaintenanceResponse
 	(*EndNodeMaintenanceRequest)(nil),    // 12: curia.curator.v1.EndNodeMaintenanceRequest
 	(*EndNodeMaintenanceResponse)(nil),   // 13: curia.curator.v1.EndNodeMaintenanceResponse
-	(*DeleteNodeRequest)(nil),            // 14: curia.curator.v1.DeleteNodeRequest
-	(*DeleteNodeResponse)(nil),           // 15: curia.curator.v1.DeleteNodeResponse
-	(*GetClusterInfoRequest)(nil),        // 16: curia.curator.v1.GetClusterInfoRequest
-	(*GetClusterInfoResponse)(nil),       // 17: curia.curator.v1.GetClusterInfoResponse
-	(*EtcdMaintenanceStatus)(nil),        // 18: curia.curator.v1.EtcdMaintenanceStatus
-	(*SnapshotStatus)(nil),               // 19: curia.curator.v1.SnapshotStatus
-	(*SnapshotMember)(nil),               // 20: curia.curator.v1.SnapshotMember
-	(*SnapshotMetadata)(nil),             // 21: curia.curator.v1.SnapshotMetadata
-	(*TakeSnapshotRequest)(nil),          // 22: curia.curator.v1.TakeSnapshotRequest
-	(*TakeSnapshotResponse)(nil),         // 23: curia.curator.v1.TakeSnapshotResponse
-	(*ListSnapshotsRequest)(nil),         // 24: curia.curator.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),        // 25: curia.curator.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),           // 26: curia.curator.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),          // 27: curia.curator.v1.GetSnapshotResponse
-	(*GetConsensusStatusRequest)(nil),    // 28: curia.curator.v1.GetConsensusStatusRequest
-	(*ConsensusMemberStatus)(nil),        // 29: curia.curator.v1.ConsensusMemberStatus
-	(*GetConsensusStatusResponse)(nil),   // 30: curia.curator.v1.GetConsensusStatusResponse
-	(*GetRegisterTicketRequest)(nil),     // 31: curia.curator.v1.GetRegisterTicketRequest
-	(*GetRegisterTicketResponse)(nil),    // 32: curia.curator.v1.GetRegisterTicketResponse
-	(*WatchAuditLogRequest)(nil),         // 33: curia.curator.v1.WatchAuditLogRequest
-	(*WatchAuditLogResponse)(nil),        // 34: curia.curator.v1.WatchAuditLogResponse
-	nil,                                  // 35: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	(*Node)(nil),                         // 36: curia.curator.v1.Node
-	(*durationpb.Duration)(nil),          // 37: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),        // 38: google.protobuf.Timestamp
-	(NodeHealth)(0),                      // 39: curia.curator.v1.NodeHealth
-	(*v1.Event)(nil),                     // 40: curia.audit.v1.Event
-	(*GetClusterConfigRequest)(nil),      // 41: curia.curator.v1.GetClusterConfigRequest
-	(*UpdateClusterConfigRequest)(nil),   // 42: curia.curator.v1.UpdateClusterConfigRequest
-	(*WatchClusterConfigRequest)(nil),    // 43: curia.curator.v1.WatchClusterConfigRequest
-	(*GetClusterConfigResponse)(nil),     // 44: curia.curator.v1.GetClusterConfigResponse
-	(*UpdateClusterConfigResponse)(nil),  // 45: curia.curator.v1.UpdateClusterConfigResponse
-	(*WatchClusterConfigResponse)(nil),   // 46: curia.curator.v1.WatchClusterConfigResponse
+	(*DecommissionNodeRequest)(nil),      // 14: curia.curator.v1.DecommissionNodeRequest
+	(*DecommissionNodeResponse)(nil),     // 15: curia.curator.v1.DecommissionNodeResponse
+	(*DeleteNodeRequest)(nil),            // 16: curia.curator.v1.DeleteNodeRequest
+	(*DeleteNodeResponse)(nil),           // 17: curia.curator.v1.DeleteNodeResponse
+	(*GetClusterInfoRequest)(nil),        // 18: curia.curator.v1.GetClusterInfoRequest
+	(*GetClusterInfoResponse)(nil),       // 19: curia.curator.v1.GetClusterInfoResponse
+	(*EtcdMaintenanceStatus)(nil),        // 20: curia.curator.v1.EtcdMaintenanceStatus
+	(*SnapshotStatus)(nil),               // 21: curia.curator.v1.SnapshotStatus
+	(*SnapshotMember)(nil),               // 22: curia.curator.v1.SnapshotMember
+	(*SnapshotMetadata)(nil),             // 23: curia.curator.v1.SnapshotMetadata
+	(*TakeSnapshotRequest)(nil),          // 24: curia.curator.v1.TakeSnapshotRequest
+	(*TakeSnapshotResponse)(nil),         // 25: curia.curator.v1.TakeSnapshotResponse
+	(*ListSnapshotsRequest)(nil),         // 26: curia.curator.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 27: curia.curator.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),           // 28: curia.curator.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),          // 29: curia.curator.v1.GetSnapshotResponse
+	(*GetConsensusStatusRequest)(nil),    // 30: curia.curator.v1.GetConsensusStatusRequest
+	(*ConsensusMemberStatus)(nil),        // 31: curia.curator.v1.ConsensusMemberStatus
+	(*GetConsensusStatusResponse)(nil),   // 32: curia.curator.v1.GetConsensusStatusResponse
+	(*GetRegisterTicketRequest)(nil),     // 33: curia.curator.v1.GetRegisterTicketRequest
+	(*GetRegisterTicketResponse)(nil),    // 34: curia.curator.v1.GetRegisterTicketResponse
+	(*WatchAuditLogRequest)(nil),         // 35: curia.curator.v1.WatchAuditLogRequest
+	(*WatchAuditLogResponse)(nil),        // 36: curia.curator.v1.WatchAuditLogResponse
+	nil,                                  // 37: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	(*Node)(nil),                         // 38: curia.curator.v1.Node
+	(*durationpb.Duration)(nil),          // 39: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),        // 40: google.protobuf.Timestamp
+	(NodeHealth)(0),                      // 41: curia.curator.v1.NodeHealth
+	(*v1.Event)(nil),                     // 42: curia.audit.v1.Event
+	(*GetClusterConfigRequest)(nil),      // 43: curia.curator.v1.GetClusterConfigRequest
+	(*UpdateClusterConfigRequest)(nil),   // 44: curia.curator.v1.UpdateClusterConfigRequest
+	(*WatchClusterConfigRequest)(nil),    // 45: curia.curator.v1.WatchClusterConfigRequest
+	(*GetClusterConfigResponse)(nil),     // 46: curia.curator.v1.GetClusterConfigResponse
+	(*UpdateClusterConfigResponse)(nil),  // 47: curia.curator.v1.UpdateClusterConfigResponse
+	(*WatchClusterConfigResponse)(nil),   // 48: curia.curator.v1.WatchClusterConfigResponse
 }
 var file_curia_curator_v1_management_proto_depIdxs = []int32{
 	0,  // 0: curia.curator.v1.GetNodesRequest.view:type_name -> curia.curator.v1.NodeView
 	0,  // 1: curia.curator.v1.ListNodesRequest.view:type_name -> curia.curator.v1.NodeView
-	36, // 2: curia.curator.v1.ListNodesResponse.nodes:type_name -> curia.curator.v1.Node
-	36, // 3: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
-	36, // 4: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
-	36, // 5: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
-	37, // 6: curia.curator.v1.StartNodeMaintenanceRequest.duration:type_name -> google.protobuf.Duration
-	36, // 7: curia.curator.v1.StartNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
-	36, // 8: curia.curator.v1.EndNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
-	35, // 9: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	19, // 10: curia.curator.v1.GetClusterInfoResponse.snapshots:type_name -> curia.curator.v1.SnapshotStatus
-	18, // 11: curia.curator.v1.GetClusterInfoResponse.etcd_maintenance:type_name -> curia.curator.v1.EtcdMaintenanceStatus
-	37, // 12: curia.curator.v1.EtcdMaintenanceStatus.defrag_check_interval:type_name -> google.protobuf.Duration
-	38, // 13: curia.curator.v1.EtcdMaintenanceStatus.last_run_start:type_name -> google.protobuf.Timestamp
-	38, // 14: curia.curator.v1.EtcdMaintenanceStatus.last_run_end:type_name -> google.protobuf.Timestamp
-	37, // 15: curia.curator.v1.SnapshotStatus.interval:type_name -> google.protobuf.Duration
-	21, // 16: curia.curator.v1.SnapshotStatus.last_good:type_name -> curia.curator.v1.SnapshotMetadata
-	38, // 17: curia.curator.v1.SnapshotStatus.last_failure_time:type_name -> google.protobuf.Timestamp
-	38, // 18: curia.curator.v1.SnapshotMetadata.taken_at:type_name -> google.protobuf.Timestamp
-	20, // 19: curia.curator.v1.SnapshotMetadata.source:type_name -> curia.curator.v1.SnapshotMember
-	20, // 20: curia.curator.v1.SnapshotMetadata.members:type_name -> curia.curator.v1.SnapshotMember
-	1,  // 21: curia.curator.v1.SnapshotMetadata.trigger:type_name -> curia.curator.v1.SnapshotTrigger
-	21, // 22: curia.curator.v1.TakeSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
-	21, // 23: curia.curator.v1.ListSnapshotsResponse.snapshots:type_name -> curia.curator.v1.SnapshotMetadata
-	21, // 24: curia.curator.v1.GetSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
-	39, // 25: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
-	38, // 26: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	29, // 27: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
-	40, // 28: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
-	2,  // 29: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
-	3,  // 30: curia.curator.v1.Management.ListNodes:input_type -> curia.curator.v1.ListNodesRequest
-	6,  // 31: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
-	8,  // 32: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
-	14, // 33: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
-	10, // 34: curia.curator.v1.Management.StartNodeMaintenance:input_type -> curia.curator.v1.StartNodeMaintenanceRequest
-	12, // 35: curia.curator.v1.Management.EndNodeMaintenance:input_type -> curia.curator.v1.EndNodeMaintenanceRequest
-	16, // 36: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
-	28, // 37: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
-	31, // 38: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
-	41, // 39: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
-	42, // 40: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
-	43, // 41: curia.curator.v1.Management.WatchClusterConfig:input_type -> curia.curator.v1.WatchClusterConfigRequest
-	33, // 42: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
-	22, // 43: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
-	24, // 44: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
-	26, // 45: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
-	5,  // 46: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
-	4,  // 47: curia.curator.v1.Management.ListNodes:output_type -> curia.curator.v1.ListNodesResponse
-	7,  // 48: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
-	9,  // 49: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
-	15, // 50: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
-	11, // 51: curia.curator.v1.Management.StartNodeMaintenance:output_type -> curia.curator.v1.StartNodeMaintenanceResponse
-	13, // 52: curia.curator.v1.Management.EndNodeMaintenance:output_type -> curia.curator.v1.EndNodeMaintenanceResponse
-	17, // 53: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
-	30, // 54: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
-	32, // 55: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
-	44, // 56: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
-	45, // 57: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
-	46, // 58: curia.curator.v1.Management.WatchClusterConfig:output_type -> curia.curator.v1.WatchClusterConfigResponse
-	34, // 59: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
-	23, // 60: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
-	25, // 61: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
-	27, // 62: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
-	46, // [46:63] is the sub-list for method output_type
-	29, // [29:46] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	38, // 2: curia.curator.v1.ListNodesResponse.nodes:type_name -> curia.curator.v1.Node
+	38, // 3: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
+	38, // 4: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
+	38, // 5: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
+	39, // 6: curia.curator.v1.StartNodeMaintenanceRequest.duration:type_name -> google.protobuf.Duration
+	38, // 7: curia.curator.v1.StartNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
+	38, // 8: curia.curator.v1.EndNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
+	38, // 9: curia.curator.v1.DecommissionNodeResponse.node:type_name -> curia.curator.v1.Node
+	37, // 10: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	21, // 11: curia.curator.v1.GetClusterInfoResponse.snapshots:type_name -> curia.curator.v1.SnapshotStatus
+	20, // 12: curia.curator.v1.GetClusterInfoResponse.etcd_maintenance:type_name -> curia.curator.v1.EtcdMaintenanceStatus
+	39, // 13: curia.curator.v1.EtcdMaintenanceStatus.defrag_check_interval:type_name -> google.protobuf.Duration
+	40, // 14: curia.curator.v1.EtcdMaintenanceStatus.last_run_start:type_name -> google.protobuf.Timestamp
+	40, // 15: curia.curator.v1.EtcdMaintenanceStatus.last_run_end:type_name -> google.protobuf.Timestamp
+	39, // 16: curia.curator.v1.SnapshotStatus.interval:type_name -> google.protobuf.Duration
+	23, // 17: curia.curator.v1.SnapshotStatus.last_good:type_name -> curia.curator.v1.SnapshotMetadata
+	40, // 18: curia.curator.v1.SnapshotStatus.last_failure_time:type_name -> google.protobuf.Timestamp
+	40, // 19: curia.curator.v1.SnapshotMetadata.taken_at:type_name -> google.protobuf.Timestamp
+	22, // 20: curia.curator.v1.SnapshotMetadata.source:type_name -> curia.curator.v1.SnapshotMember
+	22, // 21: curia.curator.v1.SnapshotMetadata.members:type_name -> curia.curator.v1.SnapshotMember
+	1,  // 22: curia.curator.v1.SnapshotMetadata.trigger:type_name -> curia.curator.v1.SnapshotTrigger
+	23, // 23: curia.curator.v1.TakeSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	23, // 24: curia.curator.v1.ListSnapshotsResponse.snapshots:type_name -> curia.curator.v1.SnapshotMetadata
+	23, // 25: curia.curator.v1.GetSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	41, // 26: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
+	40, // 27: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	31, // 28: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
+	42, // 29: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
+	2,  // 30: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
+	3,  // 31: curia.curator.v1.Management.ListNodes:input_type -> curia.curator.v1.ListNodesRequest
+	6,  // 32: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
+	8,  // 33: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
+	16, // 34: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
+	10, // 35: curia.curator.v1.Management.StartNodeMaintenance:input_type -> curia.curator.v1.StartNodeMaintenanceRequest
+	12, // 36: curia.curator.v1.Management.EndNodeMaintenance:input_type -> curia.curator.v1.EndNodeMaintenanceRequest
+	14, // 37: curia.curator.v1.Management.DecommissionNode:input_type -> curia.curator.v1.DecommissionNodeRequest
+	18, // 38: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
+	30, // 39: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
+	33, // 40: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
+	43, // 41: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
+	44, // 42: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
+	45, // 43: curia.curator.v1.Management.WatchClusterConfig:input_type -> curia.curator.v1.WatchClusterConfigRequest
+	35, // 44: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
+	24, // 45: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
+	26, // 46: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
+	28, // 47: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
+	5,  // 48: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
+	4,  // 49: curia.curator.v1.Management.ListNodes:output_type -> curia.curator.v1.ListNodesResponse
+	7,  // 50: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
+	9,  // 51: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
+	17, // 52: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
+	11, // 53: curia.curator.v1.Management.StartNodeMaintenance:output_type -> curia.curator.v1.StartNodeMaintenanceResponse
+	13, // 54: curia.curator.v1.Management.EndNodeMaintenance:output_type -> curia.curator.v1.EndNodeMaintenanceResponse
+	15, // 55: curia.curator.v1.Management.DecommissionNode:output_type -> curia.curator.v1.DecommissionNodeResponse
+	19, // 56: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
+	32, // 57: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
+	34, // 58: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
+	46, // 59: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
+	47, // 60: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
+	48, // 61: curia.curator.v1.Management.WatchClusterConfig:output_type -> curia.curator.v1.WatchClusterConfigResponse
+	36, // 62: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
+	25, // 63: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
+	27, // 64: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
+	29, // 65: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
+	48, // [48:66] is the sub-list for method output_type
+	30, // [30:48] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_management_proto_init() }
@@ -2662,7 +2774,7 @@ func file_curia_curator_v1_management_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_management_proto_rawDesc), len(file_curia_curator_v1_management_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const (
 	Management_DeleteNode_FullMethodName           = "/curia.curator.v1.Management/DeleteNode"
 	Management_StartNodeMaintenance_FullMethodName = "/curia.curator.v1.Management/StartNodeMaintenance"
 	Management_EndNodeMaintenance_FullMethodName   = "/curia.curator.v1.Management/EndNodeMaintenance"
+	Management_DecommissionNode_FullMethodName     = "/curia.curator.v1.Management/DecommissionNode"
 	Management_GetClusterInfo_FullMethodName       = "/curia.curator.v1.Management/GetClusterInfo"
 	Management_GetConsensusStatus_FullMethodName   = "/curia.curator.v1.Management/GetConsensusStatus"
 	Management_GetRegisterTicket_FullMethodName    = "/curia.curator.v1.Management/GetRegisterTicket"
@@ -83,6 +84,13 @@ type ManagementClient interface {
 	// EndNodeMaintenance ends a node's maintenance; ending one that is not in
 	// maintenance changes nothing.
 	EndNodeMaintenance(ctx context.Context, in *EndNodeMaintenanceRequest, opts ...grpc.CallOption) (*EndNodeMaintenanceResponse, error)
+	// DecommissionNode takes a node out of service for good, so that
+	// DeleteNode needs no bypass: the node goes into maintenance (for a
+	// voter's node, only while the cluster can lose that voter), loses its
+	// roles (its etcd member first), and becomes DECOMMISSIONED in the write
+	// that ends its maintenance. Decommissioning a DECOMMISSIONED node
+	// changes nothing.
+	DecommissionNode(ctx context.Context, in *DecommissionNodeRequest, opts ...grpc.CallOption) (*DecommissionNodeResponse, error)
 	// GetClusterInfo describes the cluster.
 	GetClusterInfo(ctx context.Context, in *GetClusterInfoRequest, opts ...grpc.CallOption) (*GetClusterInfoResponse, error)
 	// GetConsensusStatus maps etcd members to nodes.
@@ -220,6 +228,16 @@ func (c *managementClient) EndNodeMaintenance(ctx context.Context, in *EndNodeMa
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(EndNodeMaintenanceResponse)
 	err := c.cc.Invoke(ctx, Management_EndNodeMaintenance_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *managementClient) DecommissionNode(ctx context.Context, in *DecommissionNodeRequest, opts ...grpc.CallOption) (*DecommissionNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DecommissionNodeResponse)
+	err := c.cc.Invoke(ctx, Management_DecommissionNode_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -398,6 +416,13 @@ type ManagementServer interface {
 	// EndNodeMaintenance ends a node's maintenance; ending one that is not in
 	// maintenance changes nothing.
 	EndNodeMaintenance(context.Context, *EndNodeMaintenanceRequest) (*EndNodeMaintenanceResponse, error)
+	// DecommissionNode takes a node out of service for good, so that
+	// DeleteNode needs no bypass: the node goes into maintenance (for a
+	// voter's node, only while the cluster can lose that voter), loses its
+	// roles (its etcd member first), and becomes DECOMMISSIONED in the write
+	// that ends its maintenance. Decommissioning a DECOMMISSIONED node
+	// changes nothing.
+	DecommissionNode(context.Context, *DecommissionNodeRequest) (*DecommissionNodeResponse, error)
 	// GetClusterInfo describes the cluster.
 	GetClusterInfo(context.Context, *GetClusterInfoRequest) (*GetClusterInfoResponse, error)
 	// GetConsensusStatus maps etcd members to nodes.
@@ -482,6 +507,9 @@ func (UnimplementedManagementServer) StartNodeMaintenance(context.Context, *Star
 }
 func (UnimplementedManagementServer) EndNodeMaintenance(context.Context, *EndNodeMaintenanceRequest) (*EndNodeMaintenanceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method EndNodeMaintenance not implemented")
+}
+func (UnimplementedManagementServer) DecommissionNode(context.Context, *DecommissionNodeRequest) (*DecommissionNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DecommissionNode not implemented")
 }
 func (UnimplementedManagementServer) GetClusterInfo(context.Context, *GetClusterInfoRequest) (*GetClusterInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetClusterInfo not implemented")
@@ -649,6 +677,24 @@ func _Management_EndNodeMaintenance_Handler(srv interface{}, ctx context.Context
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(ManagementServer).EndNodeMaintenance(ctx, req.(*EndNodeMaintenanceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Management_DecommissionNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DecommissionNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ManagementServer).DecommissionNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Management_DecommissionNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ManagementServer).DecommissionNode(ctx, req.(*DecommissionNodeRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -842,6 +888,10 @@ var Management_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EndNodeMaintenance",
 			Handler:    _Management_EndNodeMaintenance_Handler,
+		},
+		{
+			MethodName: "DecommissionNode",
+			Handler:    _Management_DecommissionNode_Handler,
 		},
 		{
 			MethodName: "GetClusterInfo",

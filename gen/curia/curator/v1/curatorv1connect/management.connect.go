@@ -50,6 +50,9 @@ const (
 	// ManagementEndNodeMaintenanceProcedure is the fully-qualified name of the Management's
 	// EndNodeMaintenance RPC.
 	ManagementEndNodeMaintenanceProcedure = "/curia.curator.v1.Management/EndNodeMaintenance"
+	// ManagementDecommissionNodeProcedure is the fully-qualified name of the Management's
+	// DecommissionNode RPC.
+	ManagementDecommissionNodeProcedure = "/curia.curator.v1.Management/DecommissionNode"
 	// ManagementGetClusterInfoProcedure is the fully-qualified name of the Management's GetClusterInfo
 	// RPC.
 	ManagementGetClusterInfoProcedure = "/curia.curator.v1.Management/GetClusterInfo"
@@ -120,6 +123,13 @@ type ManagementClient interface {
 	// EndNodeMaintenance ends a node's maintenance; ending one that is not in
 	// maintenance changes nothing.
 	EndNodeMaintenance(context.Context, *connect.Request[v1.EndNodeMaintenanceRequest]) (*connect.Response[v1.EndNodeMaintenanceResponse], error)
+	// DecommissionNode takes a node out of service for good, so that
+	// DeleteNode needs no bypass: the node goes into maintenance (for a
+	// voter's node, only while the cluster can lose that voter), loses its
+	// roles (its etcd member first), and becomes DECOMMISSIONED in the write
+	// that ends its maintenance. Decommissioning a DECOMMISSIONED node
+	// changes nothing.
+	DecommissionNode(context.Context, *connect.Request[v1.DecommissionNodeRequest]) (*connect.Response[v1.DecommissionNodeResponse], error)
 	// GetClusterInfo describes the cluster.
 	GetClusterInfo(context.Context, *connect.Request[v1.GetClusterInfoRequest]) (*connect.Response[v1.GetClusterInfoResponse], error)
 	// GetConsensusStatus maps etcd members to nodes.
@@ -231,6 +241,12 @@ func NewManagementClient(httpClient connect.HTTPClient, baseURL string, opts ...
 			connect.WithSchema(managementMethods.ByName("EndNodeMaintenance")),
 			connect.WithClientOptions(opts...),
 		),
+		decommissionNode: connect.NewClient[v1.DecommissionNodeRequest, v1.DecommissionNodeResponse](
+			httpClient,
+			baseURL+ManagementDecommissionNodeProcedure,
+			connect.WithSchema(managementMethods.ByName("DecommissionNode")),
+			connect.WithClientOptions(opts...),
+		),
 		getClusterInfo: connect.NewClient[v1.GetClusterInfoRequest, v1.GetClusterInfoResponse](
 			httpClient,
 			baseURL+ManagementGetClusterInfoProcedure,
@@ -311,6 +327,7 @@ type managementClient struct {
 	deleteNode           *connect.Client[v1.DeleteNodeRequest, v1.DeleteNodeResponse]
 	startNodeMaintenance *connect.Client[v1.StartNodeMaintenanceRequest, v1.StartNodeMaintenanceResponse]
 	endNodeMaintenance   *connect.Client[v1.EndNodeMaintenanceRequest, v1.EndNodeMaintenanceResponse]
+	decommissionNode     *connect.Client[v1.DecommissionNodeRequest, v1.DecommissionNodeResponse]
 	getClusterInfo       *connect.Client[v1.GetClusterInfoRequest, v1.GetClusterInfoResponse]
 	getConsensusStatus   *connect.Client[v1.GetConsensusStatusRequest, v1.GetConsensusStatusResponse]
 	getRegisterTicket    *connect.Client[v1.GetRegisterTicketRequest, v1.GetRegisterTicketResponse]
@@ -356,6 +373,11 @@ func (c *managementClient) StartNodeMaintenance(ctx context.Context, req *connec
 // EndNodeMaintenance calls curia.curator.v1.Management.EndNodeMaintenance.
 func (c *managementClient) EndNodeMaintenance(ctx context.Context, req *connect.Request[v1.EndNodeMaintenanceRequest]) (*connect.Response[v1.EndNodeMaintenanceResponse], error) {
 	return c.endNodeMaintenance.CallUnary(ctx, req)
+}
+
+// DecommissionNode calls curia.curator.v1.Management.DecommissionNode.
+func (c *managementClient) DecommissionNode(ctx context.Context, req *connect.Request[v1.DecommissionNodeRequest]) (*connect.Response[v1.DecommissionNodeResponse], error) {
+	return c.decommissionNode.CallUnary(ctx, req)
 }
 
 // GetClusterInfo calls curia.curator.v1.Management.GetClusterInfo.
@@ -448,6 +470,13 @@ type ManagementHandler interface {
 	// EndNodeMaintenance ends a node's maintenance; ending one that is not in
 	// maintenance changes nothing.
 	EndNodeMaintenance(context.Context, *connect.Request[v1.EndNodeMaintenanceRequest]) (*connect.Response[v1.EndNodeMaintenanceResponse], error)
+	// DecommissionNode takes a node out of service for good, so that
+	// DeleteNode needs no bypass: the node goes into maintenance (for a
+	// voter's node, only while the cluster can lose that voter), loses its
+	// roles (its etcd member first), and becomes DECOMMISSIONED in the write
+	// that ends its maintenance. Decommissioning a DECOMMISSIONED node
+	// changes nothing.
+	DecommissionNode(context.Context, *connect.Request[v1.DecommissionNodeRequest]) (*connect.Response[v1.DecommissionNodeResponse], error)
 	// GetClusterInfo describes the cluster.
 	GetClusterInfo(context.Context, *connect.Request[v1.GetClusterInfoRequest]) (*connect.Response[v1.GetClusterInfoResponse], error)
 	// GetConsensusStatus maps etcd members to nodes.
@@ -555,6 +584,12 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 		connect.WithSchema(managementMethods.ByName("EndNodeMaintenance")),
 		connect.WithHandlerOptions(opts...),
 	)
+	managementDecommissionNodeHandler := connect.NewUnaryHandler(
+		ManagementDecommissionNodeProcedure,
+		svc.DecommissionNode,
+		connect.WithSchema(managementMethods.ByName("DecommissionNode")),
+		connect.WithHandlerOptions(opts...),
+	)
 	managementGetClusterInfoHandler := connect.NewUnaryHandler(
 		ManagementGetClusterInfoProcedure,
 		svc.GetClusterInfo,
@@ -639,6 +674,8 @@ func NewManagementHandler(svc ManagementHandler, opts ...connect.HandlerOption) 
 			managementStartNodeMaintenanceHandler.ServeHTTP(w, r)
 		case ManagementEndNodeMaintenanceProcedure:
 			managementEndNodeMaintenanceHandler.ServeHTTP(w, r)
+		case ManagementDecommissionNodeProcedure:
+			managementDecommissionNodeHandler.ServeHTTP(w, r)
 		case ManagementGetClusterInfoProcedure:
 			managementGetClusterInfoHandler.ServeHTTP(w, r)
 		case ManagementGetConsensusStatusProcedure:
@@ -694,6 +731,10 @@ func (UnimplementedManagementHandler) StartNodeMaintenance(context.Context, *con
 
 func (UnimplementedManagementHandler) EndNodeMaintenance(context.Context, *connect.Request[v1.EndNodeMaintenanceRequest]) (*connect.Response[v1.EndNodeMaintenanceResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.EndNodeMaintenance is not implemented"))
+}
+
+func (UnimplementedManagementHandler) DecommissionNode(context.Context, *connect.Request[v1.DecommissionNodeRequest]) (*connect.Response[v1.DecommissionNodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("curia.curator.v1.Management.DecommissionNode is not implemented"))
 }
 
 func (UnimplementedManagementHandler) GetClusterInfo(context.Context, *connect.Request[v1.GetClusterInfoRequest]) (*connect.Response[v1.GetClusterInfoResponse], error) {
