@@ -63,7 +63,12 @@ func start(t *testing.T) *cluster { return startOn(t, "127.0.99", nodeCount) }
 // workers) on the loopback /24 subnet.
 func startOn(t *testing.T, subnet string, nodes int) *cluster {
 	t.Helper()
-	bin := buildAll(t)
+	return startWith(t, subnet, nodes, buildAll(t))
+}
+
+// startWith is startOn with the binaries of bin (curia-local among them).
+func startWith(t *testing.T, subnet string, nodes int, bin string) *cluster {
+	t.Helper()
 	c := &cluster{t: t, state: filepath.Join(t.TempDir(), "state"), nodes: nodes, bin: bin,
 		layout: []string{"--state", "", "--bin", bin, "--subnet", subnet, "--workers", strconv.Itoa(nodes - 3)}}
 	c.layout[1] = c.state

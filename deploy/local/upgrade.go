@@ -17,6 +17,8 @@ import (
 
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
@@ -97,12 +99,19 @@ type UpgradeReport struct {
 	// AdminFailuresInARow is the longest run of failed admin calls
 	// (GetConsensusStatus, every 250 ms).
 	AdminFailuresInARow int
-	Wall                time.Duration
+	// WithoutMaintenance counts the nodes restarted without maintenance:
+	// curators of a release before it answered Unimplemented.
+	WithoutMaintenance int
+	Wall               time.Duration
 }
 
 func (r *UpgradeReport) String() string {
-	return fmt.Sprintf("restarted %d processes in %v; etcd membership changes %d; lowest failure tolerance %d; etcd leader moves %d; admin calls failed at most %d in a row",
+	s := fmt.Sprintf("restarted %d processes in %v; etcd membership changes %d; lowest failure tolerance %d; etcd leader moves %d; admin calls failed at most %d in a row",
 		len(r.Restarted), r.Wall.Round(100*time.Millisecond), r.MembershipChanges, r.LowestTolerance, r.LeaderMoves, r.AdminFailuresInARow)
+	if r.WithoutMaintenance > 0 {
+		s += fmt.Sprintf("; %d nodes without maintenance (older curators)", r.WithoutMaintenance)
+	}
+	return s
 }
 
 // checkBinaries refuses a directory that lacks one of bins.
@@ -334,9 +343,21 @@ func (u *upgrade) node(ctx context.Context, n Node, tolerance int32) error {
 	reason := "rolling restart (curia-local upgrade)"
 	ctx2, cancel := context.WithTimeout(ctx, healthTimeout)
 	defer cancel()
+	maintenance := true
 	for {
 		_, err := u.m.StartNodeMaintenance(ctx2, &curatorv1.StartNodeMaintenanceRequest{NodeId: n.ID, Reason: reason, Duration: durationpb.New(10 * time.Minute)})
 		if err == nil {
+			break
+		}
+		if status.Code(err) == codes.Unimplemented {
+			// Curators of a release before maintenance (they are
+			// upgraded after the nodes): the node restarts without it,
+			// as it would have before; autopilot acts only on a node
+			// silent for dead_node_threshold (default 5m).
+			maintenance = false
+			u.mu.Lock()
+			u.report.WithoutMaintenance++
+			u.mu.Unlock()
 			break
 		}
 		select {
@@ -345,7 +366,11 @@ func (u *upgrade) node(ctx context.Context, n Node, tolerance int32) error {
 		case <-time.After(time.Second):
 		}
 	}
-	fmt.Fprintf(u.c.cfg.Out, "curia-local upgrade: %s (%s) in maintenance\n", n.Name, n.ID)
+	if maintenance {
+		fmt.Fprintf(u.c.cfg.Out, "curia-local upgrade: %s (%s) in maintenance\n", n.Name, n.ID)
+	} else {
+		fmt.Fprintf(u.c.cfg.Out, "curia-local upgrade: %s (%s) restarts without maintenance: the curators predate it\n", n.Name, n.ID)
+	}
 	for _, bin := range []string{"consensus", "roleserve"} {
 		if err := u.restart(ctx, n.Name+"-"+bin, bin, n.Host); err != nil {
 			return err
@@ -353,6 +378,9 @@ func (u *upgrade) node(ctx context.Context, n Node, tolerance int32) error {
 	}
 	if err := u.awaitHealthy(ctx, tolerance, "restarting "+n.Name); err != nil {
 		return err
+	}
+	if !maintenance {
+		return nil
 	}
 	if _, err := u.m.EndNodeMaintenance(ctx, &curatorv1.EndNodeMaintenanceRequest{NodeId: n.ID}); err != nil {
 		return fmt.Errorf("end node %s's maintenance: %w", n.Name, err)

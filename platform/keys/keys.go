@@ -160,6 +160,14 @@ const (
 	// member of this cluster needs: its node may wipe it (Leave), although
 	// the answering cluster's id is not its own.
 	RecoverySuperseded = Prefix + "recovery/superseded/"
+
+	// ClusterID is the id (hex, plain text) of the etcd cluster that holds
+	// the data: written by a member if missing, and by a recovery, which
+	// reads it first. A snapshot carries the id of the cluster it was
+	// taken of, so that a restore onto wiped members (which know no
+	// cluster of their own) still records which cluster it supersedes
+	// (RecoverySuperseded), and clients pinned to it follow.
+	ClusterID = Prefix + "cluster/id"
 )
 
 // RecoveryReport is the key of the report of a recovery finished at t.

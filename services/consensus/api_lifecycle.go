@@ -58,11 +58,14 @@ func (x *server) start(ctx context.Context, req *consensusv1.StartRequest) (*con
 		if err := m.start(sctx, modeBootstrap, ""); err != nil {
 			return nil, err
 		}
-		_, cli, err := m.running()
+		e, cli, err := m.running()
 		if err != nil {
 			return nil, err
 		}
 		if err := ensureEpoch(sctx, cli, "consensus/"+x.s.cfg.nodeID); err != nil {
+			return nil, err
+		}
+		if err := ensureClusterID(sctx, cli, uint64(e.Server.Cluster().ID())); err != nil {
 			return nil, err
 		}
 		return &consensusv1.StartResponse{Status: m.status()}, nil

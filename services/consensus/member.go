@@ -771,6 +771,16 @@ func (m *member) checkRevoked(ctx context.Context) error {
 	return nil
 }
 
+// ensureClusterID writes keys.ClusterID if it is missing (a cluster that
+// predates it, or a new one). A recovery overwrites it (recover.go).
+func ensureClusterID(ctx context.Context, cli *clientv3.Client, id uint64) error {
+	_, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(keys.ClusterID), "=", 0)).
+		Then(clientv3.OpPut(keys.ClusterID, types.ID(id).String())).
+		Commit()
+	return err
+}
+
 // ensureEpoch creates the membership epoch key if it is missing (a new
 // cluster, or one whose key was lost), so that the epoch is never 0 while a
 // cluster exists: every change needs an epoch.

@@ -359,13 +359,17 @@ func (s *Service) followPending(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 		}
-		_, cli, err := s.member.running()
+		e, cli, err := s.member.running()
 		if err != nil {
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, finishTimeout)
 		if ensured != cli {
-			if err := ensureEpoch(cctx, cli, s.recorder()); err == nil {
+			err := ensureEpoch(cctx, cli, s.recorder())
+			if err == nil {
+				err = ensureClusterID(cctx, cli, uint64(e.Server.Cluster().ID()))
+			}
+			if err == nil {
 				ensured = cli
 			}
 		}

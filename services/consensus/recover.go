@@ -472,6 +472,15 @@ func (s *Service) recordRecovery(ctx context.Context) (*consensusv1.RecoveryRepo
 		return nil, err
 	}
 	r.NewMemberId, r.NewClusterId = uint64(e.Server.MemberID()), uint64(e.Server.Cluster().ID())
+	if r.GetOldClusterId() == 0 {
+		// A restore onto a member that knew no cluster (its data wiped):
+		// the data says which cluster it was taken of.
+		if resp, err := cli.Get(ctx, keys.ClusterID); err == nil && len(resp.Kvs) > 0 {
+			if id, err := types.IDFromString(strings.TrimSpace(string(resp.Kvs[0].Value))); err == nil && uint64(id) != r.GetNewClusterId() {
+				r.OldClusterId = uint64(id)
+			}
+		}
+	}
 	r.FinishedAt = timestamppb.Now()
 	value, err := proto.Marshal(r)
 	if err != nil {
@@ -479,6 +488,7 @@ func (s *Service) recordRecovery(ctx context.Context) (*consensusv1.RecoveryRepo
 	}
 	ops := []clientv3.Op{
 		clientv3.OpPut(keys.MembershipEpoch, s.recorder()),
+		clientv3.OpPut(keys.ClusterID, types.ID(r.GetNewClusterId()).String()),
 		clientv3.OpPut(keys.RecoveryReport(r.GetFinishedAt().AsTime()), string(value)),
 		audit.Put(&auditv1.Event{
 			Actor: r.GetRecoveredBy(), RecordedBy: s.recorder(), Action: auditv1.AuditAction_AUDIT_ACTION_CLUSTER_RECOVER,

@@ -212,6 +212,16 @@ func TestRestoreSnapshot(t *testing.T) {
 	written := writeKeys(t, cli, 20)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	// The running member records its cluster's id in the data, which the
+	// snapshot carries.
+	original := nodes[0].Status().ClusterId
+	ct.Eventually(t, 30*time.Second, func() error {
+		resp, err := cli.Get(ctx, keys.ClusterID)
+		if err != nil || len(resp.Kvs) == 0 {
+			return fmt.Errorf("no %s yet (%v)", keys.ClusterID, err)
+		}
+		return nil
+	})
 	rc, err := cli.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -285,6 +295,16 @@ func TestRestoreSnapshot(t *testing.T) {
 		t.Fatalf("after the restore: %v, want the leader of cluster %s", st, types.ID(resp.Report.NewClusterId))
 	}
 	checkKeys(t, c.Etcd(fresh.ClientURL), written)
+	// The fresh node knew no cluster; the data named the one it was taken
+	// of, and the new cluster records that it superseded it: clients
+	// pinned to the old one follow (platform/etcdpin).
+	if resp.Report.OldClusterId != original {
+		t.Fatalf("report's old cluster %s, want the snapshot's %s", types.ID(resp.Report.OldClusterId), types.ID(original))
+	}
+	got, err := c.Etcd(fresh.ClientURL).Get(ctx, keys.Superseded(original))
+	if err != nil || len(got.Kvs) != 1 || string(got.Kvs[0].Value) != types.ID(resp.Report.NewClusterId).String() {
+		t.Fatalf("superseded record of %s: %v, %v; want %s", types.ID(original), got, err, types.ID(resp.Report.NewClusterId))
+	}
 }
 
 // TestRecoverFinishesAfterCrash: a recovery whose process dies after the
