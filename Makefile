@@ -125,6 +125,16 @@ breaking: $(BUF) proto-deps ## buf breaking against main (BREAKING_AGAINST=<git 
 check-files: ## fail if git tracks a build output (an executable or a file over 1 MB not in .ci/allowed-files)
 	@bash .ci/check-files
 
+.PHONY: check-alerts
+# promtool: Debian's prometheus package (.ci/run installs it when missing).
+OBSERVABILITY := deploy/observability
+check-alerts: ## check the alerts of deploy/observability with promtool: rules.yaml, the PrometheusRule in step with it, rules_test.yaml
+	@command -v promtool >/dev/null || { echo "check-alerts: no promtool: apt-get install --no-install-recommends prometheus" >&2; exit 1; }
+	promtool check rules $(OBSERVABILITY)/rules.yaml
+	@diff -u <(sed -n '/^groups:/,$$p' $(OBSERVABILITY)/rules.yaml | sed 's/^./  &/') <(sed -n '/^  groups:/,$$p' $(OBSERVABILITY)/prometheusrule.yaml) \
+		|| { echo "check-alerts: prometheusrule.yaml's spec is not rules.yaml's groups (indented by two): edit both" >&2; exit 1; }
+	cd $(OBSERVABILITY) && promtool test rules rules_test.yaml
+
 .PHONY: check-tidy
 check-tidy: ## fail if any module's go.mod/go.sum is not what `make tidy` makes
 	@stale=; for m in $(MODULES); do \

@@ -33,6 +33,12 @@
 // registers with the ticket, as a newly installed machine does; its
 // consensus process makes its key in its data, and the curators certify
 // both. Neither node StatefulSet can be given another node's key.
+//
+// Monitoring is optional: components/monitoring adds headless Services over
+// the metrics ports and a prometheus-operator ServiceMonitor (/metrics of
+// every process, /metrics/etcd of the consensus processes), which needs
+// that operator's CRD; overlays/local-monitoring is overlays/local with it
+// (docs/metrics.md; the alerts are in deploy/observability).
 package kubernetes
 
 // The names the bootstrap Job writes and the manifests mount. The

@@ -343,6 +343,8 @@ func TestE2E(t *testing.T) {
 		}
 	})
 
+	t.Run("metrics of every process", func(t *testing.T) { metricsScenario(t, c) })
+
 	t.Run("the printed command in a fresh shell", func(t *testing.T) {
 		b, err := os.ReadFile(c.proc.Log)
 		if err != nil {

@@ -344,13 +344,20 @@ func WaitHealthz(t testing.TB, addr string, code int, timeout time.Duration) {
 // in names.
 func MetricsHave(t testing.TB, addr string, names ...string) string {
 	t.Helper()
-	code, body, err := Get("http://" + addr + "/metrics")
+	return MetricsAtHave(t, addr, "/metrics", names...)
+}
+
+// MetricsAtHave fails the test unless http://addr<path> names every metric
+// in names (a name, or a name and the start of its labels).
+func MetricsAtHave(t testing.TB, addr, path string, names ...string) string {
+	t.Helper()
+	code, body, err := Get("http://" + addr + path)
 	if err != nil || code != http.StatusOK {
-		t.Fatalf("/metrics of %s = %d (%v)", addr, code, err)
+		t.Fatalf("%s of %s = %d (%v)", path, addr, code, err)
 	}
 	for _, n := range names {
 		if !strings.Contains(body, "\n"+n) && !strings.HasPrefix(body, n) {
-			t.Errorf("/metrics of %s lacks %s", addr, n)
+			t.Errorf("%s of %s lacks %s", path, addr, n)
 		}
 	}
 	return body

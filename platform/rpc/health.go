@@ -6,14 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/health"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -70,38 +67,24 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-// FirstWins gathers from each gatherer in turn and keeps, of every metric
-// family name, the first one found: a process with two registries that both
-// hold e.g. go_* or grpc_server_* (embedded etcd's default registry beside
-// curia's own) serves each name once instead of failing the scrape.
-type FirstWins []prometheus.Gatherer
-
-// Gather implements prometheus.Gatherer.
-func (f FirstWins) Gather() ([]*dto.MetricFamily, error) {
-	seen := map[string]bool{}
-	var out []*dto.MetricFamily
-	for _, g := range f {
-		mfs, err := g.Gather()
-		if err != nil {
-			return nil, err
-		}
-		for _, mf := range mfs {
-			if !seen[mf.GetName()] {
-				seen[mf.GetName()] = true
-				out = append(out, mf)
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b *dto.MetricFamily) int { return strings.Compare(a.GetName(), b.GetName()) })
-	return out, nil
+// MetricsPath is a further path ServeMetrics serves a gatherer on, in full
+// and apart from /metrics: consensus serves embedded etcd's own registry on
+// /metrics/etcd.
+type MetricsPath struct {
+	Path     string
+	Gatherer prometheus.Gatherer
 }
 
-// ServeMetrics serves Prometheus metrics (/metrics, from gatherer) and
-// health (/healthz, from h) over plain HTTP on lis until ctx ends. Every
-// service runs it for --listen-metrics, meant for loopback.
-func ServeMetrics(ctx context.Context, lis net.Listener, gatherer prometheus.Gatherer, h *health.Server) error {
+// ServeMetrics serves Prometheus metrics (/metrics, from gatherer; more,
+// each on its own path) and health (/healthz, from h) over plain HTTP on
+// lis until ctx ends. Every service runs it for --listen-metrics, meant for
+// loopback.
+func ServeMetrics(ctx context.Context, lis net.Listener, gatherer prometheus.Gatherer, h *health.Server, more ...MetricsPath) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	for _, m := range more {
+		mux.Handle(m.Path, promhttp.HandlerFor(m.Gatherer, promhttp.HandlerOpts{}))
+	}
 	mux.Handle("/healthz", Healthz(h))
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	stopped := make(chan struct{})

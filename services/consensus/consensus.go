@@ -17,7 +17,16 @@
 // consensus and member certificates), policy.go (who may call what),
 // errors.go (the one mapping to gRPC codes), recover.go (quorum-loss
 // recovery: Recover, RestoreSnapshot), peergate.go (etcd's peer port:
-// closes the connections of revoked certificates).
+// closes the connections of revoked certificates), metrics.go (the
+// curia_consensus_* gauges).
+//
+// Metrics (--listen-metrics): /metrics serves this process's own series
+// (its API's grpc_server_*, go_*, process_*, curia_build_info and
+// curia_consensus_*: voters, learners, failure tolerance, pending change
+// age, certificate expiry); /metrics/etcd serves the embedded etcd's
+// registry in full and unchanged (etcd_*, and the grpc_server_* of etcd's
+// client port), for etcd's own alerts and dashboards. Scrape both
+// (docs/metrics.md).
 package consensus
 
 import (
@@ -88,9 +97,9 @@ type Config struct {
 	// Default: https:// and the listen address.
 	AdvertisePeerURL   string
 	AdvertiseClientURL string
-	// ListenMetrics serves Prometheus metrics (/metrics: curia's and the
-	// embedded etcd's) and health (/healthz) over plain HTTP when set
-	// (meant for loopback).
+	// ListenMetrics serves Prometheus metrics (/metrics: this process's;
+	// /metrics/etcd: the embedded etcd's own, in full) and health
+	// (/healthz) over plain HTTP when set (meant for loopback).
 	ListenMetrics string
 	// EtcdLogLevel holds etcd's own lines at or above this level (a
 	// --log-level name); empty: the process's --log-level alone decides.
@@ -167,7 +176,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ListenClient, "listen-client", c.ListenClient, "etcd client address (host:port)")
 	fs.StringVar(&c.AdvertisePeerURL, "advertise-peer-url", c.AdvertisePeerURL, "etcd peer URL others reach this member at (default https://<listen-peer>); must stay fixed")
 	fs.StringVar(&c.AdvertiseClientURL, "advertise-client-url", c.AdvertiseClientURL, "etcd client URL (default https://<listen-client>)")
-	fs.StringVar(&c.ListenMetrics, "listen-metrics", c.ListenMetrics, "plain-HTTP address of Prometheus metrics (/metrics, curia's and etcd's) and health (/healthz), e.g. 127.0.0.1:9100 (off when empty)")
+	fs.StringVar(&c.ListenMetrics, "listen-metrics", c.ListenMetrics, "plain-HTTP address of Prometheus metrics (/metrics, this process's; /metrics/etcd, the embedded etcd's) and health (/healthz), e.g. 127.0.0.1:9100 (off when empty)")
 	fs.StringVar(&c.EtcdLogLevel, "etcd-log-level", c.EtcdLogLevel, "hold etcd's own log lines at or above this level (debug, info, warn, error); default: --log-level alone decides")
 	fs.DurationVar(&c.TickInterval, "etcd-tick", c.TickInterval, "etcd heartbeat interval")
 	fs.DurationVar(&c.ElectionTimeout, "etcd-election-timeout", c.ElectionTimeout, "etcd election timeout")
@@ -333,16 +342,8 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	}
 	consensusv1.RegisterConsensusServer(srv.GRPC(), &server{s: s})
 	s.rpc = srv
-	if err := srv.Registry().Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "curia_consensus_member_running",
-		Help: "1 while this node's etcd member runs (lifecycle state RUNNING).",
-	}, func() float64 {
-		if _, _, err := m.running(); err != nil {
-			return 0
-		}
-		return 1
-	})); err != nil {
-		return nil, fmt.Errorf("register metrics: %w", err)
+	if err := s.registerMetrics(srv.Registry()); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -433,10 +434,12 @@ func (s *Service) Run(ctx context.Context) error {
 	g.AddReady("pending", s.followPending)
 	if mlis != nil {
 		// etcd registers its metrics (etcd_*) on the default registry,
-		// with its own go_* and grpc_server_* (its client port's): those
-		// of this process's API come first.
-		gatherers := rpc.FirstWins{s.rpc.Registry(), prometheus.DefaultGatherer}
-		g.AddReady("metrics", func(ctx context.Context) error { return rpc.ServeMetrics(ctx, mlis, gatherers, s.rpc.Health()) })
+		// with its own go_* and grpc_server_* (its client port's): served
+		// apart, in full, on /metrics/etcd (metrics.go).
+		etcd := rpc.MetricsPath{Path: etcdMetricsPath, Gatherer: prometheus.DefaultGatherer}
+		g.AddReady("metrics", func(ctx context.Context) error {
+			return rpc.ServeMetrics(ctx, mlis, s.rpc.Registry(), s.rpc.Health(), etcd)
+		})
 	}
 	g.Add("health", rpc.Readiness(s.rpc.Health(), &g, "health", consensusv1.Consensus_ServiceDesc.ServiceName))
 	s.log.Info("consensus serving", "api", lis.Addr().String(), "peer_url", s.cfg.AdvertisePeerURL, "client_url", s.cfg.AdvertiseClientURL)

@@ -253,6 +253,9 @@ var errNeverCalled = errors.New("the etcd member call was not made")
 type pendingClock struct {
 	mu   sync.Mutex
 	seen map[string]time.Time
+	// current is the change followPending last found pending ("" none),
+	// for curia_consensus_pending_change_age_seconds.
+	current string
 }
 
 func newPendingClock() *pendingClock { return &pendingClock{seen: map[string]time.Time{}} }
@@ -266,6 +269,31 @@ func (c *pendingClock) age(p *pendingChange, now time.Time) time.Duration {
 	if !ok {
 		clear(c.seen)
 		c.seen[p.GetId()] = now
+		return 0
+	}
+	return now.Sub(first)
+}
+
+// follow records what followPending found: p pending, or none (nil).
+func (c *pendingClock) follow(p *pendingChange, now time.Time) {
+	if p != nil {
+		c.age(p, now)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.current = ""
+	if p != nil {
+		c.current = p.GetId()
+	}
+}
+
+// currentAge is how long this process has seen the change followPending
+// last found pending; 0 when it found none.
+func (c *pendingClock) currentAge(now time.Time) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	first, ok := c.seen[c.current]
+	if c.current == "" || !ok {
 		return 0
 	}
 	return now.Sub(first)
@@ -361,6 +389,7 @@ func (s *Service) followPending(ctx context.Context) error {
 		}
 		e, cli, err := s.member.running()
 		if err != nil {
+			s.pending.follow(nil, time.Now())
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, finishTimeout)
@@ -391,10 +420,15 @@ func (s *Service) resolveIfStale(ctx context.Context, cli *clientv3.Client) erro
 // be alive (it was of a cluster a recovery replaced).
 func (s *Service) resolvePending(ctx context.Context, cli *clientv3.Client, now bool) error {
 	resp, err := cli.Get(ctx, keys.MembershipPending)
-	if err != nil || len(resp.Kvs) == 0 {
+	if err != nil {
 		return err
 	}
+	if len(resp.Kvs) == 0 {
+		s.pending.follow(nil, time.Now())
+		return nil
+	}
 	p := decodePending(resp.Kvs[0].Value, resp.Kvs[0].CreateRevision, resp.Kvs[0].ModRevision)
+	s.pending.follow(p, time.Now())
 	if !now && s.pending.age(p, time.Now()) < s.resolveAfter(p) {
 		return nil
 	}

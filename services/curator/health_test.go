@@ -1,7 +1,11 @@
 package curator_test
 
 import (
+	"context"
+	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,5 +34,50 @@ func TestHealthAndMetrics(t *testing.T) {
 		t.Fatalf("gRPC health of Management: %v (%v)", resp.GetStatus(), err)
 	}
 
-	proctest.MetricsHave(t, cur.Metrics, "curia_curator_leader", "curia_curator_leader_term", "curia_curator_watch_revision", "curia_build_info", "grpc_server_handled_total")
+	body := proctest.MetricsHave(t, cur.Metrics, "curia_curator_leader", "curia_curator_leader_term", "curia_curator_watch_revision", "curia_build_info", "grpc_server_handled_total",
+		`curia_curator_nodes{health="healthy",state="up"}`, `curia_curator_certificate_expiry_seconds{certificate="curator"}`, `curia_curator_certificate_expiry_seconds{certificate="ca"}`)
+	for _, cert := range []string{"curator", "ca"} {
+		// The test PKI issues for a day or more.
+		if v := metricValue(t, body, `curia_curator_certificate_expiry_seconds{certificate="`+cert+`"}`); v < 3600 {
+			t.Errorf("the %s certificate expires in %vs", cert, v)
+		}
+	}
+
+	// A node enrolled counts, under its state, on every replica.
+	before := nodeCounts(body)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	n := c.NewAgent().Enrol(ctx)
+	state := strings.ToLower(strings.TrimPrefix(n.GetState().String(), "NODE_STATE_"))
+	for _, r := range []*cut.Curator{c.Curators[0], cur} {
+		proctest.Eventually(t, 30*time.Second, func() error {
+			_, body, err := proctest.Get("http://" + r.Metrics + "/metrics")
+			if err != nil {
+				return err
+			}
+			after := nodeCounts(body)
+			if after[""] != before[""]+1 || after[state] != before[state]+1 {
+				return fmt.Errorf("nodes by state %v, before the enrolment %v: want one more %s", after, before, state)
+			}
+			return nil
+		})
+	}
+}
+
+// nodeCounts sums curia_curator_nodes by state ("": all nodes).
+func nodeCounts(body string) map[string]float64 {
+	counts := map[string]float64{}
+	for line := range strings.SplitSeq(body, "\n") {
+		rest, ok := strings.CutPrefix(line, "curia_curator_nodes{")
+		if !ok {
+			continue
+		}
+		labels, value, _ := strings.Cut(rest, "} ")
+		v, _ := strconv.ParseFloat(value, 64)
+		_, state, _ := strings.Cut(labels, `state="`)
+		state, _, _ = strings.Cut(state, `"`)
+		counts[state] += v
+		counts[""] += v
+	}
+	return counts
 }

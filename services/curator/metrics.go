@@ -2,8 +2,12 @@ package curator
 
 import (
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	curatorv1 "curia.dev/gen/curia/curator/v1"
 )
 
 // registerMetrics adds the curator's metrics to the gRPC server's private
@@ -28,6 +32,8 @@ func (s *Service) registerMetrics(reg *prometheus.Registry) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "curia_curator_watch_revision", Help: "etcd revision the node watch hub has served up to.",
 		}, func() float64 { return float64(s.watch.revision()) }),
+		nodesCollector{s.watch},
+		certCollector{s},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "curia_curator_etcd_endpoints", Help: "etcd voters the replica sends requests to: those that answered the last probe (endpoints.go).",
 		}, func() float64 { return float64(len(s.etcd.Endpoints())) }),
@@ -42,4 +48,63 @@ func (s *Service) registerMetrics(reg *prometheus.Registry) error {
 		}
 	}
 	return nil
+}
+
+var (
+	nodesDesc = prometheus.NewDesc("curia_curator_nodes",
+		"Registered nodes by state (new: waiting for approval, standby, up, decommissioned) and health (healthy, heartbeat_timeout: its agent stopped heart-beating, unknown: never heard from), as this replica's watch hub sees them (every replica reports the same cluster: aggregate with max, not sum). Absent until the hub loaded.",
+		[]string{"state", "health"}, nil)
+	certExpiryDesc = prometheus.NewDesc("curia_curator_certificate_expiry_seconds",
+		"Seconds until a certificate of this replica expires (negative once expired), by certificate: curator (its own, --cert; renewed by the deployment, not by curia) or ca (the cluster CA, --ca: every certificate of the cluster chains to it).",
+		[]string{"certificate"}, nil)
+)
+
+// enumLabel is an enum value's name as a label value: NODE_STATE_UP is up.
+func enumLabel(name, prefix string) string {
+	return strings.ToLower(strings.TrimPrefix(name, prefix))
+}
+
+// nodesCollector counts the watch hub's nodes by state and health, every
+// combination of named values reported (0 included), so that a series
+// does not vanish when its last node leaves it.
+type nodesCollector struct{ h *watchHub }
+
+func (c nodesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- nodesDesc }
+
+func (c nodesCollector) Collect(ch chan<- prometheus.Metric) {
+	type key struct{ state, health string }
+	counts := map[key]int{}
+	for st, sname := range curatorv1.NodeState_name {
+		for hl, hname := range curatorv1.NodeHealth_name {
+			if st != 0 && hl != 0 {
+				counts[key{enumLabel(sname, "NODE_STATE_"), enumLabel(hname, "NODE_HEALTH_")}] = 0
+			}
+		}
+	}
+	c.h.mu.RLock()
+	if !c.h.ready {
+		c.h.mu.RUnlock()
+		return
+	}
+	for _, n := range c.h.nodes {
+		counts[key{enumLabel(n.GetState().String(), "NODE_STATE_"), enumLabel(n.GetHealth().String(), "NODE_HEALTH_")}]++
+	}
+	c.h.mu.RUnlock()
+	for k, v := range counts {
+		ch <- prometheus.MustNewConstMetric(nodesDesc, prometheus.GaugeValue, float64(v), k.state, k.health)
+	}
+}
+
+// certCollector reports how long the replica's certificate and the CA
+// have left.
+type certCollector struct{ s *Service }
+
+func (c certCollector) Describe(ch chan<- *prometheus.Desc) { ch <- certExpiryDesc }
+
+func (c certCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	if leaf := c.s.creds.Leaf(); leaf != nil {
+		ch <- prometheus.MustNewConstMetric(certExpiryDesc, prometheus.GaugeValue, leaf.NotAfter.Sub(now).Seconds(), "curator")
+	}
+	ch <- prometheus.MustNewConstMetric(certExpiryDesc, prometheus.GaugeValue, c.s.ca.Cert.NotAfter.Sub(now).Seconds(), "ca")
 }

@@ -323,7 +323,7 @@ func TestScheduledSnapshots(t *testing.T) {
 // metricValue is the value of an unlabelled metric in a /metrics body.
 func metricValue(t *testing.T, body, name string) float64 {
 	t.Helper()
-	m := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindStringSubmatch(body)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\S+)$`).FindStringSubmatch(body)
 	if m == nil {
 		t.Fatalf("no %s in /metrics", name)
 	}

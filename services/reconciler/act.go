@@ -286,6 +286,7 @@ func (r *Reconciler) finish(result reconcilerv1.PassResult, detail string, plann
 		kind = planned.Kind.String()
 	}
 	r.metrics.passes.WithLabelValues(kind).Inc()
+	r.metrics.results.WithLabelValues(passResultLabel(result)).Inc()
 }
 
 // maxRefusals is how many refusals the status keeps.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +38,9 @@ func TestHealthAndMetrics(t *testing.T) {
 	if !strings.Contains(body, `curia_roleserve_enrolment_state{state="WAITING_FOR_APPROVAL"} 1`) {
 		t.Error("/metrics does not say WAITING_FOR_APPROVAL")
 	}
+	if strings.Contains(body, "\ncuria_roleserve_certificate_expiry_seconds") {
+		t.Error("/metrics reports a node certificate's expiry before the node has one")
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -53,9 +57,16 @@ func TestHealthAndMetrics(t *testing.T) {
 	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("gRPC health of the API: %v (%v)", resp.GetStatus(), err)
 	}
-	body = proctest.MetricsHave(t, rs.metrics, "grpc_server_handled_total")
+	body = proctest.MetricsHave(t, rs.metrics, "grpc_server_handled_total", `curia_roleserve_certificate_expiry_seconds{certificate="node"}`)
 	if !strings.Contains(body, `curia_roleserve_enrolment_state{state="RUNNING"} 1`) {
 		t.Error("/metrics does not say RUNNING")
+	}
+	for line := range strings.SplitSeq(body, "\n") {
+		if v, ok := strings.CutPrefix(line, `curia_roleserve_certificate_expiry_seconds{certificate="node"} `); ok {
+			if f, err := strconv.ParseFloat(v, 64); err != nil || f < 3600 {
+				t.Errorf("the node certificate expires in %q seconds", v)
+			}
+		}
 	}
 	proctest.Eventually(t, time.Minute, func() error {
 		node, err := getNode(t, c.Management(), a.ID)

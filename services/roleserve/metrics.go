@@ -2,6 +2,7 @@ package roleserve
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -11,6 +12,7 @@ import (
 func (s *Service) registerMetrics() error {
 	for _, c := range []prometheus.Collector{
 		enrolmentCollector{s},
+		certCollector{s},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "curia_roleserve_curator_connected", Help: "1 while the last heartbeat reached the curator.",
 		}, func() float64 {
@@ -46,4 +48,23 @@ func (c enrolmentCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(enrolmentStateDesc, prometheus.GaugeValue, v, string(st))
 	}
+}
+
+var certExpiryDesc = prometheus.NewDesc("curia_roleserve_certificate_expiry_seconds",
+	"Seconds until the node certificate (node/<id>, the agent's identity towards the curators and its API's) expires, negative once expired; absent until the node has one. The agent renews it from the curator two thirds into its validity: a value that keeps falling means renewal fails.",
+	[]string{"certificate"}, nil)
+
+// certCollector reports how long the node certificate has left.
+type certCollector struct{ s *Service }
+
+func (c certCollector) Describe(ch chan<- *prometheus.Desc) { ch <- certExpiryDesc }
+
+func (c certCollector) Collect(ch chan<- prometheus.Metric) {
+	c.s.connMu.Lock()
+	creds := c.s.creds
+	c.s.connMu.Unlock()
+	if creds == nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(certExpiryDesc, prometheus.GaugeValue, time.Until(creds.Leaf().NotAfter).Seconds(), "node")
 }
