@@ -175,18 +175,10 @@ func (a *app) nodesApproveCmd() *cobra.Command {
   curiactl nodes approve node-0123456789abcdef0123456789abcdef`,
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, ids []string) error {
-			m, err := a.mgmt()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.call(cmd.Context())
-			defer cancel()
-			resp, err := m.ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: ids[0]})
-			if err != nil {
-				return err
-			}
-			n := redact(resp.GetNode())
-			return printMessage(a.stdout, a.output, n, func(w io.Writer) { nodeTable(w, []*curatorv1.Node{n}, time.Now()) })
+			return a.nodeWrite(cmd.Context(), func(ctx context.Context, m curatorv1.ManagementClient) (*curatorv1.Node, error) {
+				resp, err := m.ApproveNode(ctx, &curatorv1.ApproveNodeRequest{NodeId: ids[0]})
+				return resp.GetNode(), err
+			})
 		},
 	}
 }
@@ -258,18 +250,10 @@ left as it is. kubernetes-controller requires consensus-member.`,
 			if req.ConsensusMember == nil && req.KubernetesController == nil && req.KubernetesWorker == nil {
 				return usageError{errors.New("name at least one role: --consensus-member, --kubernetes-controller or --kubernetes-worker (=true or =false)")}
 			}
-			m, err := a.mgmt()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.call(cmd.Context())
-			defer cancel()
-			resp, err := m.UpdateNodeRoles(ctx, req)
-			if err != nil {
-				return err
-			}
-			n := redact(resp.GetNode())
-			return printMessage(a.stdout, a.output, n, func(w io.Writer) { nodeTable(w, []*curatorv1.Node{n}, time.Now()) })
+			return a.nodeWrite(cmd.Context(), func(ctx context.Context, m curatorv1.ManagementClient) (*curatorv1.Node, error) {
+				resp, err := m.UpdateNodeRoles(ctx, req)
+				return resp.GetNode(), err
+			})
 		},
 	}
 	set.Flags().BoolVar(&consensus, "consensus-member", false, "give (true) or take (false) ConsensusMember: an etcd member")
@@ -295,22 +279,14 @@ func (a *app) nodesMaintenanceCmd() *cobra.Command {
 		Example: `  curiactl nodes maintenance start node-0123456789abcdef0123456789abcdef --reason "kernel upgrade" --duration 15m`,
 		Args:    args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, ids []string) error {
-			m, err := a.mgmt()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.call(cmd.Context())
-			defer cancel()
 			req := &curatorv1.StartNodeMaintenanceRequest{NodeId: ids[0], Reason: reason}
 			if duration != 0 {
 				req.Duration = durationpb.New(duration)
 			}
-			resp, err := m.StartNodeMaintenance(ctx, req)
-			if err != nil {
-				return err
-			}
-			n := redact(resp.GetNode())
-			return printMessage(a.stdout, a.output, n, func(w io.Writer) { nodeDetail(w, n, time.Now()) })
+			return a.nodeWrite(cmd.Context(), func(ctx context.Context, m curatorv1.ManagementClient) (*curatorv1.Node, error) {
+				resp, err := m.StartNodeMaintenance(ctx, req)
+				return resp.GetNode(), err
+			})
 		},
 	}
 	start.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
@@ -321,21 +297,13 @@ func (a *app) nodesMaintenanceCmd() *cobra.Command {
 		Example: `  curiactl nodes maintenance end node-0123456789abcdef0123456789abcdef`,
 		Args:    args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, ids []string) error {
-			m, err := a.mgmt()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.call(cmd.Context())
-			defer cancel()
-			resp, err := m.EndNodeMaintenance(ctx, &curatorv1.EndNodeMaintenanceRequest{NodeId: ids[0]})
-			if err != nil {
-				return err
-			}
-			if !resp.GetEnded() {
-				fmt.Fprintf(a.stderr, "node %s was not in maintenance: nothing changed\n", ids[0])
-			}
-			n := redact(resp.GetNode())
-			return printMessage(a.stdout, a.output, n, func(w io.Writer) { nodeTable(w, []*curatorv1.Node{n}, time.Now()) })
+			return a.nodeWrite(cmd.Context(), func(ctx context.Context, m curatorv1.ManagementClient) (*curatorv1.Node, error) {
+				resp, err := m.EndNodeMaintenance(ctx, &curatorv1.EndNodeMaintenanceRequest{NodeId: ids[0]})
+				if err == nil && !resp.GetEnded() {
+					fmt.Fprintf(a.stderr, "node %s was not in maintenance: nothing changed\n", ids[0])
+				}
+				return resp.GetNode(), err
+			})
 		},
 	}
 	cmd.AddCommand(start, end)
@@ -351,20 +319,29 @@ func (a *app) nodesDecommissionCmd() *cobra.Command {
   curiactl nodes delete node-0123456789abcdef0123456789abcdef`,
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, ids []string) error {
-			m, err := a.mgmt()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.call(cmd.Context())
-			defer cancel()
-			resp, err := m.DecommissionNode(ctx, &curatorv1.DecommissionNodeRequest{NodeId: ids[0], Reason: reason})
-			if err != nil {
-				return err
-			}
-			n := redact(resp.GetNode())
-			return printMessage(a.stdout, a.output, n, func(w io.Writer) { nodeTable(w, []*curatorv1.Node{n}, time.Now()) })
+			return a.nodeWrite(cmd.Context(), func(ctx context.Context, m curatorv1.ManagementClient) (*curatorv1.Node, error) {
+				resp, err := m.DecommissionNode(ctx, &curatorv1.DecommissionNodeRequest{NodeId: ids[0], Reason: reason})
+				return resp.GetNode(), err
+			})
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
 	return cmd
+}
+
+// nodeWrite makes a Management call that answers with the node it
+// changed, and prints that node (its table row, or -o).
+func (a *app) nodeWrite(ctx context.Context, call func(context.Context, curatorv1.ManagementClient) (*curatorv1.Node, error)) error {
+	m, err := a.mgmt()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := a.call(ctx)
+	defer cancel()
+	n, err := call(ctx, m)
+	if err != nil {
+		return err
+	}
+	n = redact(n)
+	return printMessage(a.stdout, a.output, n, func(w io.Writer) { nodeTable(w, []*curatorv1.Node{n}, time.Now()) })
 }
