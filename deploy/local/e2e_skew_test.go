@@ -21,11 +21,18 @@ import (
 	"curia.dev/platform/proctest"
 )
 
-// skewBase is the oldest release a rolling upgrade to this tree is tested
-// from: the last commit that landed before maintenance mode (issue 30).
-// Move it forward when the version-skew policy (docs/operating/upgrading.md)
-// drops a release.
-const skewBase = "e5a0f87"
+// skewBase is the oldest release a rolling upgrade to this tree is
+// supported and tested from (.ci/oldest-supported, which CI's buf breaking
+// also checks against). Move it forward when the version-skew policy
+// (docs/operating/upgrading.md) drops a release.
+func skewBase(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", ".ci", "oldest-supported"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
 
 // skewSubnet is the upgrade test's loopback /24 (bench_test.go uses 127.0.97).
 const skewSubnet = "127.0.95"
@@ -55,14 +62,16 @@ func buildAt(t *testing.T, commit string) string {
 }
 
 // TestUpgradeFromOlderBuild (issue 30, item 4): a cluster running the
-// services of skewBase is rolled to this tree's with curia-local upgrade
-// while a client writes the cluster configuration: every process restarts
+// services of the oldest supported release (skewBase) is rolled to this
+// tree's with curia-local upgrade while a client writes the cluster
+// configuration: every process restarts
 // from the new binaries, no etcd membership change, the failure tolerance
 // never below 0, and every acknowledged write is in the audit log after.
 // The older curators know no maintenance: the nodes restart without it.
 func TestUpgradeFromOlderBuild(t *testing.T) {
 	proctest.SkipShort(t)
-	old := buildAt(t, skewBase)
+	base := skewBase(t)
+	old := buildAt(t, base)
 	current := buildAll(t)
 	// The cluster's directory: the old services, this tree's curia-local.
 	bin := t.TempDir()
@@ -110,7 +119,7 @@ func TestUpgradeFromOlderBuild(t *testing.T) {
 	out, err := exec.CommandContext(ctx, filepath.Join(bin, "curia-local"), append(args, "--to", current)...).CombinedOutput()
 	stop()
 	wg.Wait()
-	t.Logf("curia-local upgrade %s → this tree (%v):\n%s", skewBase, time.Since(begun).Round(100*time.Millisecond), out)
+	t.Logf("curia-local upgrade %s → this tree (%v):\n%s", base, time.Since(begun).Round(100*time.Millisecond), out)
 	if err != nil {
 		t.Fatalf("upgrade: %v", err)
 	}
