@@ -62,13 +62,14 @@ func (c *Cluster) Upgrade(ctx context.Context, dir string) (*UpgradeReport, erro
 	}
 	defer admin.Close()
 	m := curatorv1.NewManagementClient(admin)
-	u := &upgrade{c: c, m: m, admin: admin, report: &UpgradeReport{LowestTolerance: 1 << 30}}
+	u := &upgrade{c: c, m: m, admin: admin, report: &UpgradeReport{}}
 	// Healthy before anything is touched: a cluster that is not gets
 	// no restart.
 	before, err := u.healthy(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("the cluster is not healthy, so nothing was changed: %w", err)
 	}
+	u.report.LowestTolerance = before.GetFailureTolerance()
 	changesBefore, err := u.membershipChanges(ctx)
 	if err != nil {
 		return nil, err
