@@ -168,6 +168,12 @@ const (
 	// cluster of their own) still records which cluster it supersedes
 	// (RecoverySuperseded), and clients pinned to it follow.
 	ClusterID = Prefix + "cluster/id"
+
+	// MaintenanceMarker serialises node maintenance: every start (and
+	// end) of a maintenance writes it, comparing the revision read before
+	// it checked that no other node is in maintenance, so two starts for
+	// two nodes cannot both pass that check. Its value is the node id.
+	MaintenanceMarker = Prefix + "maintenance/marker"
 )
 
 // RecoveryReport is the key of the report of a recovery finished at t.

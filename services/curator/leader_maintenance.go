@@ -11,6 +11,7 @@ import (
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/keys"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/run"
 )
@@ -74,6 +75,17 @@ func (s *Service) startMaintenance(ctx context.Context, req *curatorv1.StartNode
 		return nil, errMaintenance("in_maintenance", "node %s is in maintenance already, until %s (%s); EndNodeMaintenance first to start another",
 			id, n.GetMaintenance().GetUntil().AsTime().Format(time.RFC3339), n.GetMaintenance().GetReason())
 	}
+	// The marker's revision before the scan: a start for another node
+	// that lands between the scan and this write moves it, and this write
+	// fails (CONFLICT) instead of a second node going into maintenance.
+	marker, err := s.etcd.Get(ctx, keys.MaintenanceMarker)
+	if err != nil {
+		return nil, fmt.Errorf("read the maintenance marker: %w", err)
+	}
+	var markerRev int64
+	if len(marker.Kvs) > 0 {
+		markerRev = marker.Kvs[0].ModRevision
+	}
 	var other *curatorv1.Node
 	if err := s.eachNode(ctx, func(o *curatorv1.Node) error {
 		if o.GetId() != id && inMaintenance(o, now) {
@@ -104,7 +116,10 @@ func (s *Service) startMaintenance(ctx context.Context, req *curatorv1.StartNode
 		LeadershipMovedTo: moved,
 	}
 	reason := fmt.Sprintf("in maintenance for %v, until %s: %s; %s", d, now.Add(d).UTC().Format(time.RFC3339), req.GetReason(), why)
-	if _, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_START, id, reason)); err != nil {
+	if _, err := s.lead.txn(ctx,
+		[]clientv3.Cmp{unchanged(n), clientv3.Compare(clientv3.ModRevision(keys.MaintenanceMarker), "=", markerRev)},
+		putNode(n), clientv3.OpPut(keys.MaintenanceMarker, id),
+		s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_START, id, reason)); err != nil {
 		return nil, err
 	}
 	s.log.Info("node in maintenance", "node", id, "until", now.Add(d), "reason", req.GetReason(), "by", caller(ctx).String(), "etcd", why)
