@@ -37,11 +37,12 @@ const (
 	NemCorruptNode       = "corrupt-node"       // a member's node record overwritten with garbage for a while
 	NemCrashAfterChange  = "crash-after-change" // the curator crashes between a membership call and its role write
 	NemTwin              = "twin"               // the active reconciler paused and a twin started under its name
+	NemRestartNode       = "restart-node"       // a node restarted the operator's way: in maintenance, its processes stopped (SIGTERM) and started again
 )
 
 // AllNemeses lists every kind.
 var AllNemeses = []string{NemKill, NemPause, NemIsolateNode, NemIsolateEtcdLeader, NemCuratorFromEtcd, NemReconcilerFromCur,
-	NemOrphanLearner, NemOrphanVoter, NemDeleteNode, NemNodeGoneAndBack, NemCorruptNode, NemCrashAfterChange, NemTwin}
+	NemOrphanLearner, NemOrphanVoter, NemDeleteNode, NemNodeGoneAndBack, NemCorruptNode, NemCrashAfterChange, NemTwin, NemRestartNode}
 
 // fault is one injected fault.
 type fault struct {
@@ -289,6 +290,38 @@ func (n *nemesis) inject(ctx context.Context, kind string) (*fault, error) {
 		n.mu.Unlock()
 		f.Target = fmt.Sprintf("member %x at %s", resp.Member.ID, url)
 		return f, nil // the reconciler removes it
+	case NemRestartNode:
+		// As curia-local upgrade does one node: maintenance first (refused
+		// while the cluster could not lose its voter: then no fault), then
+		// its consensus and agent stop; their supervisors start them again.
+		ids := c.nodeIDs()
+		id := ids[n.rng.IntN(len(ids))]
+		host := c.hostOfNode(id)
+		mgmt := curatorv1.NewManagementClient(c.admin)
+		mctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		_, err := mgmt.StartNodeMaintenance(mctx, &curatorv1.StartNodeMaintenanceRequest{NodeId: id, Reason: "fault suite: " + NemRestartNode})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("maintenance for %s: %w", id, err)
+		}
+		f.Target, f.down = host, []string{host}
+		for _, proc := range c.processes() {
+			if c.hostOf(proc) != host {
+				continue
+			}
+			if pid := c.pid(proc); pid != 0 {
+				if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+					return nil, err
+				}
+			}
+		}
+		f.heal = func() error {
+			ectx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			_, err := mgmt.EndNodeMaintenance(ectx, &curatorv1.EndNodeMaintenanceRequest{NodeId: id})
+			return err
+		}
+		return f, nil
 	case NemDeleteNode:
 		id, err := c.memberNode(ctx, n.rng)
 		if err != nil {
