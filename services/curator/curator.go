@@ -245,7 +245,9 @@ type Service struct {
 	etcd    *clientv3.Client
 	// sessionEtcd is the election session's own etcd client (leader.go).
 	sessionEtcd *clientv3.Client
-	// pin is the etcd cluster both clients accept answers from.
+	// memberEtcd makes calls to one member (its endpoints never change).
+	memberEtcd *clientv3.Client
+	// pin is the etcd cluster the clients accept answers from.
 	pin       *etcdpin.Pin
 	rpc       *rpc.Server
 	lead      *leadership
@@ -311,7 +313,18 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		cli.Close()
 		return nil, fmt.Errorf("etcd client for the election session: %w", err)
 	}
-	s := &Service{cfg: cfg, log: log, creds: creds, ca: ca, etcd: cli, sessionEtcd: sessionCli, pin: pin}
+	// Calls to one member (Status, Defragment, MoveLeader, a snapshot)
+	// go through a client whose endpoints never change: etcd's client
+	// reads its endpoint list unguarded when it dials one member (v3.7.3,
+	// Client.dial), which races with probeEndpoints' SetEndpoints (the
+	// race detector found it).
+	memberCli, err := clientv3.New(etcdConfig)
+	if err != nil {
+		cli.Close()
+		sessionCli.Close()
+		return nil, fmt.Errorf("etcd client for calls to one member: %w", err)
+	}
+	s := &Service{cfg: cfg, log: log, creds: creds, ca: ca, etcd: cli, sessionEtcd: sessionCli, memberEtcd: memberCli, pin: pin}
 	// Pin the cluster and choose the endpoints before anything reads or
 	// writes: if a recovery superseded the cluster some of --etcd still
 	// answer for, the first round follows it (endpoints.go).
@@ -329,6 +342,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	if s.snaps, err = newSnapshotter(s, cfg.Snapshots, log.With("part", "snapshots")); err != nil {
 		cli.Close()
 		sessionCli.Close()
+		memberCli.Close()
 		return nil, err
 	}
 	s.defrag = newDefragmenter(s, cfg.Defrag, log.With("part", "defrag"))
@@ -346,6 +360,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	if err != nil {
 		cli.Close()
 		sessionCli.Close()
+		memberCli.Close()
 		return nil, err
 	}
 	curatorv1.RegisterCuratorServer(srv.GRPC(), &curatorServer{s: s})
@@ -356,6 +371,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	if err := s.registerMetrics(srv.Registry()); err != nil {
 		cli.Close()
 		sessionCli.Close()
+		memberCli.Close()
 		return nil, err
 	}
 	return s, nil
@@ -372,6 +388,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 func (s *Service) Run(ctx context.Context) error {
 	defer s.etcd.Close()
 	defer s.sessionEtcd.Close()
+	defer s.memberEtcd.Close()
 	defer s.consensus.close()
 	defer s.lead.closeConns()
 	lis, mlis, err := rpc.Listen(s.cfg.Listen, s.cfg.ListenMetrics)

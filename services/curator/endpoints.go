@@ -130,7 +130,7 @@ func (s *Service) followRecoveries(ctx context.Context, answers []voterAnswer) {
 		asked[a.cluster] = true
 		was := s.pin.ID()
 		fctx, cancel := context.WithTimeout(ctx, endpointProbeTimeout)
-		moved, err := s.pin.Follow(fctx, s.etcd, a.url)
+		moved, err := s.pin.Follow(fctx, s.memberEtcd, a.url)
 		cancel()
 		if err != nil {
 			s.log.Debug("read the recovery records of another cluster", "endpoint", a.url, "err", err)
@@ -162,7 +162,7 @@ func (s *Service) probeVoters(ctx context.Context, urls []string) []voterAnswer 
 		wg.Go(func() {
 			pctx, cancel := context.WithTimeout(etcdpin.Unchecked(ctx), endpointProbeTimeout)
 			defer cancel()
-			st, err := s.etcd.Status(pctx, url)
+			st, err := s.memberEtcd.Status(pctx, url)
 			if err != nil {
 				s.log.Debug("etcd endpoint does not answer", "endpoint", url, "err", err)
 				return

@@ -64,6 +64,7 @@ func TestEndpointsFollowARecovery(t *testing.T) {
 		log:         slog.New(slog.DiscardHandler),
 		etcd:        pinned(oldEP, newEP),
 		sessionEtcd: pinned(oldEP, newEP),
+		memberEtcd:  pinned(oldEP, newEP),
 		pin:         pin,
 	}
 	s.chooseEndpoints(ctx)

@@ -367,7 +367,7 @@ func (d *defragmenter) observeEtcd(ctx context.Context) (etcdObservation, error)
 func (d *defragmenter) memberStatus(ctx context.Context, m *etcdMember) {
 	sctx, cancel := context.WithTimeout(ctx, defragStatusTimeout)
 	defer cancel()
-	st, err := d.s.etcd.Status(sctx, m.endpoint)
+	st, err := d.s.memberEtcd.Status(sctx, m.endpoint)
 	if err != nil {
 		m.answered = false
 		return
@@ -598,7 +598,7 @@ func (d *defragmenter) moveLeader(ctx context.Context, o etcdObservation, leader
 	if to == nil {
 		return 0, fmt.Errorf("no caught-up voter to move etcd leadership to from %x", leader)
 	}
-	cc, err := d.s.etcd.Dial(from.endpoint)
+	cc, err := d.s.memberEtcd.Dial(from.endpoint)
 	if err != nil {
 		return 0, fmt.Errorf("dial etcd leader %x: %w", leader, err)
 	}
@@ -625,7 +625,7 @@ func (d *defragmenter) moveLeader(ctx context.Context, o etcdObservation, leader
 // while every other voter answers.
 func (d *defragmenter) defragment(ctx context.Context, m etcdMember) (int64, error) {
 	dctx, cancel := context.WithTimeout(ctx, defragCallTimeout)
-	_, err := d.s.etcd.Defragment(dctx, m.endpoint)
+	_, err := d.s.memberEtcd.Defragment(dctx, m.endpoint)
 	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("defragment etcd member %x (%s): %w", m.id, m.endpoint, err)

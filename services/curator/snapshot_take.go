@@ -159,7 +159,7 @@ func (sn *snapshotter) source(ctx context.Context, members []snapshots.Member) (
 	var last error
 	for _, ep := range sn.s.etcd.Endpoints() {
 		sctx, cancel := context.WithTimeout(ctx, snapshotStatusTimeout)
-		st, err := sn.s.etcd.Status(sctx, ep)
+		st, err := sn.s.memberEtcd.Status(sctx, ep)
 		cancel()
 		if err != nil {
 			last = err
@@ -186,7 +186,7 @@ func (sn *snapshotter) source(ctx context.Context, members []snapshots.Member) (
 func (sn *snapshotter) memberRevision(ctx context.Context, endpoint string) (int64, error) {
 	sctx, cancel := context.WithTimeout(ctx, snapshotStatusTimeout)
 	defer cancel()
-	st, err := sn.s.etcd.Status(sctx, endpoint)
+	st, err := sn.s.memberEtcd.Status(sctx, endpoint)
 	if err != nil {
 		return 0, fmt.Errorf("%w: status of etcd member %s after its snapshot: %v", errUnavailable, endpoint, err)
 	}
@@ -198,7 +198,7 @@ func (sn *snapshotter) memberRevision(ctx context.Context, endpoint string) (int
 // the whole file and its size. The stream ends with the sha256 of what came
 // before: it must match.
 func (sn *snapshotter) download(ctx context.Context, endpoint string) (path string, sum []byte, size int64, err error) {
-	cc, err := sn.s.etcd.Dial(endpoint)
+	cc, err := sn.s.memberEtcd.Dial(endpoint)
 	if err != nil {
 		return "", nil, 0, fmt.Errorf("%w: dial etcd member %s: %v", errUnavailable, endpoint, err)
 	}
