@@ -37,16 +37,8 @@ func (c *Cluster) waitHealthy(ctx context.Context, bins ...string) error {
 		url := "http://" + metricsAddr(p.host, p.bin) + "/healthz"
 		var last string
 		for {
-			resp, err := client.Get(url)
-			if err == nil {
-				b, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					break
-				}
-				last = fmt.Sprintf("%s %s", resp.Status, strings.TrimSpace(string(b)))
-			} else {
-				last = err.Error()
+			if last = healthz(client, url); last == "" {
+				break
 			}
 			select {
 			case <-ctx.Done():
@@ -56,4 +48,19 @@ func (c *Cluster) waitHealthy(ctx context.Context, bins ...string) error {
 		}
 	}
 	return nil
+}
+
+// healthz asks url (a process's /healthz) once: "" when it answers 200
+// (SERVING), else what it answered or why it did not.
+func healthz(client *http.Client, url string) string {
+	resp, err := client.Get(url)
+	if err != nil {
+		return err.Error()
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		return ""
+	}
+	return fmt.Sprintf("%s %s", resp.Status, strings.TrimSpace(string(b)))
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -407,16 +406,8 @@ func (u *upgrade) restart(ctx context.Context, name, bin, host string) error {
 	var last string
 	for {
 		if pid, err := readPID(pidFile); err == nil && pid != old {
-			resp, err := client.Get(url)
-			if err == nil {
-				b, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					break
-				}
-				last = fmt.Sprintf("%s %s", resp.Status, strings.TrimSpace(string(b)))
-			} else {
-				last = err.Error()
+			if last = healthz(client, url); last == "" {
+				break
 			}
 		} else {
 			last = "not started again yet"
