@@ -18,6 +18,7 @@ import (
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/audit"
 	"curia.dev/platform/proctest"
 )
 
@@ -84,41 +85,11 @@ func TestUpgradeFromOlderBuild(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 
-	// The workload: config writes, one after another, each with its own
-	// reason; those acknowledged must be in the audit log after.
-	var mu sync.Mutex
-	var acked []string
-	failed := 0
-	wctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for i := 0; wctx.Err() == nil; i++ {
-			reason := fmt.Sprintf("skew workload %d", i)
-			cctx, cancel := context.WithTimeout(wctx, 5*time.Second)
-			_, err := c.mgmt().UpdateClusterConfig(cctx, &curatorv1.UpdateClusterConfigRequest{
-				Config:     &curatorv1.ClusterConfig{DeadNodeThreshold: durationpb.New(time.Duration(300+i%2) * time.Second)},
-				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"dead_node_threshold"}}, Reason: reason,
-			})
-			cancel()
-			mu.Lock()
-			if err == nil {
-				acked = append(acked, reason)
-			} else {
-				failed++
-			}
-			mu.Unlock()
-			select {
-			case <-wctx.Done():
-			case <-time.After(200 * time.Millisecond):
-			}
-		}
-	})
-
+	writes := startConfigWrites(ctx, c.mgmt(), "skew workload")
 	begun := time.Now()
 	args := append([]string{"upgrade"}, c.layout...)
 	out, err := exec.CommandContext(ctx, filepath.Join(bin, "curia-local"), append(args, "--to", current)...).CombinedOutput()
-	stop()
-	wg.Wait()
+	writes.stop()
 	t.Logf("curia-local upgrade %s → this tree (%v):\n%s", base, time.Since(begun).Round(100*time.Millisecond), out)
 	if err != nil {
 		t.Fatalf("upgrade: %v", err)
@@ -136,26 +107,79 @@ func TestUpgradeFromOlderBuild(t *testing.T) {
 	if _, err := c.mgmt().ListNodes(ctx, &curatorv1.ListNodesRequest{}); err != nil {
 		t.Errorf("ListNodes after the upgrade: %v", err)
 	}
+	writes.check(t, c.mgmt(), "during the upgrade")
+	if err := c.agreement(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// configWrites is a workload of cluster configuration writes, one after
+// another, each with its own reason: those acknowledged must be in the
+// audit log after.
+type configWrites struct {
+	stop   func()
+	mu     sync.Mutex
+	acked  []string
+	failed int
+}
+
+func startConfigWrites(ctx context.Context, m curatorv1.ManagementClient, prefix string) *configWrites {
+	w := &configWrites{}
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; wctx.Err() == nil; i++ {
+			reason := fmt.Sprintf("%s %d", prefix, i)
+			cctx, cancel := context.WithTimeout(wctx, 5*time.Second)
+			_, err := m.UpdateClusterConfig(cctx, &curatorv1.UpdateClusterConfigRequest{
+				Config:     &curatorv1.ClusterConfig{DeadNodeThreshold: durationpb.New(time.Duration(300+i%2) * time.Second)},
+				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"dead_node_threshold"}}, Reason: reason,
+			})
+			cancel()
+			w.mu.Lock()
+			if err == nil {
+				w.acked = append(w.acked, reason)
+			} else {
+				w.failed++
+			}
+			w.mu.Unlock()
+			select {
+			case <-wctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	})
+	w.stop = func() { stop(); wg.Wait() }
+	return w
+}
+
+// check fails the test unless every acknowledged write is in the audit
+// log.
+func (w *configWrites) check(t *testing.T, m curatorv1.ManagementClient, during string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	events, err := audit.Backlog(ctx, m, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
 	reasons := map[string]bool{}
-	for _, e := range auditEvents(t, c) {
+	for _, e := range events {
 		if e.GetAction() == auditv1.AuditAction_AUDIT_ACTION_CLUSTER_CONFIG_UPDATE {
 			reasons[e.GetReason()] = true
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	missing := 0
-	for _, r := range acked {
+	for _, r := range w.acked {
 		if !reasons[r] && !containsPrefix(reasons, r) {
 			missing++
 		}
 	}
-	t.Logf("%d config writes acknowledged, %d failed during the upgrade; %d missing from the audit log", len(acked), failed, missing)
-	if missing > 0 || len(acked) == 0 {
-		t.Fatalf("%d of %d acknowledged config writes are not in the audit log", missing, len(acked))
-	}
-	if err := c.agreement(); err != nil {
-		t.Fatal(err)
+	t.Logf("%d config writes acknowledged, %d failed %s; %d missing from the audit log", len(w.acked), w.failed, during, missing)
+	if missing > 0 || len(w.acked) == 0 {
+		t.Fatalf("%d of %d acknowledged config writes are not in the audit log", missing, len(w.acked))
 	}
 }
 

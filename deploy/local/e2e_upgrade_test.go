@@ -53,11 +53,25 @@ func rollingRestart(t *testing.T, c *cluster) {
 		t.Fatalf("a refused upgrade restarted processes: %v → %v", before, after)
 	}
 
+	writes := startConfigWrites(ctx, c.mgmt(), "rolling restart workload")
 	begun := time.Now()
 	out, err = upgrade(c.bin)
+	writes.stop()
 	t.Logf("curia-local upgrade (%v):\n%s", time.Since(begun).Round(100*time.Millisecond), out)
 	if err != nil {
 		t.Fatalf("rolling restart: %v", err)
+	}
+	writes.check(t, c.mgmt(), "during the rolling restart")
+	// The order: the nodes, the curators (the leader last), the
+	// reconcilers (the active one last).
+	var order []string
+	for _, m := range regexp.MustCompile(`(?m)^curia-local upgrade: (\S+) restarted$`).FindAllStringSubmatch(out, -1) {
+		order = append(order, m[1])
+	}
+	leader := regexp.MustCompile(`curator (\S+) leads: it is restarted last`).FindStringSubmatch(out)
+	active := regexp.MustCompile(`reconciler (\S+) holds the lease: it is restarted last`).FindStringSubmatch(out)
+	if leader == nil || active == nil || len(order) != len(names) || order[len(order)-3] != leader[1] || order[len(order)-1] != active[1] {
+		t.Errorf("restart order %v: want the curator leader (%v) last of the curators and the active reconciler (%v) last", order, leader, active)
 	}
 	m := regexp.MustCompile(`restarted (\d+) processes in (\S+); etcd membership changes (\d+); lowest failure tolerance (-?\d+); etcd leader moves (\d+); admin calls failed at most (\d+) in a row`).FindStringSubmatch(out)
 	if m == nil {
