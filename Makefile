@@ -267,6 +267,16 @@ STOP_DASHBOARD = if [ -x $(BIN)/curia-local ]; then $(BIN)/curia-local dashboard
 up: images $(GRPCURL) ## start the compose cluster, wait until ready, write .curia-compose/env, start the dashboard (UP_ARGS="--scale curator=3")
 	COMPOSE='$(COMPOSE)' CURIA_IMAGE=$(CURIA_IMAGE) CURIA_BIN=$(BIN) GRPCURL=$(abspath $(GRPCURL)) deploy/compose/up.sh $(UP_ARGS)
 
+.PHONY: upgrade-compose
+# With make up's cluster running: `make upgrade-compose` rebuilds the image
+# and rolls every container onto it, one at a time, each node in
+# maintenance (curia-local compose-upgrade), then runs up.sh for the env
+# file and the dashboard (a recreated replica may publish another port).
+# Pass the UP_ARGS the cluster was started with.
+upgrade-compose: images $(GRPCURL) ## roll the running compose cluster onto the rebuilt image (CURIA_IMAGE), one container at a time
+	$(COMPOSE_ENV) COMPOSE='$(COMPOSE)' $(BIN)/curia-local compose-upgrade --state $(COMPOSE_OUT) --image $(CURIA_IMAGE)
+	COMPOSE='$(COMPOSE)' CURIA_IMAGE=$(CURIA_IMAGE) CURIA_BIN=$(BIN) GRPCURL=$(abspath $(GRPCURL)) deploy/compose/up.sh $(UP_ARGS)
+
 .PHONY: down
 down: ## stop the compose cluster and its dashboard; its volumes keep the data for the next `make up`
 	$(STOP_DASHBOARD)

@@ -220,6 +220,11 @@ func TestCompose(t *testing.T) {
 	check()
 	checkComposeDashboard(t, printed, out)
 
+	t.Run("rolling upgrade onto another image", func(t *testing.T) {
+		printed = checkComposeUpgrade(t, env, out, compose, mgmt, up, func() { vars = readEnvFile(t, filepath.Join(out, "env")) })
+		check()
+	})
+
 	// Down and up again: the same members, from the volumes.
 	compose("down")
 	printed = up()

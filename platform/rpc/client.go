@@ -67,8 +67,6 @@ func clientTLSConfig(cfg ClientConfig) *tls.Config {
 	return tc
 }
 
-// dial is Dial with the TLS configuration made; cfg.Credentials and
-// cfg.ServerKinds are not used.
 // DialAny connects to one of several replicas of a service (host:port
 // each): the connection uses the first that answers and moves to another
 // when it fails. A single address is dialled as is (a DNS name that
@@ -83,13 +81,34 @@ func DialAny(addrs []string, cfg ClientConfig) (*grpc.ClientConn, error) {
 	case 1:
 		return Dial(addrs[0], cfg)
 	}
-	r := manual.NewBuilderWithScheme("curia-replicas")
-	state := resolver.State{}
-	for _, a := range addrs {
-		state.Addresses = append(state.Addresses, resolver.Address{Addr: a})
+	cc, _, err := DialReplicas(addrs, cfg)
+	return cc, err
+}
+
+// DialReplicas is DialAny for replicas whose addresses change while the
+// connection is in use (a compose replica recreated on another published
+// port): update gives the connection the addresses to use from then on.
+func DialReplicas(addrs []string, cfg ClientConfig) (cc *grpc.ClientConn, update func([]string), err error) {
+	if cfg.Credentials == nil {
+		return nil, nil, errors.New("rpc client: no credentials")
 	}
-	r.InitialState(state)
-	return dial(r.Scheme()+":///"+strings.Join(addrs, ","), clientTLSConfig(cfg), cfg, grpc.WithResolvers(r))
+	if len(addrs) == 0 {
+		return nil, nil, errors.New("rpc client: no address")
+	}
+	r := manual.NewBuilderWithScheme("curia-replicas")
+	state := func(addrs []string) resolver.State {
+		var s resolver.State
+		for _, a := range addrs {
+			s.Addresses = append(s.Addresses, resolver.Address{Addr: a})
+		}
+		return s
+	}
+	r.InitialState(state(addrs))
+	cc, err = dial(r.Scheme()+":///"+strings.Join(addrs, ","), clientTLSConfig(cfg), cfg, grpc.WithResolvers(r))
+	if err != nil {
+		return nil, nil, err
+	}
+	return cc, func(addrs []string) { r.UpdateState(state(addrs)) }, nil
 }
 
 // KeepAliveTime and KeepAliveTimeout are how often a client pings a
@@ -121,6 +140,8 @@ var Reconnect = grpc.ConnectParams{
 	MinConnectTimeout: 20 * time.Second, // gRPC's default: a handshake with a frozen server gives up after it
 }
 
+// dial is Dial with the TLS configuration made; cfg.Credentials and
+// cfg.ServerKinds are not used.
 func dial(target string, tlsConfig *tls.Config, cfg ClientConfig, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsConfig)),

@@ -8,6 +8,9 @@
 //	curia-local dashboard [--stop]
 //	                    (re)start the compose cluster's dashboard on the host, detached, and
 //	                    print its URL (make up); or stop it (make down)
+//	curia-local upgrade replace the running cluster's processes one at a time (make upgrade)
+//	curia-local compose-upgrade
+//	                    the same for the compose cluster, onto an image (make upgrade-compose)
 //	curia-local recover rebuild a cluster that lost a majority of its voters for good
 //	                    (from the most up-to-date survivor, or --snapshot FILE); it says
 //	                    what it would do, and does it with --confirm <node>
@@ -19,6 +22,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -41,8 +45,11 @@ func run(args []string) error {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
 	}
-	if cmd == "dashboard" {
+	switch cmd {
+	case "dashboard":
 		return dashboard(args)
+	case "compose-upgrade":
+		return composeUpgrade(args)
 	}
 	fs := flag.NewFlagSet("curia-local "+cmd, flag.ContinueOnError)
 	cfg := local.Config{Cluster: "curia", ControlPlane: 3, Workers: 1, Curators: 2, Reconcilers: 2, Out: os.Stdout}
@@ -154,7 +161,7 @@ func run(args []string) error {
 		<-ctx.Done()
 		return nil
 	}
-	return fmt.Errorf("unknown command %q: want run, pki, init, recover, upgrade, pause or dashboard", cmd)
+	return fmt.Errorf("unknown command %q: want run, pki, init, recover, upgrade, compose-upgrade, pause or dashboard", cmd)
 }
 
 // dashboard starts the compose cluster's dashboard, detached, against the
@@ -185,4 +192,36 @@ func dashboard(args []string) error {
 	}
 	local.PrintDashboard(os.Stdout, url)
 	return nil
+}
+
+// composeUpgrade rolls the compose cluster onto an image, one container
+// at a time: see deploy/local/compose_upgrade.go. Its environment names
+// the compose project (COMPOSE_FILE, COMPOSE_PROJECT_NAME; make
+// upgrade-compose sets them) and the compose command (COMPOSE).
+func composeUpgrade(args []string) error {
+	fs := flag.NewFlagSet("curia-local compose-upgrade", flag.ContinueOnError)
+	u := local.ComposeUpgrade{Cluster: "curia", Out: os.Stdout, Env: os.Environ()}
+	fs.StringVar(&u.Dir, "state", ".curia-compose", "the compose cluster's directory on the host (make up's env file and the admin's files)")
+	fs.StringVar(&u.Cluster, "cluster", u.Cluster, "cluster name")
+	fs.StringVar(&u.Image, "image", "curia:dev", "the image to roll every container onto (the image the cluster runs: a rolling restart)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("compose-upgrade: unexpected arguments %q", fs.Args())
+	}
+	u.Compose = strings.Fields(os.Getenv("COMPOSE"))
+	if len(u.Compose) == 0 {
+		u.Compose = []string{"docker", "compose"}
+		if exec.Command("docker", "compose", "version").Run() != nil {
+			u.Compose = []string{"docker-compose"}
+		}
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	r, err := u.Run(ctx)
+	if r != nil {
+		fmt.Println("curia-local compose-upgrade:", r)
+	}
+	return err
 }
