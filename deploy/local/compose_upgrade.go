@@ -13,7 +13,6 @@ import (
 	"time"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
-	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rolling"
 	"curia.dev/platform/rpc"
@@ -344,23 +343,11 @@ func (f *composeFleet) replace(ctx context.Context, service, name string) ([]str
 }
 
 // ActiveReconciler is the host name of the reconciler that holds the
-// lease ("" if none answers).
+// lease ("" if none says so).
 func (f *composeFleet) ActiveReconciler(ctx context.Context) string {
 	addrs, err := f.published(ctx, "reconciler", "7300")
 	if err != nil {
 		return ""
 	}
-	cc, err := rpc.DialAny(addrs, rpc.ClientConfig{Credentials: f.creds, ServerKinds: []pki.Kind{pki.KindReconciler}})
-	if err != nil {
-		return ""
-	}
-	defer cc.Close()
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	st, err := reconcilerv1.NewReconcilerClient(cc).GetStatus(cctx, &reconcilerv1.GetStatusRequest{})
-	if err != nil {
-		return ""
-	}
-	holder, _, _ := strings.Cut(st.GetLeaseHolder(), "/")
-	return holder
+	return activeReconciler(ctx, f.creds, addrs)
 }

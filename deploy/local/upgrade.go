@@ -173,25 +173,32 @@ func replica(name, prefix string, n int) (int, error) {
 }
 
 // ActiveReconciler is the reconciler replica that holds the lease ("" if
-// none answers).
+// none says so).
 func (f processFleet) ActiveReconciler(ctx context.Context) string {
 	creds, err := rpc.LoadCredentials(f.c.cfg.Cluster, f.c.AdminFiles())
 	if err != nil {
 		return ""
 	}
-	cc, err := rpc.DialAny(f.c.Reconcilers, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindReconciler}})
-	if err != nil {
-		return ""
+	return activeReconciler(ctx, creds, f.c.Reconcilers)
+}
+
+// activeReconciler asks each reconciler replica at addrs for its status
+// and names the one that is active ("" if none says so).
+func activeReconciler(ctx context.Context, creds *rpc.Credentials, addrs []string) string {
+	for _, addr := range addrs {
+		cc, err := rpc.Dial(addr, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindReconciler}})
+		if err != nil {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := reconcilerv1.NewReconcilerClient(cc).GetStatus(cctx, &reconcilerv1.GetStatusRequest{})
+		cancel()
+		cc.Close()
+		if err == nil && st.GetRole() == reconcilerv1.Role_ROLE_ACTIVE {
+			return st.GetName()
+		}
 	}
-	defer cc.Close()
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	st, err := reconcilerv1.NewReconcilerClient(cc).GetStatus(cctx, &reconcilerv1.GetStatusRequest{})
-	if err != nil {
-		return ""
-	}
-	holder, _, _ := strings.Cut(st.GetLeaseHolder(), "/")
-	return holder
+	return ""
 }
 
 // restart stops one process (SIGTERM), waits until its supervisor started

@@ -102,7 +102,11 @@ func (k *leaseKeeper) run(ctx context.Context, ready func()) error {
 			if err == nil {
 				k.set(resp.GetLease(), k.r.holder)
 			} else if ctx.Err() == nil {
-				k.r.setRole(reconcilerv1.Role_ROLE_STANDBY, status.Convert(err).Message(), nil)
+				// The holder the refusal names (LEASE_HELD's
+				// ErrorInfo), not its message: GetStatus's
+				// lease_holder is a replica's holder name, which
+				// tools compare.
+				k.r.setRole(reconcilerv1.Role_ROLE_STANDBY, rpcerr.Meta(err, "holder"), nil)
 				next = standbyRetry(err, every, unreached)
 			}
 			if answered(err) {

@@ -567,7 +567,8 @@ func TestIncarnations(t *testing.T) {
 		if st.LeaseHolder == "" {
 			return errors.New("the twin has not asked for the lease yet")
 		}
-		if st.Role != reconcilerv1.Role_ROLE_STANDBY || !strings.Contains(st.LeaseHolder, "reconciler-0/") {
+		if st.Role != reconcilerv1.Role_ROLE_STANDBY || !strings.HasPrefix(st.LeaseHolder, "reconciler-0/") {
+			// The holder's name, not a message about it.
 			return fmt.Errorf("twin is %v, says the holder is %q; want standby behind reconciler-0/<first's incarnation>", st.Role, st.LeaseHolder)
 		}
 		return nil
@@ -651,7 +652,7 @@ func TestStandbyTakesOver(t *testing.T) {
 		default:
 			return fmt.Errorf("roles %v and %v", s0.Role, s1.Role)
 		}
-		if s := map[*replica]*reconcilerv1.GetStatusResponse{r0: s0, r1: s1}[standby]; !strings.Contains(s.LeaseHolder, active.name) {
+		if s := map[*replica]*reconcilerv1.GetStatusResponse{r0: s0, r1: s1}[standby]; !strings.HasPrefix(s.LeaseHolder, active.name+"/") {
 			return fmt.Errorf("standby says the holder is %q", s.LeaseHolder)
 		}
 		return nil
