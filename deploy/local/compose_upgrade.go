@@ -103,8 +103,11 @@ func (f *composeFleet) oneShots(ctx context.Context) error {
 			wctx, cancel := context.WithTimeout(ctx, healthTimeout)
 			code, err := f.docker(wctx, "wait", id)
 			cancel()
-			if err != nil || code != "0" {
-				return fmt.Errorf("%s ran again from %s and did not finish (exit %q, %v): %s logs %s", s, f.u.Image, code, err, strings.Join(f.u.Compose, " "), s)
+			if err != nil {
+				return fmt.Errorf("%s ran again from %s and did not finish: %w (%s logs %s)", s, f.u.Image, err, strings.Join(f.u.Compose, " "), s)
+			}
+			if code != "0" {
+				return fmt.Errorf("%s ran again from %s and exited %s: %s logs %s", s, f.u.Image, code, strings.Join(f.u.Compose, " "), s)
 			}
 		}
 		if f.u.Out != nil {

@@ -107,20 +107,25 @@ func installBinaries(dir, to string, bins []string) error {
 // starts it again.
 type processFleet struct{ c *Cluster }
 
+// Fleet is the cluster's processes as platform/rolling restarts them (the
+// fault suite rolls the cluster while its nemeses run).
+func (c *Cluster) Fleet() rolling.Fleet { return processFleet{c} }
+
 func (f processFleet) Nodes(context.Context) ([]rolling.Node, error) {
 	var out []rolling.Node
-	for _, n := range f.c.Nodes {
+	for _, n := range f.c.NodeList() {
 		out = append(out, rolling.Node{ID: n.ID, Name: n.Name})
 	}
 	return out, nil
 }
 
 func (f processFleet) RestartNode(ctx context.Context, rn rolling.Node) ([]string, error) {
-	i := slices.IndexFunc(f.c.Nodes, func(n Node) bool { return n.ID == rn.ID })
+	nodes := f.c.NodeList()
+	i := slices.IndexFunc(nodes, func(n Node) bool { return n.ID == rn.ID })
 	if i < 0 {
 		return nil, fmt.Errorf("no node %s in the cluster's layout", rn.ID)
 	}
-	n := f.c.Nodes[i]
+	n := nodes[i]
 	var done []string
 	for _, bin := range []string{"consensus", "roleserve"} {
 		if err := f.restart(ctx, n.Name+"-"+bin, bin, n.Host); err != nil {
