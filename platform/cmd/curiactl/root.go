@@ -46,6 +46,7 @@ const (
 	envKey         = "CURIA_ADMIN_KEY"
 	envCluster     = "CURIA_CLUSTER"
 	envReconcilers = "CURIA_RECONCILERS"
+	envReconciler  = "CURIA_RECONCILER"
 )
 
 const rootLong = `curiactl operates a curia cluster through the curators' Management API,
@@ -93,7 +94,7 @@ func newRoot(getenv func(string) string, stdout, stderr io.Writer) (*cobra.Comma
 	pf.StringVar(&a.reconcilers, "reconciler", "", "reconciler address(es) status asks for the active one (default $CURIA_RECONCILERS)")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
 	pf.DurationVar(&a.timeout, "timeout", 15*time.Second, "give up on a call after this long (audit tail -f follows until interrupted)")
-	root.AddCommand(a.statusCmd(), a.nodesCmd(), a.configCmd(), a.auditCmd(), a.snapshotCmd())
+	root.AddCommand(a.statusCmd(), a.planCmd(), a.nodesCmd(), a.configCmd(), a.auditCmd(), a.snapshotCmd())
 	return root, a
 }
 
