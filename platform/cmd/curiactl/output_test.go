@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"path/filepath"
 	"strings"
@@ -21,6 +22,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/recovery"
 )
 
 var now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -219,17 +221,21 @@ func TestFormatError(t *testing.T) {
 
 func TestExitCodes(t *testing.T) {
 	for err, want := range map[error]int{
-		status.Error(codes.NotFound, ""):           exitNotFound,
-		status.Error(codes.Unavailable, ""):        exitUnavailable,
-		status.Error(codes.DeadlineExceeded, ""):   exitUnavailable,
-		status.Error(codes.InvalidArgument, ""):    exitInvalid,
-		status.Error(codes.FailedPrecondition, ""): exitRefused,
-		status.Error(codes.PermissionDenied, ""):   exitDenied,
-		status.Error(codes.Internal, ""):           exitFailed,
-		usageError{errors.New("x")}:                exitUsage,
-		configError{errors.New("x")}:               exitConfig,
-		errors.New("local"):                        exitFailed,
-		context.DeadlineExceeded:                   exitUnavailable,
+		status.Error(codes.NotFound, ""):                 exitNotFound,
+		status.Error(codes.Unavailable, ""):              exitUnavailable,
+		status.Error(codes.DeadlineExceeded, ""):         exitUnavailable,
+		status.Error(codes.InvalidArgument, ""):          exitInvalid,
+		status.Error(codes.FailedPrecondition, ""):       exitRefused,
+		status.Error(codes.PermissionDenied, ""):         exitDenied,
+		status.Error(codes.Internal, ""):                 exitFailed,
+		usageError{errors.New("x")}:                      exitUsage,
+		configError{errors.New("x")}:                     exitConfig,
+		errors.New("local"):                              exitFailed,
+		context.DeadlineExceeded:                         exitUnavailable,
+		fmt.Errorf("x: %w", recovery.ErrNoConsent):       exitRefused,
+		fmt.Errorf("%w: y", recovery.ErrQuorumReachable): exitRefused,
+		fmt.Errorf("%w: z", recovery.ErrNoSurvivor):      exitRefused,
+		fmt.Errorf("%w: w", recovery.ErrBadSnapshot):     exitFailed,
 	} {
 		if got := exitCode(err); got != want {
 			t.Errorf("%v: exit %d, want %d", err, got, want)

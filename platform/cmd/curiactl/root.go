@@ -94,7 +94,7 @@ func newRoot(getenv func(string) string, stdout, stderr io.Writer) (*cobra.Comma
 	pf.StringVar(&a.reconcilers, "reconciler", "", "reconciler address(es) status asks for the active one (default $CURIA_RECONCILERS)")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
 	pf.DurationVar(&a.timeout, "timeout", 15*time.Second, "give up on a call after this long (audit tail -f follows until interrupted)")
-	root.AddCommand(a.statusCmd(), a.planCmd(), a.nodesCmd(), a.configCmd(), a.auditCmd(), a.snapshotCmd())
+	root.AddCommand(a.statusCmd(), a.planCmd(), a.nodesCmd(), a.configCmd(), a.auditCmd(), a.snapshotCmd(), a.recoverCmd())
 	return root, a
 }
 
@@ -196,13 +196,7 @@ func (a *app) dial(addrs string, kind pki.Kind) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	var list []string
-	for _, s := range strings.Split(addrs, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			list = append(list, s)
-		}
-	}
-	cc, err := rpc.DialAny(list, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{kind}})
+	cc, err := rpc.DialAny(splitAddrs(addrs), rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{kind}})
 	if err != nil {
 		return nil, err
 	}
