@@ -171,23 +171,36 @@ func TestStatusTable(t *testing.T) {
 	var b bytes.Buffer
 	tw := newTable(&b)
 	statusTable(tw, &clusterStatus{Cluster: "curia", CuratorLeader: "curator-1", CuratorTerm: 12, EtcdLeader: "node-a", EtcdLeaderMember: "8e9e05c52164694d",
-		Voters: []string{"node-a", "node-b", "node-c"}, Learners: []string{}, HealthyVoters: 3, Quorum: 2, FailureTolerance: 1, MembershipEpoch: 5,
+		Voters: []string{"node-a", "node-b", "node-c"}, HealthyVoters: 3, Quorum: 2, FailureTolerance: 1, MembershipEpoch: 5,
 		ActiveReconciler: "reconciler-2", Paused: true, PauseReason: "maintenance", ControlPlaneSize: 3, ConfigRevision: 9,
-		NodesByState: map[string]int64{"NODE_STATE_UP": 4, "NODE_STATE_NEW": 1}})
+		NodesByState: map[string]int64{"NODE_STATE_UP": 4, "NODE_STATE_NEW": 1},
+		Learners:     []string{"node-d"}, LearnerLag: map[string]uint64{"node-d": 120},
+		ReconcilerLastResult: "WAITING", ReconcilerLastDetail: "a learner\nto catch up", ReconcilerLastPass: "2026-01-02T03:04:00Z", ReconcilerPaused: "drill",
+		PendingChange: &pendingChange{ID: "c1", Operation: "PROMOTE", NodeID: "node-d", MemberID: "00000000000000dd", Actor: "reconciler",
+			Fence: []string{"leases/reconciler@7", "epoch@12"}, RecordedBy: "consensus/node-a", Since: "2026-01-02T03:03:50Z", Deadline: "30s"}}, now)
 	tw.Flush()
 	for _, want := range []string{
 		"CURATOR LEADER:      curator-1 (term 12)\n",
 		"ETCD LEADER:         node-a (member 8e9e05c52164694d)\n",
 		"VOTERS:              3, 3 healthy, quorum 2: node-a node-b node-c\n",
 		"FAILURE TOLERANCE:   1\n",
-		"PENDING CHANGE:      not available",
-		"ACTIVE RECONCILER:   reconciler-2\n",
-		"PAUSED:              yes: maintenance\n",
+		"LEARNERS:            1 node-d (lag 120)\n",
+		"PENDING CHANGE:      PROMOTE node-d (member 00000000000000dd) by reconciler since 2026-01-02T03:03:50Z, 15s ago; fence leases/reconciler@7 epoch@12; change c1, recorded by consensus/node-a\n",
+		"ACTIVE RECONCILER:   reconciler-2 (last pass WAITING at 2026-01-02T03:04:00Z)\n",
+		"RECONCILER SAYS:     a learner to catch up\n",
+		"PAUSED:              yes: maintenance; the active reconciler is paused (Reconciler/Pause): drill\n",
 		"NODES:               NEW=1 UP=4\n",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("status lacks %q:\n%s", want, b.String())
 		}
+	}
+	b.Reset()
+	tw = newTable(&b)
+	statusTable(tw, &clusterStatus{}, now)
+	tw.Flush()
+	if !strings.Contains(b.String(), "PENDING CHANGE:      none\n") {
+		t.Errorf("status without a pending change:\n%s", b.String())
 	}
 }
 
