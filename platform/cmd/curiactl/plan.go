@@ -49,9 +49,12 @@ plans nothing it would act on.`,
 				}
 				req.Proposed, req.ProposedMask = cfg, &fieldmaskpb.FieldMask{Paths: paths}
 			}
-			addrs, _ := a.setting(a.reconcilers, envReconcilers, envReconciler)
+			addrs, _, err := a.setting(setReconcilers, a.reconcilers)
+			if err != nil {
+				return err
+			}
 			if addrs == "" {
-				return configError{fmt.Errorf("no reconciler address: pass --reconciler or set %s or %s (source .curia/env after make run)", envReconcilers, envReconciler)}
+				return a.missing(setReconcilers, "reconciler address")
 			}
 			cc, err := a.dial(addrs, pki.KindReconciler)
 			if err != nil {

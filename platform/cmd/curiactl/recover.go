@@ -126,10 +126,13 @@ func (a *app) recover(ctx context.Context, f recoverFlags) error {
 		}
 		opts.Snapshot = snap
 	}
-	addrs, _ := a.setting(f.consensus, envConsensus)
+	addrs, _, err := a.setting(setConsensus, f.consensus)
+	if err != nil {
+		return err
+	}
 	targets := splitAddrs(addrs)
 	if len(targets) == 0 {
-		return configError{fmt.Errorf("no consensus address: pass --consensus or set %s (every control-plane node's consensus API, host:port)", envConsensus)}
+		return a.missing(setConsensus, "consensus address (every control-plane node's consensus API, host:port)")
 	}
 	creds, err := a.credentials()
 	if err != nil {
@@ -139,7 +142,10 @@ func (a *app) recover(ctx context.Context, f recoverFlags) error {
 	for _, t := range targets {
 		c.Nodes = append(c.Nodes, recovery.Target{Addr: t})
 	}
-	curators, _ := a.setting(a.curators, envCurators, envCurator)
+	curators, _, err := a.setting(setCurators, a.curators)
+	if err != nil {
+		return err
+	}
 	c.Curators = splitAddrs(curators)
 	if len(c.Curators) == 0 {
 		fmt.Fprintf(opts.Out, "curiactl: no curator named (--curator, $%s): the quorum is looked for at the consensus processes alone, and the regrowth is not followed\n", envCurators)

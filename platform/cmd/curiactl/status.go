@@ -200,7 +200,10 @@ func (a *app) status(ctx context.Context) (*clusterStatus, error) {
 // activeReconciler asks each reconciler replica which one is active, and
 // returns its status; the note says why there is none.
 func (a *app) activeReconciler(ctx context.Context) (*reconcilerv1.GetStatusResponse, string) {
-	addrs, _ := a.setting(a.reconcilers, envReconcilers)
+	addrs, _, err := a.setting(setReconcilers, a.reconcilers)
+	if err != nil {
+		return nil, "unknown: " + err.Error()
+	}
 	if addrs == "" {
 		return nil, "unknown: pass --reconciler or set " + envReconcilers
 	}
