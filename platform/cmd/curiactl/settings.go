@@ -89,9 +89,17 @@ var settingOrder = []string{setCurators, setReconcilers, setConsensus, setCA, se
 
 // setting is the value of the setting name (flag, the flag's value) and
 // where it came from ("--ca", "$CURIA_CACERT", "context prod of FILE"),
-// or "" if nowhere. Only a config file that does not load is an error.
+// or "" if nowhere. Only a config file that does not load, or a context
+// not in it, is an error: checked whenever the file or the context is
+// named (flag or variable), even if flags and variables give every
+// setting, and else only when a setting comes from the default file.
 func (a *app) setting(name, flag string) (string, string, error) {
 	def := settingDefs[name]
+	if a.contextFlag != "" || a.configFlag != "" || a.getenv(envContext) != "" || a.getenv(envConfig) != "" {
+		if _, _, err := a.context(); err != nil {
+			return "", "", err
+		}
+	}
 	if flag != "" {
 		return flag, def.flag, nil
 	}

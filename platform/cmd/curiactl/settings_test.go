@@ -90,6 +90,7 @@ func TestSettingPrecedence(t *testing.T) {
 // TestBadConfigFile: a named file that is missing, one that does not
 // parse, an unknown key, an unknown context: exit 3, saying which.
 func TestBadConfigFile(t *testing.T) {
+	var errOut bytes.Buffer
 	for name, tc := range map[string]struct {
 		text    string // "" for no file
 		context string
@@ -119,8 +120,15 @@ func TestBadConfigFile(t *testing.T) {
 			}
 		})
 	}
+	// A context named is checked even when flags and variables give
+	// every setting.
+	errOut.Reset()
+	full := map[string]string{envCurators: "127.0.0.1:1", envCA: "ca", envCert: "c", envKey: "k", envConfig: writeConfig(t, testConfig)}
+	if code := run(context.Background(), []string{"--context", "nowhere", "status"}, func(k string) string { return full[k] }, io.Discard, &errOut); code != exitConfig || !strings.Contains(errOut.String(), "--context nowhere: no such context") {
+		t.Errorf("an unknown context, every setting elsewhere: exit %d\n%s", code, errOut.String())
+	}
 	// Without a file, a context named is an error too.
-	var errOut bytes.Buffer
+	errOut.Reset()
 	if code := run(context.Background(), []string{"status"}, func(k string) string { return map[string]string{envContext: "x", "HOME": t.TempDir()}[k] }, io.Discard, &errOut); code != exitConfig || !strings.Contains(errOut.String(), "$CURIACTL_CONTEXT x: no config file") {
 		t.Errorf("a context without a file: exit %d\n%s", code, errOut.String())
 	}
