@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -172,13 +173,18 @@ func serve(t *testing.T, fs ...*fakeConsensus) ([]Target, *rpc.Credentials) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- srv.Serve(ctx, lis) }()
-		t.Cleanup(func() { cancel(); <-done })
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		})
 		targets = append(targets, Target{Addr: lis.Addr().String()})
 	}
 	return targets, admin
 }
 
-func node(i int) string { return "node-0000000000000000000000000000000" + string(rune('0'+i)) }
+func node(i int) string { return fmt.Sprintf("node-%032x", i) }
 
 // TestRecover: against consensus processes alone (no curator named), the
 // recovery names the survivor by its node id, changes nothing without

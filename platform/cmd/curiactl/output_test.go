@@ -175,7 +175,7 @@ func TestStatusTable(t *testing.T) {
 		ActiveReconciler: "reconciler-2", Paused: true, PauseReason: "maintenance", ControlPlaneSize: 3, ConfigRevision: 9,
 		NodesByState: map[string]int64{"NODE_STATE_UP": 4, "NODE_STATE_NEW": 1},
 		Learners:     []string{"node-d"}, LearnerLag: map[string]uint64{"node-d": 120},
-		ReconcilerLastResult: "WAITING", ReconcilerLastDetail: "a learner\nto catch up", ReconcilerLastPass: "2026-01-02T03:04:00Z", ReconcilerPaused: "drill",
+		ReconcilerLastResult: "WAITING", ReconcilerLastDetail: "a learner\nto catch up", ReconcilerLastRun: "2026-01-02T03:04:00Z", ReconcilerPaused: "drill",
 		PendingChange: &pendingChange{ID: "c1", Operation: "PROMOTE", NodeID: "node-d", MemberID: "00000000000000dd", Actor: "reconciler",
 			Fence: []string{"leases/reconciler@7", "epoch@12"}, RecordedBy: "consensus/node-a", Since: "2026-01-02T03:03:50Z", Deadline: "30s"}}, now)
 	tw.Flush()

@@ -39,12 +39,12 @@ type clusterStatus struct {
 	PendingChange    *pendingChange `json:"pendingChange"`
 	ActiveReconciler string         `json:"activeReconciler"`
 	ReconcilerNote   string         `json:"reconcilerNote,omitempty"`
-	// ReconcilerLastResult and ReconcilerLastPass are the active
+	// ReconcilerLastResult and ReconcilerLastRun are the active
 	// reconciler's last pass: how it ended (CONVERGED, WAITING, ACTED...)
 	// and when; ReconcilerPaused its own Pause (Reconciler/Pause).
 	ReconcilerLastResult string           `json:"reconcilerLastResult,omitempty"`
 	ReconcilerLastDetail string           `json:"reconcilerLastDetail,omitempty"`
-	ReconcilerLastPass   string           `json:"reconcilerLastPass,omitempty"`
+	ReconcilerLastRun    string           `json:"reconcilerLastRun,omitempty"`
 	ReconcilerPaused     string           `json:"reconcilerPaused,omitempty"`
 	Paused               bool             `json:"paused"`
 	PauseReason          string           `json:"pauseReason,omitempty"`
@@ -189,7 +189,7 @@ func (a *app) status(ctx context.Context) (*clusterStatus, error) {
 		s.ActiveReconciler = rs.GetName()
 		s.ReconcilerLastResult = enumName(rs.GetLastResult().String(), "PASS_RESULT_")
 		s.ReconcilerLastDetail = rs.GetLastResultDetail()
-		s.ReconcilerLastPass = timestamp(rs.GetLastPass())
+		s.ReconcilerLastRun = timestamp(rs.GetLastPass())
 		if rs.GetPaused() {
 			s.ReconcilerPaused = orDash(rs.GetPauseReason())
 		}
@@ -264,7 +264,7 @@ func statusTable(w io.Writer, s *clusterStatus, now time.Time) {
 	if active == "" {
 		active = s.ReconcilerNote
 	} else if s.ReconcilerLastResult != "" {
-		active += fmt.Sprintf(" (last pass %s at %s)", s.ReconcilerLastResult, s.ReconcilerLastPass)
+		active += fmt.Sprintf(" (last pass %s at %s)", s.ReconcilerLastResult, s.ReconcilerLastRun)
 	}
 	row(w, "ACTIVE RECONCILER:", active)
 	if s.ReconcilerLastDetail != "" && s.ReconcilerLastResult != "CONVERGED" {
