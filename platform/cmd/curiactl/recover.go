@@ -2,14 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/yaml"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/recovery"
@@ -157,21 +155,8 @@ func (a *app) recover(ctx context.Context, f recoverFlags) error {
 	if err != nil {
 		return err
 	}
-	switch a.output {
-	case "json":
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(a.stdout, "%s\n", b)
-		return err
-	case "yaml":
-		b, err := yaml.Marshal(rep)
-		if err != nil {
-			return err
-		}
-		_, err = a.stdout.Write(b)
-		return err
+	if a.output != "table" {
+		return printValue(a.stdout, a.output, rep)
 	}
 	tw := newTable(a.stdout)
 	row(tw, "RECOVERED:", rep.Chosen)

@@ -178,3 +178,28 @@ func TestContextCommands(t *testing.T) {
 		t.Errorf("context list -o json: exit %d\n%s", code, out)
 	}
 }
+
+// TestStatusFormats: status -o json and -o yaml carry the same facts under
+// the same names, pendingChange null when none is in flight.
+func TestStatusFormats(t *testing.T) {
+	s := &clusterStatus{Cluster: "curia", Voters: []string{"node-a"}, Learners: []string{}, FailureTolerance: 0}
+	for format, want := range map[string][]string{
+		"json": {`"cluster": "curia"`, `"pendingChange": null`, `"voters": [` + "\n" + `    "node-a"`, `"failureTolerance": 0`},
+		"yaml": {"cluster: curia\n", "pendingChange: null\n", "voters:\n- node-a\n", "failureTolerance: 0\n"},
+	} {
+		var b bytes.Buffer
+		if err := printValue(&b, format, s); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range want {
+			if !strings.Contains(b.String(), w) {
+				t.Errorf("-o %s lacks %q:\n%s", format, w, b.String())
+			}
+		}
+	}
+	s.PendingChange = &pendingChange{ID: "c1", Operation: "ADD", Fence: []string{"f@1"}}
+	var b bytes.Buffer
+	if err := printValue(&b, "json", s); err != nil || !strings.Contains(b.String(), `"operation": "ADD"`) {
+		t.Errorf("-o json with a pending change: %v\n%s", err, b.String())
+	}
+}

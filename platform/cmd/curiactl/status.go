@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/yaml"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
@@ -94,21 +92,8 @@ asked, since when, under which fence.`,
 			if err != nil {
 				return err
 			}
-			switch a.output {
-			case "json":
-				b, err := json.MarshalIndent(s, "", "  ")
-				if err != nil {
-					return err
-				}
-				_, err = fmt.Fprintf(a.stdout, "%s\n", b)
-				return err
-			case "yaml":
-				b, err := yaml.Marshal(s)
-				if err != nil {
-					return err
-				}
-				_, err = a.stdout.Write(b)
-				return err
+			if a.output != "table" {
+				return printValue(a.stdout, a.output, s)
 			}
 			tw := newTable(a.stdout)
 			statusTable(tw, s, time.Now())
