@@ -102,11 +102,15 @@ func TestCuriactl(t *testing.T) {
 			!regexp.MustCompile(`(?m)^NEXT ACTION: +NONE`).MatchString(out) || !regexp.MustCompile(`(?m)^OBSERVED: +3 etcd members, 3 nodes$`).MatchString(out) {
 			t.Errorf("plan of a converged cluster: want nothing to do under the stored configuration:\n%s", out)
 		}
-		// Shrinking to one voter: two removals, written nowhere.
+		// Shrinking to one voter: a removal first, written nowhere. (The
+		// rest of the sequence depends on which member answered the
+		// member list: the planner's sequence stops, refusing, once it
+		// has removed that one.)
 		out = ok(t, "curiactl plan --propose control_plane_size=1")
 		t.Logf("curiactl plan --propose control_plane_size=1:\n%s", out)
-		if n := len(regexp.MustCompile(`(?m)^[0-9]+ +REMOVE_MEMBER `).FindAllString(out, -1)); n != 2 || !strings.Contains(out, "(proposed: control_plane_size; nothing written)") {
-			t.Errorf("plan --propose control_plane_size=1: %d removals, want 2:\n%s", n, out)
+		if !regexp.MustCompile(`(?m)^NEXT ACTION: +REMOVE_MEMBER node-`).MatchString(out) || !regexp.MustCompile(`(?m)^1 +REMOVE_MEMBER +node-`).MatchString(out) ||
+			!strings.Contains(out, "(proposed: control_plane_size; nothing written)") {
+			t.Errorf("plan --propose control_plane_size=1: want a removal first:\n%s", out)
 		}
 		var p struct {
 			Config struct {
@@ -114,7 +118,7 @@ func TestCuriactl(t *testing.T) {
 			} `json:"config"`
 			Steps []json.RawMessage `json:"steps"`
 		}
-		if err := json.Unmarshal([]byte(ok(t, "curiactl plan --propose control_plane_size=1 -o json")), &p); err != nil || p.Config.ControlPlaneSize != 1 || len(p.Steps) < 2 {
+		if err := json.Unmarshal([]byte(ok(t, "curiactl plan --propose control_plane_size=1 -o json")), &p); err != nil || p.Config.ControlPlaneSize != 1 || len(p.Steps) == 0 {
 			t.Errorf("plan -o json: %+v %v", p, err)
 		}
 		if out := ok(t, "curiactl config get"); !regexp.MustCompile(`(?m)^control_plane_size +3$`).MatchString(out) {
