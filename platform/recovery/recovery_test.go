@@ -104,8 +104,12 @@ func TestChooseSurvivor(t *testing.T) {
 		t.Errorf("why: %s\nwant %s", why, want)
 	}
 	_, _, err = chooseSurvivor(all[2:])
-	if !errors.Is(err, ErrNoSurvivor) || !strings.Contains(err.Error(), "--snapshot FILE --confirm NODE") {
+	if !errors.Is(err, ErrNoSurvivor) || !strings.Contains(err.Error(), "(no answer from [node-3]): restore a snapshot (--snapshot FILE --confirm NODE)") {
 		t.Errorf("no survivor: %v", err)
+	}
+	_, _, err = chooseSurvivor(all[2:3])
+	if !errors.Is(err, ErrNoSurvivor) || !strings.Contains(err.Error(), "no consensus process answered ([node-3]): check the addresses") {
+		t.Errorf("no answer at all: %v", err)
 	}
 }
 

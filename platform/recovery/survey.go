@@ -214,6 +214,9 @@ func chooseSurvivor(all []Survivor) (Survivor, string, error) {
 			cands = append(cands, s)
 		}
 	}
+	if len(cands) == 0 && len(silent) == len(all) {
+		return Survivor{}, "", fmt.Errorf("%w: no consensus process answered (%v): check the addresses (--consensus) and that they are reachable from here; then restore a snapshot (--snapshot FILE --confirm NODE) if no node's data survived", ErrNoSurvivor, silent)
+	}
 	if len(cands) == 0 {
 		return Survivor{}, "", fmt.Errorf("%w (no answer from %v): restore a snapshot (--snapshot FILE --confirm NODE), or bring a node with member data back", ErrNoSurvivor, silent)
 	}
