@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/status"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/recovery"
@@ -168,17 +169,30 @@ func (a *app) recover(ctx context.Context, f recoverFlags) error {
 }
 
 // curatorSnapshots lists the curators' snapshots, for the recovery to
-// compare the recovered data with.
+// compare the recovered data with. Right after a recovery the curators
+// may have no leader yet: it asks for up to 30 s.
 func (a *app) curatorSnapshots(ctx context.Context) ([]snapshots.Metadata, string, error) {
 	m, err := a.mgmt()
 	if err != nil {
 		return nil, "", err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := m.ListSnapshots(ctx, &curatorv1.ListSnapshotsRequest{})
+	var resp *curatorv1.ListSnapshotsResponse
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err = m.ListSnapshots(cctx, &curatorv1.ListSnapshotsRequest{})
+		ccancel()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
 	if err != nil {
-		return nil, "of the curators (" + err.Error() + ")", err
+		return nil, "of the curators (they did not answer: " + status.Code(err).String() + ")", err
 	}
 	var out []snapshots.Metadata
 	for _, s := range resp.GetSnapshots() {
