@@ -26,7 +26,8 @@ const curiactlSubnet = "127.0.96"
 // TestCuriactl runs the curiactl binary against a process cluster, as an
 // operator would after make run: in a fresh shell that sourced the env file
 // (which puts bin/ on PATH and sets every CURIA_* variable curiactl reads),
-// then every command of docs/curiactl.md but those that change the cluster.
+// then every command of the README's curiactl section and docs/curiactl.md
+// but those that change the cluster.
 func TestCuriactl(t *testing.T) {
 	c := startOn(t, curiactlSubnet, 3)
 	if out, err := exec.Command("go", "build", "-o", c.bin+"/", "curia.dev/platform/cmd/curiactl").CombinedOutput(); err != nil {
@@ -69,19 +70,97 @@ func TestCuriactl(t *testing.T) {
 			}
 			return nil
 		})
-		out := ok(t, "curiactl status")
+		var out string
+		// No membership change in flight once autopilot is done.
+		proctest.Eventually(t, time.Minute, func() error {
+			if out = ok(t, "curiactl status"); !strings.Contains(out, "PENDING CHANGE:      none\n") {
+				return fmt.Errorf("a change pending:\n%s", out)
+			}
+			return nil
+		})
+		t.Logf("curiactl status:\n%s", out)
 		for _, want := range []string{"CLUSTER:             curia\n", "CURATOR LEADER:      curator-", "ETCD LEADER:         node-", "LEARNERS:            0\n",
-			"ACTIVE RECONCILER:   reconciler-", "PAUSED:              no\n", "NODES:               UP=3\n"} {
+			"ACTIVE RECONCILER:   reconciler-", "(last pass ", "PAUSED:              no\n", "NODES:               UP=3\n"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("status lacks %q:\n%s", want, out)
 			}
 		}
 		var s struct {
-			Voters           []string `json:"voters"`
-			FailureTolerance int      `json:"failureTolerance"`
+			Voters           []string        `json:"voters"`
+			FailureTolerance int             `json:"failureTolerance"`
+			PendingChange    json.RawMessage `json:"pendingChange"`
 		}
-		if err := json.Unmarshal([]byte(ok(t, "curiactl status -o json")), &s); err != nil || len(s.Voters) != 3 || s.FailureTolerance != 1 {
+		if err := json.Unmarshal([]byte(ok(t, "curiactl status -o json")), &s); err != nil || len(s.Voters) != 3 || s.FailureTolerance != 1 || string(s.PendingChange) != "null" {
 			t.Errorf("status -o json: %+v %v", s, err)
+		}
+	})
+
+	t.Run("plan", func(t *testing.T) {
+		out := ok(t, "curiactl plan")
+		t.Logf("curiactl plan:\n%s", out)
+		if !regexp.MustCompile(`(?m)^PLANNED UNDER: +control_plane_size=3 paused=false \(stored\)$`).MatchString(out) ||
+			!regexp.MustCompile(`(?m)^NEXT ACTION: +NONE`).MatchString(out) || !regexp.MustCompile(`(?m)^OBSERVED: +3 etcd members, 3 nodes$`).MatchString(out) {
+			t.Errorf("plan of a converged cluster: want nothing to do under the stored configuration:\n%s", out)
+		}
+		// Shrinking to one voter: a removal first, written nowhere. (The
+		// rest of the sequence depends on which member answered the
+		// member list: the planner's sequence stops, refusing, once it
+		// has removed that one.)
+		out = ok(t, "curiactl plan --propose control_plane_size=1")
+		t.Logf("curiactl plan --propose control_plane_size=1:\n%s", out)
+		if !regexp.MustCompile(`(?m)^NEXT ACTION: +REMOVE_MEMBER node-`).MatchString(out) || !regexp.MustCompile(`(?m)^1 +REMOVE_MEMBER +node-`).MatchString(out) ||
+			!strings.Contains(out, "(proposed: control_plane_size; nothing written)") {
+			t.Errorf("plan --propose control_plane_size=1: want a removal first:\n%s", out)
+		}
+		var p struct {
+			Config struct {
+				ControlPlaneSize int `json:"controlPlaneSize"`
+			} `json:"config"`
+			Steps []json.RawMessage `json:"steps"`
+		}
+		if err := json.Unmarshal([]byte(ok(t, "curiactl plan --propose control_plane_size=1 -o json")), &p); err != nil || p.Config.ControlPlaneSize != 1 || len(p.Steps) == 0 {
+			t.Errorf("plan -o json: %+v %v", p, err)
+		}
+		if out := ok(t, "curiactl config get"); !regexp.MustCompile(`(?m)^control_plane_size +3$`).MatchString(out) {
+			t.Errorf("config get after plan --propose: want control_plane_size still 3:\n%s", out)
+		}
+		out, code := curiactl(t, "curiactl plan --propose control_plane_size=4")
+		if code != 6 || !strings.Contains(out, "Error: INVALID_ARGUMENT: ") {
+			t.Errorf("plan of an invalid size: exit %d, want 6:\n%s", code, out)
+		}
+	})
+
+	t.Run("recover", func(t *testing.T) {
+		// A healthy cluster: refused, nothing changed.
+		out, code := curiactl(t, "curiactl recover --settle 1s --wait 0")
+		if code != 7 || !strings.Contains(out, "refused: a quorum is reachable") {
+			t.Errorf("recover on a healthy cluster: exit %d, want 7 and refused:\n%s", code, out)
+		}
+		out, code = curiactl(t, "curiactl snapshot restore no-such.db --confirm $NODE")
+		if code != 1 || !strings.Contains(out, "the snapshot file failed its checks") {
+			t.Errorf("snapshot restore of a missing file: exit %d, want 1:\n%s", code, out)
+		}
+		if out := ok(t, "curiactl status"); !strings.Contains(out, "VOTERS:              3, 3 healthy") {
+			t.Errorf("status after the refusals:\n%s", out)
+		}
+	})
+
+	t.Run("contexts", func(t *testing.T) {
+		// The settings of the env file, as a context of a config file,
+		// used without the env file.
+		ctxYAML := ok(t, "curiactl context show -o yaml")
+		cfg := filepath.Join(dir, "curia.yaml")
+		text := "current-context: e2e\ncontexts:\n- " + strings.ReplaceAll(strings.TrimSpace(strings.Replace(ctxYAML, "name: NAME", "name: e2e", 1)), "\n", "\n  ") + "\n"
+		if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err := freshShell(t, dir, fmt.Sprintf("PATH=%s:$PATH CURIACTL_CONFIG=%s curiactl status", c.bin, cfg))
+		if err != nil || !strings.Contains(out, "VOTERS:              3, 3 healthy") {
+			t.Errorf("status from a config file alone: %v\n%s\nthe file:\n%s", err, out, text)
+		}
+		out, err = freshShell(t, dir, fmt.Sprintf("PATH=%s:$PATH CURIACTL_CONFIG=%s curiactl --context other status", c.bin, cfg))
+		if err == nil || !strings.Contains(out, "--context other: no such context in "+cfg+" (it has: e2e)") {
+			t.Errorf("an unknown context: %v\n%s", err, out)
 		}
 	})
 
@@ -191,7 +270,7 @@ func TestCuriactl(t *testing.T) {
 	// cluster or follow forever; "# fails: exit N" says the exit code.
 	t.Run("docs", func(t *testing.T) {
 		ran, skipped := 0, 0
-		defer func() { t.Logf("docs/curiactl.md: ran %d commands, skipped %d", ran, skipped) }()
+		defer func() { t.Logf("README.md and docs/curiactl.md: ran %d commands, skipped %d", ran, skipped) }()
 		for _, line := range docCommands(t) {
 			cmd, comment, _ := strings.Cut(line, " # ")
 			if strings.Contains(comment, "changes the cluster") || strings.Contains(cmd, " -f") {
@@ -205,34 +284,41 @@ func TestCuriactl(t *testing.T) {
 			}
 			out, code := curiactl(t, cmd)
 			if code != want {
-				t.Errorf("docs/curiactl.md: %s: exit %d, want %d\n%s", cmd, code, want, out)
+				t.Errorf("the docs: %s: exit %d, want %d\n%s", cmd, code, want, out)
 			}
 		}
 	})
 }
 
-// docCommands are the curiactl command lines of docs/curiactl.md's sh
-// blocks.
+// docCommands are the curiactl command lines of the sh blocks of the
+// README (its curiactl section) and docs/curiactl.md.
 func docCommands(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile("../../docs/curiactl.md")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []string
-	in := false
-	for _, l := range strings.Split(string(b), "\n") {
-		switch {
-		case strings.HasPrefix(l, "```sh"):
-			in = true
-		case strings.HasPrefix(l, "```"):
-			in = false
-		case in && strings.HasPrefix(l, "curiactl "):
-			out = append(out, l)
+	for _, page := range []string{"../../README.md", "../../docs/curiactl.md"} {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		in := false
+		for _, l := range strings.Split(string(b), "\n") {
+			switch {
+			case strings.HasPrefix(l, "```sh"):
+				in = true
+			case strings.HasPrefix(l, "```"):
+				in = false
+			case in && strings.HasPrefix(l, "curiactl "):
+				out = append(out, l)
+				n++
+			}
+		}
+		if n < 4 {
+			t.Fatalf("%s: %d curiactl commands in sh blocks", page, n)
 		}
 	}
-	if len(out) < 10 {
-		t.Fatalf("docs/curiactl.md: %d curiactl commands in sh blocks", len(out))
+	if len(out) < 20 {
+		t.Fatalf("%d curiactl commands in the docs' sh blocks", len(out))
 	}
 	return out
 }

@@ -17,6 +17,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/nodes"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/recovery"
 	"curia.dev/platform/rpc"
 )
 
@@ -363,16 +364,9 @@ func (c *Cluster) waitAgreement(ctx context.Context, admin *grpc.ClientConn) err
 	}
 }
 
-func agree(st *curatorv1.GetConsensusStatusResponse) bool {
-	leader := false
-	for _, m := range st.Members {
-		if !m.NodeExists || !m.HasRole || m.Learner {
-			return false
-		}
-		leader = leader || m.Leader
-	}
-	return leader && len(st.RoleWithoutMember) == 0
-}
+// agree says whether roles and membership agree (platform/recovery's
+// Agree: the recovery waits for it too).
+func agree(st *curatorv1.GetConsensusStatusResponse) bool { return recovery.Agree(st) }
 
 func hostOf(addr string) string {
 	host, _, _ := net.SplitHostPort(addr)

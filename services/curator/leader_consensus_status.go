@@ -54,7 +54,7 @@ func (s *Service) consensusStatus(ctx context.Context) (*curatorv1.GetConsensusS
 	}
 	leaderIndex := statuses[leaderID].GetRaftIndex()
 
-	resp := &curatorv1.GetConsensusStatusResponse{MembershipEpoch: members.GetMembershipEpoch()}
+	resp := &curatorv1.GetConsensusStatusResponse{MembershipEpoch: members.GetMembershipEpoch(), Pending: members.GetPending()}
 	isMember := map[string]bool{}
 	for _, m := range members.GetMembers() {
 		n := nodes[m.GetNodeId()]

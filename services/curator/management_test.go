@@ -15,11 +15,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	fencev1 "curia.dev/gen/curia/fence/v1"
+	storagev1 "curia.dev/gen/curia/storage/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/proctest"
 	ct "curia.dev/services/consensus/consensustest"
@@ -233,6 +236,31 @@ func TestGetConsensusStatus(t *testing.T) {
 	}
 	if want := voter.Members().MembershipEpoch; st.MembershipEpoch != want || st.MembershipEpoch <= epoch {
 		t.Fatalf("membership epoch %d, want %d (and past %d, before the changes)", st.MembershipEpoch, want, epoch)
+	}
+	if st.Pending != nil {
+		t.Fatalf("pending change %v, want none", st.Pending)
+	}
+
+	// A membership change in flight is shown as it is recorded (one left
+	// by a process that died, with a deadline that keeps it there).
+	rec, err := proto.Marshal(&storagev1.PendingChangeRecord{Id: "change-1", Operation: consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_ADD,
+		NodeId: ghost, Actor: "reconciler", Fence: []string{"leases/reconciler@7"}, Started: timestamppb.Now(), Deadline: durationpb.New(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := c.Etcd(voter.ClientURL)
+	if _, err := cli.Put(ctx, keys.MembershipPending, string(rec)); err != nil {
+		t.Fatal(err)
+	}
+	st, err = m.GetConsensusStatus(ctx, &curatorv1.GetConsensusStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := st.Pending; p.GetId() != "change-1" || p.GetNodeId() != ghost || p.GetOperation() != consensusv1.MembershipOperation_MEMBERSHIP_OPERATION_ADD || !slices.Equal(p.GetFence(), []string{"leases/reconciler@7"}) || p.GetStarted() == nil {
+		t.Fatalf("pending change %v, want change-1 adding %s", p, ghost)
+	}
+	if _, err := cli.Delete(ctx, keys.MembershipPending); err != nil {
+		t.Fatal(err)
 	}
 }
 

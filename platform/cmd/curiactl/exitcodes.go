@@ -26,7 +26,7 @@ const (
 	exitUnavailable = 4 // no curator answered, or it asked to retry (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED)
 	exitNotFound    = 5 // NOT_FOUND
 	exitInvalid     = 6 // the request was rejected as malformed (INVALID_ARGUMENT, OUT_OF_RANGE)
-	exitRefused     = 7 // the cluster refused it in its current state (FAILED_PRECONDITION, ABORTED, ALREADY_EXISTS)
+	exitRefused     = 7 // the cluster refused it in its current state (FAILED_PRECONDITION, ABORTED, ALREADY_EXISTS), or recover did (nothing changed)
 	exitDenied      = 8 // PERMISSION_DENIED, UNAUTHENTICATED
 )
 
@@ -39,7 +39,8 @@ const exitCodesHelp = `Exit codes:
   4  unavailable: no curator answered in time, or it asked to retry (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED)
   5  not found (NOT_FOUND)
   6  invalid request (INVALID_ARGUMENT, OUT_OF_RANGE)
-  7  refused in the cluster's current state (FAILED_PRECONDITION, ABORTED, ALREADY_EXISTS)
+  7  refused in the cluster's current state (FAILED_PRECONDITION, ABORTED, ALREADY_EXISTS;
+     recover: a quorum is reachable, no survivor, or no --confirm: nothing changed)
   8  permission denied (PERMISSION_DENIED, UNAUTHENTICATED)
 `
 
@@ -68,6 +69,8 @@ func exitCode(err error) int {
 		return exitConfig
 	case errors.Is(err, context.DeadlineExceeded):
 		return exitUnavailable
+	case recoveryRefused(err):
+		return exitRefused
 	}
 	st, ok := status.FromError(err)
 	if !ok {

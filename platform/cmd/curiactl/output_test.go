@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"path/filepath"
 	"strings"
@@ -21,6 +22,7 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/recovery"
 )
 
 var now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -169,23 +171,36 @@ func TestStatusTable(t *testing.T) {
 	var b bytes.Buffer
 	tw := newTable(&b)
 	statusTable(tw, &clusterStatus{Cluster: "curia", CuratorLeader: "curator-1", CuratorTerm: 12, EtcdLeader: "node-a", EtcdLeaderMember: "8e9e05c52164694d",
-		Voters: []string{"node-a", "node-b", "node-c"}, Learners: []string{}, HealthyVoters: 3, Quorum: 2, FailureTolerance: 1, MembershipEpoch: 5,
+		Voters: []string{"node-a", "node-b", "node-c"}, HealthyVoters: 3, Quorum: 2, FailureTolerance: 1, MembershipEpoch: 5,
 		ActiveReconciler: "reconciler-2", Paused: true, PauseReason: "maintenance", ControlPlaneSize: 3, ConfigRevision: 9,
-		NodesByState: map[string]int64{"NODE_STATE_UP": 4, "NODE_STATE_NEW": 1}})
+		NodesByState: map[string]int64{"NODE_STATE_UP": 4, "NODE_STATE_NEW": 1},
+		Learners:     []string{"node-d"}, LearnerLag: map[string]uint64{"node-d": 120},
+		ReconcilerLastResult: "WAITING", ReconcilerLastDetail: "a learner\nto catch up", ReconcilerLastRun: "2026-01-02T03:04:00Z", ReconcilerPaused: "drill",
+		PendingChange: &pendingChange{ID: "c1", Operation: "PROMOTE", NodeID: "node-d", MemberID: "00000000000000dd", Actor: "reconciler",
+			Fence: []string{"leases/reconciler@7", "epoch@12"}, RecordedBy: "consensus/node-a", Since: "2026-01-02T03:03:50Z", Deadline: "30s"}}, now)
 	tw.Flush()
 	for _, want := range []string{
 		"CURATOR LEADER:      curator-1 (term 12)\n",
 		"ETCD LEADER:         node-a (member 8e9e05c52164694d)\n",
 		"VOTERS:              3, 3 healthy, quorum 2: node-a node-b node-c\n",
 		"FAILURE TOLERANCE:   1\n",
-		"PENDING CHANGE:      not available",
-		"ACTIVE RECONCILER:   reconciler-2\n",
-		"PAUSED:              yes: maintenance\n",
+		"LEARNERS:            1 node-d (lag 120)\n",
+		"PENDING CHANGE:      PROMOTE node-d (member 00000000000000dd) by reconciler since 2026-01-02T03:03:50Z, 15s ago; fence leases/reconciler@7 epoch@12; change c1, recorded by consensus/node-a\n",
+		"ACTIVE RECONCILER:   reconciler-2 (last pass WAITING at 2026-01-02T03:04:00Z)\n",
+		"RECONCILER SAYS:     a learner to catch up\n",
+		"PAUSED:              yes: maintenance; the active reconciler is paused (Reconciler/Pause): drill\n",
 		"NODES:               NEW=1 UP=4\n",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("status lacks %q:\n%s", want, b.String())
 		}
+	}
+	b.Reset()
+	tw = newTable(&b)
+	statusTable(tw, &clusterStatus{}, now)
+	tw.Flush()
+	if !strings.Contains(b.String(), "PENDING CHANGE:      none\n") {
+		t.Errorf("status without a pending change:\n%s", b.String())
 	}
 }
 
@@ -219,17 +234,21 @@ func TestFormatError(t *testing.T) {
 
 func TestExitCodes(t *testing.T) {
 	for err, want := range map[error]int{
-		status.Error(codes.NotFound, ""):           exitNotFound,
-		status.Error(codes.Unavailable, ""):        exitUnavailable,
-		status.Error(codes.DeadlineExceeded, ""):   exitUnavailable,
-		status.Error(codes.InvalidArgument, ""):    exitInvalid,
-		status.Error(codes.FailedPrecondition, ""): exitRefused,
-		status.Error(codes.PermissionDenied, ""):   exitDenied,
-		status.Error(codes.Internal, ""):           exitFailed,
-		usageError{errors.New("x")}:                exitUsage,
-		configError{errors.New("x")}:               exitConfig,
-		errors.New("local"):                        exitFailed,
-		context.DeadlineExceeded:                   exitUnavailable,
+		status.Error(codes.NotFound, ""):                 exitNotFound,
+		status.Error(codes.Unavailable, ""):              exitUnavailable,
+		status.Error(codes.DeadlineExceeded, ""):         exitUnavailable,
+		status.Error(codes.InvalidArgument, ""):          exitInvalid,
+		status.Error(codes.FailedPrecondition, ""):       exitRefused,
+		status.Error(codes.PermissionDenied, ""):         exitDenied,
+		status.Error(codes.Internal, ""):                 exitFailed,
+		usageError{errors.New("x")}:                      exitUsage,
+		configError{errors.New("x")}:                     exitConfig,
+		errors.New("local"):                              exitFailed,
+		context.DeadlineExceeded:                         exitUnavailable,
+		fmt.Errorf("x: %w", recovery.ErrNoConsent):       exitRefused,
+		fmt.Errorf("%w: y", recovery.ErrQuorumReachable): exitRefused,
+		fmt.Errorf("%w: z", recovery.ErrNoSurvivor):      exitRefused,
+		fmt.Errorf("%w: w", recovery.ErrBadSnapshot):     exitFailed,
 	} {
 		if got := exitCode(err); got != want {
 			t.Errorf("%v: exit %d, want %d", err, got, want)

@@ -4,11 +4,9 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -34,6 +32,14 @@ type app struct {
 
 	creds *rpc.Credentials
 	conns []*grpc.ClientConn
+
+	// The config file (settings.go): --config and --context, and the
+	// file once loaded.
+	configFlag, contextFlag string
+	cfgLoaded               bool
+	cfgFile                 *configFile
+	cfgPath                 string
+	cfgErr                  error
 }
 
 // Where each connection setting comes from when its flag is not given: the
@@ -46,6 +52,7 @@ const (
 	envKey         = "CURIA_ADMIN_KEY"
 	envCluster     = "CURIA_CLUSTER"
 	envReconcilers = "CURIA_RECONCILERS"
+	envReconciler  = "CURIA_RECONCILER"
 )
 
 const rootLong = `curiactl operates a curia cluster through the curators' Management API,
@@ -53,13 +60,17 @@ over mutual TLS with an admin certificate. Any curator address works:
 followers forward every call to the leader.
 
 Connection settings come from the flags, else from the variables that
-.curia/env (make run) and .curia-compose/env (make up) export:
-  --curator      $CURIA_CURATORS, else $CURIA_CURATOR (host:port[,host:port...])
-  --ca           $CURIA_CACERT
-  --cert         $CURIA_ADMIN_CERT
-  --key          $CURIA_ADMIN_KEY
-  --cluster      $CURIA_CLUSTER, else the trust domain of the --cert certificate
-  --reconciler   $CURIA_RECONCILERS (only status asks them, for the active one)
+.curia/env (make run) and .curia-compose/env (make up) export, else from
+the current context of the config file (--config, $CURIACTL_CONFIG,
+default ~/.config/curia/config.yaml; --context, $CURIACTL_CONTEXT, else
+its current-context; curiactl context --help shows its format):
+  --curator      $CURIA_CURATORS, else $CURIA_CURATOR (host:port[,host:port...])   curators
+  --ca           $CURIA_CACERT                                                     ca
+  --cert         $CURIA_ADMIN_CERT                                                 cert
+  --key          $CURIA_ADMIN_KEY                                                  key
+  --cluster      $CURIA_CLUSTER, else the trust domain of the --cert certificate   cluster
+  --reconciler   $CURIA_RECONCILERS, else $CURIA_RECONCILER (status, plan)         reconcilers
+  --consensus    $CURIA_CONSENSUS (recover, snapshot restore)                      consensus
 
 Output is an aligned table; -o json (protojson) or -o yaml for scripts.
 Certificates are never printed.
@@ -91,9 +102,11 @@ func newRoot(getenv func(string) string, stdout, stderr io.Writer) (*cobra.Comma
 	pf.StringVar(&a.key, "key", "", "admin private key, PEM (default $CURIA_ADMIN_KEY)")
 	pf.StringVar(&a.cluster, "cluster", "", "cluster name, the trust domain (default $CURIA_CLUSTER, else the --cert certificate's)")
 	pf.StringVar(&a.reconcilers, "reconciler", "", "reconciler address(es) status asks for the active one (default $CURIA_RECONCILERS)")
+	pf.StringVar(&a.configFlag, "config", "", "config file with named contexts (default $"+envConfig+", else ~/.config/curia/config.yaml)")
+	pf.StringVar(&a.contextFlag, "context", "", "the context of the config file to use (default $"+envContext+", else its current-context)")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
 	pf.DurationVar(&a.timeout, "timeout", 15*time.Second, "give up on a call after this long (audit tail -f follows until interrupted)")
-	root.AddCommand(a.statusCmd(), a.nodesCmd(), a.configCmd(), a.auditCmd(), a.snapshotCmd())
+	root.AddCommand(a.statusCmd(), a.planCmd(), a.nodesCmd(), a.configCmd(), a.auditCmd(), a.snapshotCmd(), a.recoverCmd(), a.contextCmd())
 	return root, a
 }
 
@@ -115,19 +128,6 @@ func (a *app) checkOutput() error {
 	return usageError{fmt.Errorf("--output %q: want table, json or yaml", a.output)}
 }
 
-// setting is a flag's value, else the first of the variables that is set.
-func (a *app) setting(flag string, vars ...string) (string, string) {
-	if flag != "" {
-		return flag, ""
-	}
-	for _, v := range vars {
-		if s := a.getenv(v); s != "" {
-			return s, v
-		}
-	}
-	return "", ""
-}
-
 // credentials loads the admin credentials, once.
 func (a *app) credentials() (*rpc.Credentials, error) {
 	if a.creds != nil {
@@ -136,23 +136,29 @@ func (a *app) credentials() (*rpc.Credentials, error) {
 	var files rpc.TLSFiles
 	for _, s := range []struct {
 		dst  *string
-		flag string
 		name string
-		env  string
+		flag string
 	}{
-		{&files.CA, a.ca, "--ca", envCA},
-		{&files.Cert, a.cert, "--cert", envCert},
-		{&files.Key, a.key, "--key", envKey},
+		{&files.CA, setCA, a.ca},
+		{&files.Cert, setCert, a.cert},
+		{&files.Key, setKey, a.key},
 	} {
-		if *s.dst, _ = a.setting(s.flag, s.env); *s.dst == "" {
-			return nil, configError{fmt.Errorf("no %s: pass %s or set %s (source .curia/env after make run)", strings.TrimPrefix(s.name, "--"), s.name, s.env)}
+		v, _, err := a.setting(s.name, s.flag)
+		if err != nil {
+			return nil, err
 		}
+		if v == "" {
+			return nil, a.missing(s.name, s.name)
+		}
+		*s.dst = v
 	}
-	cluster, _ := a.setting(a.cluster, envCluster)
+	cluster, _, err := a.setting(setCluster, a.cluster)
+	if err != nil {
+		return nil, err
+	}
 	if cluster == "" {
-		var err error
 		if cluster, err = trustDomain(files.Cert); err != nil {
-			return nil, configError{fmt.Errorf("no cluster name: pass --cluster or set %s (%w)", envCluster, err)}
+			return nil, configError{fmt.Errorf("no cluster name: pass --cluster or set %s, or cluster in the context (%w)", envCluster, err)}
 		}
 	}
 	creds, err := rpc.LoadCredentials(cluster, files)
@@ -195,13 +201,7 @@ func (a *app) dial(addrs string, kind pki.Kind) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	var list []string
-	for _, s := range strings.Split(addrs, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			list = append(list, s)
-		}
-	}
-	cc, err := rpc.DialAny(list, rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{kind}})
+	cc, err := rpc.DialAny(splitAddrs(addrs), rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{kind}})
 	if err != nil {
 		return nil, err
 	}
@@ -211,9 +211,12 @@ func (a *app) dial(addrs string, kind pki.Kind) (*grpc.ClientConn, error) {
 
 // mgmt is a Management client of the curators.
 func (a *app) mgmt() (curatorv1.ManagementClient, error) {
-	addrs, _ := a.setting(a.curators, envCurators, envCurator)
+	addrs, _, err := a.setting(setCurators, a.curators)
+	if err != nil {
+		return nil, err
+	}
 	if addrs == "" {
-		return nil, configError{errors.New("no curator address: pass --curator or set " + envCurators + " or " + envCurator + " (source .curia/env after make run)")}
+		return nil, a.missing(setCurators, "curator address")
 	}
 	if _, err := a.credentials(); err != nil {
 		return nil, err

@@ -20,11 +20,12 @@ import (
 func (a *app) snapshotCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "snapshot",
-		Short: "List the curators' etcd snapshots and copy one off the cluster",
+		Short: "List the curators' etcd snapshots, copy one off the cluster, restore one after losing every voter",
 		Example: `  curiactl snapshot list
-  curiactl snapshot save backup.db`,
+  curiactl snapshot save backup.db
+  curiactl snapshot restore backup.db --consensus 10.0.0.11:7100`,
 	}
-	cmd.AddCommand(a.snapshotListCmd(), a.snapshotSaveCmd())
+	cmd.AddCommand(a.snapshotListCmd(), a.snapshotSaveCmd(), a.snapshotRestoreCmd())
 	return cmd
 }
 

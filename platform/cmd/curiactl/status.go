@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/yaml"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
@@ -35,32 +33,57 @@ type clusterStatus struct {
 	FailureTolerance  int32    `json:"failureTolerance"`
 	MembershipEpoch   int64    `json:"membershipEpoch"`
 	RoleWithoutMember []string `json:"roleWithoutMember,omitempty"`
-	// PendingChange: the Management API does not expose the pending
-	// membership change (Consensus/ListMembers does, on the nodes).
-	PendingChange    *string          `json:"pendingChange"`
-	ActiveReconciler string           `json:"activeReconciler"`
-	ReconcilerNote   string           `json:"reconcilerNote,omitempty"`
-	Paused           bool             `json:"paused"`
-	PauseReason      string           `json:"pauseReason,omitempty"`
-	ControlPlaneSize uint32           `json:"controlPlaneSize"`
-	ConfigRevision   int64            `json:"configRevision"`
-	NodesByState     map[string]int64 `json:"nodesByState"`
-	Alarms           []string         `json:"alarms,omitempty"`
-	LastSnapshot     string           `json:"lastSnapshot,omitempty"`
+	// PendingChange is the membership change in flight, nil for none.
+	PendingChange    *pendingChange `json:"pendingChange"`
+	ActiveReconciler string         `json:"activeReconciler"`
+	ReconcilerNote   string         `json:"reconcilerNote,omitempty"`
+	// ReconcilerLastResult and ReconcilerLastRun are the active
+	// reconciler's last pass: how it ended (CONVERGED, WAITING, ACTED...)
+	// and when; ReconcilerPaused its own Pause (Reconciler/Pause).
+	ReconcilerLastResult string           `json:"reconcilerLastResult,omitempty"`
+	ReconcilerLastDetail string           `json:"reconcilerLastDetail,omitempty"`
+	ReconcilerLastRun    string           `json:"reconcilerLastRun,omitempty"`
+	ReconcilerPaused     string           `json:"reconcilerPaused,omitempty"`
+	Paused               bool             `json:"paused"`
+	PauseReason          string           `json:"pauseReason,omitempty"`
+	ControlPlaneSize     uint32           `json:"controlPlaneSize"`
+	ConfigRevision       int64            `json:"configRevision"`
+	NodesByState         map[string]int64 `json:"nodesByState"`
+	Alarms               []string         `json:"alarms,omitempty"`
+	LastSnapshot         string           `json:"lastSnapshot,omitempty"`
+	// LearnerLag is each learner's raft lag behind the leader.
+	LearnerLag map[string]uint64 `json:"learnerLag,omitempty"`
+}
+
+// pendingChange is the one membership change in flight, cluster-wide.
+type pendingChange struct {
+	ID         string   `json:"id"`
+	Operation  string   `json:"operation"`
+	NodeID     string   `json:"nodeId"`
+	MemberID   string   `json:"memberId,omitempty"`
+	Actor      string   `json:"actor"`
+	Fence      []string `json:"fence"`
+	RecordedBy string   `json:"recordedBy"`
+	Since      string   `json:"since"`
+	// Deadline is how long the recorder may still make the etcd call;
+	// another process resolves a record left behind after twice that.
+	Deadline string `json:"deadline"`
 }
 
 func (a *app) statusCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "status",
-		Short: "Show the cluster on one screen: leaders, voters, failure tolerance, autopilot",
+		Short: "Show the cluster on one screen: leaders, voters, failure tolerance, pending change, autopilot",
 		Long: `Show the cluster on one screen: the curator leader, the etcd leader, the
 voters and learners, how many more voter failures the cluster survives,
-the active reconciler and whether autopilot is paused.
+the membership change in flight, the active reconciler and whether
+autopilot is paused.
 
 From Management/GetClusterInfo, GetConsensusStatus and GetClusterConfig,
 and each reconciler's GetStatus (--reconciler, $CURIA_RECONCILERS) for the
-active one. The pending membership change is not shown: the Management
-API does not expose it.`,
+active one and its last pass. PENDING CHANGE is the one membership change
+in flight (while it is, every other is refused): what, to which node, who
+asked, since when, under which fence.`,
 		Example: `  curiactl status
   curiactl status -o json | jq .failureTolerance`,
 		Args: args(cobra.NoArgs),
@@ -69,24 +92,11 @@ API does not expose it.`,
 			if err != nil {
 				return err
 			}
-			switch a.output {
-			case "json":
-				b, err := json.MarshalIndent(s, "", "  ")
-				if err != nil {
-					return err
-				}
-				_, err = fmt.Fprintf(a.stdout, "%s\n", b)
-				return err
-			case "yaml":
-				b, err := yaml.Marshal(s)
-				if err != nil {
-					return err
-				}
-				_, err = a.stdout.Write(b)
-				return err
+			if a.output != "table" {
+				return printValue(a.stdout, a.output, s)
 			}
 			tw := newTable(a.stdout)
-			statusTable(tw, s)
+			statusTable(tw, s, time.Now())
 			return tw.Flush()
 		},
 	}
@@ -130,12 +140,26 @@ func (a *app) status(ctx context.Context) (*clusterStatus, error) {
 		Voters:            []string{},
 		Learners:          []string{},
 	}
+	if p := cs.GetPending(); p != nil {
+		s.PendingChange = &pendingChange{ID: p.GetId(), Operation: enumName(p.GetOperation().String(), "MEMBERSHIP_OPERATION_"), NodeID: p.GetNodeId(),
+			Actor: p.GetActor(), Fence: p.GetFence(), RecordedBy: p.GetRecordedBy(), Since: timestamp(p.GetStarted()), Deadline: p.GetDeadline().AsDuration().String()}
+		if s.PendingChange.Fence == nil {
+			s.PendingChange.Fence = []string{}
+		}
+		if p.GetMemberId() != 0 {
+			s.PendingChange.MemberID = fmt.Sprintf("%016x", p.GetMemberId())
+		}
+	}
 	for _, mem := range cs.GetMembers() {
 		id := mem.GetNodeId()
 		if id == "" {
 			id = fmt.Sprintf("member %016x", mem.GetMemberId())
 		}
 		if mem.GetLearner() {
+			if s.LearnerLag == nil {
+				s.LearnerLag = map[string]uint64{}
+			}
+			s.LearnerLag[id] = mem.GetLag()
 			s.Learners = append(s.Learners, id)
 		} else {
 			s.Voters = append(s.Voters, id)
@@ -144,16 +168,29 @@ func (a *app) status(ctx context.Context) (*clusterStatus, error) {
 			s.EtcdLeader, s.EtcdLeaderMember = mem.GetNodeId(), fmt.Sprintf("%016x", mem.GetMemberId())
 		}
 	}
-	s.ActiveReconciler, s.ReconcilerNote = a.activeReconciler(ctx)
+	var rs *reconcilerv1.GetStatusResponse
+	rs, s.ReconcilerNote = a.activeReconciler(ctx)
+	if rs != nil {
+		s.ActiveReconciler = rs.GetName()
+		s.ReconcilerLastResult = enumName(rs.GetLastResult().String(), "PASS_RESULT_")
+		s.ReconcilerLastDetail = rs.GetLastResultDetail()
+		s.ReconcilerLastRun = timestamp(rs.GetLastPass())
+		if rs.GetPaused() {
+			s.ReconcilerPaused = orDash(rs.GetPauseReason())
+		}
+	}
 	return s, nil
 }
 
-// activeReconciler asks each reconciler replica which one is active; the
-// note says why none is named.
-func (a *app) activeReconciler(ctx context.Context) (string, string) {
-	addrs, _ := a.setting(a.reconcilers, envReconcilers)
+// activeReconciler asks each reconciler replica which one is active, and
+// returns its status; the note says why there is none.
+func (a *app) activeReconciler(ctx context.Context) (*reconcilerv1.GetStatusResponse, string) {
+	addrs, _, err := a.setting(setReconcilers, a.reconcilers)
+	if err != nil {
+		return nil, "unknown: " + err.Error()
+	}
 	if addrs == "" {
-		return "", "unknown: pass --reconciler or set " + envReconcilers
+		return nil, "unknown: pass --reconciler or set " + envReconcilers
 	}
 	var errs []string
 	standby := ""
@@ -171,20 +208,20 @@ func (a *app) activeReconciler(ctx context.Context) (string, string) {
 			continue
 		}
 		if st.GetRole() == reconcilerv1.Role_ROLE_ACTIVE {
-			return st.GetName(), ""
+			return st, ""
 		}
 		standby = st.GetName()
 	}
 	switch {
 	case len(errs) > 0:
-		return "", "unknown: " + strings.Join(errs, "; ")
+		return nil, "unknown: " + strings.Join(errs, "; ")
 	case standby != "":
-		return "", "none active (" + standby + " is standby)"
+		return nil, "none active (" + standby + " is standby)"
 	}
-	return "", "none active"
+	return nil, "none active"
 }
 
-func statusTable(w io.Writer, s *clusterStatus) {
+func statusTable(w io.Writer, s *clusterStatus, now time.Time) {
 	row(w, "CLUSTER:", s.Cluster)
 	row(w, "CURATOR LEADER:", fmt.Sprintf("%s (term %d)", orDash(s.CuratorLeader), s.CuratorTerm))
 	etcdLeader := "none"
@@ -193,7 +230,11 @@ func statusTable(w io.Writer, s *clusterStatus) {
 	}
 	row(w, "ETCD LEADER:", etcdLeader)
 	row(w, "VOTERS:", fmt.Sprintf("%d, %d healthy, quorum %d: %s", len(s.Voters), s.HealthyVoters, s.Quorum, orDash(strings.Join(s.Voters, " "))))
-	row(w, "LEARNERS:", strings.TrimSpace(fmt.Sprintf("%d %s", len(s.Learners), strings.Join(s.Learners, " "))))
+	var learners []string
+	for _, l := range s.Learners {
+		learners = append(learners, fmt.Sprintf("%s (lag %d)", l, s.LearnerLag[l]))
+	}
+	row(w, "LEARNERS:", strings.TrimSpace(fmt.Sprintf("%d %s", len(s.Learners), strings.Join(learners, " "))))
 	tolerance := fmt.Sprintf("%d", s.FailureTolerance)
 	if s.FailureTolerance < 0 {
 		tolerance += " (no quorum: no membership change is possible)"
@@ -203,15 +244,23 @@ func statusTable(w io.Writer, s *clusterStatus) {
 	if len(s.RoleWithoutMember) > 0 {
 		row(w, "ROLE WITHOUT MEMBER:", strings.Join(s.RoleWithoutMember, " "))
 	}
-	row(w, "PENDING CHANGE:", "not available (the Management API does not expose it)")
+	row(w, "PENDING CHANGE:", pendingLine(s.PendingChange, now))
 	active := s.ActiveReconciler
 	if active == "" {
 		active = s.ReconcilerNote
+	} else if s.ReconcilerLastResult != "" {
+		active += fmt.Sprintf(" (last pass %s at %s)", s.ReconcilerLastResult, s.ReconcilerLastRun)
 	}
 	row(w, "ACTIVE RECONCILER:", active)
+	if s.ReconcilerLastDetail != "" && s.ReconcilerLastResult != "CONVERGED" {
+		row(w, "RECONCILER SAYS:", oneLine(s.ReconcilerLastDetail))
+	}
 	paused := "no"
 	if s.Paused {
 		paused = "yes: " + orDash(s.PauseReason)
+	}
+	if s.ReconcilerPaused != "" {
+		paused += "; the active reconciler is paused (Reconciler/Pause): " + s.ReconcilerPaused
 	}
 	row(w, "PAUSED:", paused)
 	row(w, "CONTROL PLANE SIZE:", fmt.Sprintf("%d (config revision %d)", s.ControlPlaneSize, s.ConfigRevision))
@@ -224,4 +273,20 @@ func statusTable(w io.Writer, s *clusterStatus) {
 		row(w, "ETCD ALARMS:", strings.Join(s.Alarms, "; "))
 	}
 	row(w, "LAST SNAPSHOT:", orDash(s.LastSnapshot))
+}
+
+// pendingLine is the pending membership change in one line.
+func pendingLine(p *pendingChange, now time.Time) string {
+	if p == nil {
+		return "none"
+	}
+	what := p.Operation + " " + orDash(p.NodeID)
+	if p.MemberID != "" {
+		what += " (member " + p.MemberID + ")"
+	}
+	since := p.Since
+	if t, err := time.Parse(time.RFC3339, p.Since); err == nil {
+		since += ", " + humanDuration(now.Sub(t)) + " ago"
+	}
+	return fmt.Sprintf("%s by %s since %s; fence %s; change %s, recorded by %s", what, orDash(p.Actor), since, orDash(strings.Join(p.Fence, " ")), p.ID, orDash(p.RecordedBy))
 }

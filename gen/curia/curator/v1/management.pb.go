@@ -8,7 +8,8 @@ package curatorv1
 
 import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
-	v1 "curia.dev/gen/curia/audit/v1"
+	v11 "curia.dev/gen/curia/audit/v1"
+	v1 "curia.dev/gen/curia/consensus/v1"
 	_ "curia.dev/gen/curia/validate/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -2135,8 +2136,13 @@ type GetConsensusStatusResponse struct {
 	// How many more voter failures the cluster survives: healthy_voters −
 	// quorum. Negative: no quorum now, and no membership change is possible.
 	FailureTolerance int32 `protobuf:"varint,7,opt,name=failure_tolerance,json=failureTolerance,proto3" json:"failure_tolerance,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The membership change in flight, if any (etcd key membership/pending),
+	// as the member list was read: what it does, to which node, who asked,
+	// since when and under which fence. While one is pending every other
+	// membership change is refused (ABORTED, retry).
+	Pending       *v1.PendingChange `protobuf:"bytes,8,opt,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetConsensusStatusResponse) Reset() {
@@ -2216,6 +2222,13 @@ func (x *GetConsensusStatusResponse) GetFailureTolerance() int32 {
 		return x.FailureTolerance
 	}
 	return 0
+}
+
+func (x *GetConsensusStatusResponse) GetPending() *v1.PendingChange {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
 }
 
 // GetRegisterTicketRequest asks for the ticket.
@@ -2373,7 +2386,7 @@ func (x *WatchAuditLogRequest) GetStartRevision() int64 {
 type WatchAuditLogResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The event.
-	Event *v1.Event `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
+	Event *v11.Event `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
 	// Its etcd revision.
 	Revision      int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -2410,7 +2423,7 @@ func (*WatchAuditLogResponse) Descriptor() ([]byte, []int) {
 	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{34}
 }
 
-func (x *WatchAuditLogResponse) GetEvent() *v1.Event {
+func (x *WatchAuditLogResponse) GetEvent() *v11.Event {
 	if x != nil {
 		return x.Event
 	}
@@ -2428,7 +2441,7 @@ var File_curia_curator_v1_management_proto protoreflect.FileDescriptor
 
 const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\n" +
-	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/audit/v1/audit.proto\x1a%curia/curator/v1/cluster_config.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"m\n" +
+	"!curia/curator/v1/management.proto\x12\x10curia.curator.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1acuria/audit/v1/audit.proto\x1a\"curia/consensus/v1/consensus.proto\x1a%curia/curator/v1/cluster_config.proto\x1a\x1bcuria/curator/v1/node.proto\x1a\x1dcuria/validate/v1/rules.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"m\n" +
 	"\x0fGetNodesRequest\x12 \n" +
 	"\x06filter\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06filter\x128\n" +
 	"\x04view\x18\x02 \x01(\x0e2\x1a.curia.curator.v1.NodeViewB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04view\"\xc0\x01\n" +
@@ -2569,7 +2582,7 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\ahealthy\x18\v \x01(\bR\ahealthy\x12=\n" +
 	"\vnode_health\x18\f \x01(\x0e2\x1c.curia.curator.v1.NodeHealthR\n" +
 	"nodeHealth\x12A\n" +
-	"\x0elast_heartbeat\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\"\xbe\x02\n" +
+	"\x0elast_heartbeat\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\"\xfb\x02\n" +
 	"\x1aGetConsensusStatusResponse\x12A\n" +
 	"\amembers\x18\x01 \x03(\v2'.curia.curator.v1.ConsensusMemberStatusR\amembers\x12.\n" +
 	"\x13role_without_member\x18\x02 \x03(\tR\x11roleWithoutMember\x12)\n" +
@@ -2577,7 +2590,8 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\x06voters\x18\x04 \x01(\rR\x06voters\x12%\n" +
 	"\x0ehealthy_voters\x18\x05 \x01(\rR\rhealthyVoters\x12\x16\n" +
 	"\x06quorum\x18\x06 \x01(\rR\x06quorum\x12+\n" +
-	"\x11failure_tolerance\x18\a \x01(\x05R\x10failureTolerance\"\x1a\n" +
+	"\x11failure_tolerance\x18\a \x01(\x05R\x10failureTolerance\x12;\n" +
+	"\apending\x18\b \x01(\v2!.curia.consensus.v1.PendingChangeR\apending\"\x1a\n" +
 	"\x18GetRegisterTicketRequest\"3\n" +
 	"\x19GetRegisterTicketResponse\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\fR\x06ticket\"\xab\x02\n" +
@@ -2678,13 +2692,14 @@ var file_curia_curator_v1_management_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),          // 39: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil),        // 40: google.protobuf.Timestamp
 	(NodeHealth)(0),                      // 41: curia.curator.v1.NodeHealth
-	(*v1.Event)(nil),                     // 42: curia.audit.v1.Event
-	(*GetClusterConfigRequest)(nil),      // 43: curia.curator.v1.GetClusterConfigRequest
-	(*UpdateClusterConfigRequest)(nil),   // 44: curia.curator.v1.UpdateClusterConfigRequest
-	(*WatchClusterConfigRequest)(nil),    // 45: curia.curator.v1.WatchClusterConfigRequest
-	(*GetClusterConfigResponse)(nil),     // 46: curia.curator.v1.GetClusterConfigResponse
-	(*UpdateClusterConfigResponse)(nil),  // 47: curia.curator.v1.UpdateClusterConfigResponse
-	(*WatchClusterConfigResponse)(nil),   // 48: curia.curator.v1.WatchClusterConfigResponse
+	(*v1.PendingChange)(nil),             // 42: curia.consensus.v1.PendingChange
+	(*v11.Event)(nil),                    // 43: curia.audit.v1.Event
+	(*GetClusterConfigRequest)(nil),      // 44: curia.curator.v1.GetClusterConfigRequest
+	(*UpdateClusterConfigRequest)(nil),   // 45: curia.curator.v1.UpdateClusterConfigRequest
+	(*WatchClusterConfigRequest)(nil),    // 46: curia.curator.v1.WatchClusterConfigRequest
+	(*GetClusterConfigResponse)(nil),     // 47: curia.curator.v1.GetClusterConfigResponse
+	(*UpdateClusterConfigResponse)(nil),  // 48: curia.curator.v1.UpdateClusterConfigResponse
+	(*WatchClusterConfigResponse)(nil),   // 49: curia.curator.v1.WatchClusterConfigResponse
 }
 var file_curia_curator_v1_management_proto_depIdxs = []int32{
 	0,  // 0: curia.curator.v1.GetNodesRequest.view:type_name -> curia.curator.v1.NodeView
@@ -2716,48 +2731,49 @@ var file_curia_curator_v1_management_proto_depIdxs = []int32{
 	41, // 26: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
 	40, // 27: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
 	31, // 28: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
-	42, // 29: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
-	2,  // 30: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
-	3,  // 31: curia.curator.v1.Management.ListNodes:input_type -> curia.curator.v1.ListNodesRequest
-	6,  // 32: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
-	8,  // 33: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
-	16, // 34: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
-	10, // 35: curia.curator.v1.Management.StartNodeMaintenance:input_type -> curia.curator.v1.StartNodeMaintenanceRequest
-	12, // 36: curia.curator.v1.Management.EndNodeMaintenance:input_type -> curia.curator.v1.EndNodeMaintenanceRequest
-	14, // 37: curia.curator.v1.Management.DecommissionNode:input_type -> curia.curator.v1.DecommissionNodeRequest
-	18, // 38: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
-	30, // 39: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
-	33, // 40: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
-	43, // 41: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
-	44, // 42: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
-	45, // 43: curia.curator.v1.Management.WatchClusterConfig:input_type -> curia.curator.v1.WatchClusterConfigRequest
-	35, // 44: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
-	24, // 45: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
-	26, // 46: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
-	28, // 47: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
-	5,  // 48: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
-	4,  // 49: curia.curator.v1.Management.ListNodes:output_type -> curia.curator.v1.ListNodesResponse
-	7,  // 50: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
-	9,  // 51: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
-	17, // 52: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
-	11, // 53: curia.curator.v1.Management.StartNodeMaintenance:output_type -> curia.curator.v1.StartNodeMaintenanceResponse
-	13, // 54: curia.curator.v1.Management.EndNodeMaintenance:output_type -> curia.curator.v1.EndNodeMaintenanceResponse
-	15, // 55: curia.curator.v1.Management.DecommissionNode:output_type -> curia.curator.v1.DecommissionNodeResponse
-	19, // 56: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
-	32, // 57: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
-	34, // 58: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
-	46, // 59: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
-	47, // 60: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
-	48, // 61: curia.curator.v1.Management.WatchClusterConfig:output_type -> curia.curator.v1.WatchClusterConfigResponse
-	36, // 62: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
-	25, // 63: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
-	27, // 64: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
-	29, // 65: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
-	48, // [48:66] is the sub-list for method output_type
-	30, // [30:48] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	42, // 29: curia.curator.v1.GetConsensusStatusResponse.pending:type_name -> curia.consensus.v1.PendingChange
+	43, // 30: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
+	2,  // 31: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
+	3,  // 32: curia.curator.v1.Management.ListNodes:input_type -> curia.curator.v1.ListNodesRequest
+	6,  // 33: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
+	8,  // 34: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
+	16, // 35: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
+	10, // 36: curia.curator.v1.Management.StartNodeMaintenance:input_type -> curia.curator.v1.StartNodeMaintenanceRequest
+	12, // 37: curia.curator.v1.Management.EndNodeMaintenance:input_type -> curia.curator.v1.EndNodeMaintenanceRequest
+	14, // 38: curia.curator.v1.Management.DecommissionNode:input_type -> curia.curator.v1.DecommissionNodeRequest
+	18, // 39: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
+	30, // 40: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
+	33, // 41: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
+	44, // 42: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
+	45, // 43: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
+	46, // 44: curia.curator.v1.Management.WatchClusterConfig:input_type -> curia.curator.v1.WatchClusterConfigRequest
+	35, // 45: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
+	24, // 46: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
+	26, // 47: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
+	28, // 48: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
+	5,  // 49: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
+	4,  // 50: curia.curator.v1.Management.ListNodes:output_type -> curia.curator.v1.ListNodesResponse
+	7,  // 51: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
+	9,  // 52: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
+	17, // 53: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
+	11, // 54: curia.curator.v1.Management.StartNodeMaintenance:output_type -> curia.curator.v1.StartNodeMaintenanceResponse
+	13, // 55: curia.curator.v1.Management.EndNodeMaintenance:output_type -> curia.curator.v1.EndNodeMaintenanceResponse
+	15, // 56: curia.curator.v1.Management.DecommissionNode:output_type -> curia.curator.v1.DecommissionNodeResponse
+	19, // 57: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
+	32, // 58: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
+	34, // 59: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
+	47, // 60: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
+	48, // 61: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
+	49, // 62: curia.curator.v1.Management.WatchClusterConfig:output_type -> curia.curator.v1.WatchClusterConfigResponse
+	36, // 63: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
+	25, // 64: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
+	27, // 65: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
+	29, // 66: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
+	49, // [49:67] is the sub-list for method output_type
+	31, // [31:49] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_management_proto_init() }
