@@ -85,7 +85,7 @@ func TestUpgradeFromOlderBuild(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 
-	writes := startConfigWrites(ctx, c.mgmt(), "skew workload")
+	writes := startConfigWrites(ctx, t, c.mgmt(), "skew workload")
 	begun := time.Now()
 	args := append([]string{"upgrade"}, c.layout...)
 	out, err := exec.CommandContext(ctx, filepath.Join(bin, "curia-local"), append(args, "--to", current)...).CombinedOutput()
@@ -114,17 +114,31 @@ func TestUpgradeFromOlderBuild(t *testing.T) {
 }
 
 // configWrites is a workload of cluster configuration writes, one after
-// another, each with its own reason: those acknowledged must be in the
-// audit log after.
+// another, each with its own reason and its own dead_node_threshold (a
+// write that changes nothing is acknowledged without an audit event): those
+// acknowledged must be in the audit log after. stop ends it; check puts
+// the threshold back as it was, then checks the audit log.
 type configWrites struct {
-	stop   func()
+	stop      func()
+	threshold *durationpb.Duration
 	mu     sync.Mutex
 	acked  []string
 	failed int
 }
 
-func startConfigWrites(ctx context.Context, m curatorv1.ManagementClient, prefix string) *configWrites {
-	w := &configWrites{}
+func startConfigWrites(ctx context.Context, t *testing.T, m curatorv1.ManagementClient, prefix string) *configWrites {
+	t.Helper()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	cur, err := m.GetClusterConfig(cctx, &curatorv1.GetClusterConfigRequest{})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	threshold := cur.GetConfig().GetDeadNodeThreshold()
+	if threshold == nil {
+		threshold = durationpb.New(5 * time.Minute)
+	}
+	w := &configWrites{threshold: threshold}
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -132,7 +146,7 @@ func startConfigWrites(ctx context.Context, m curatorv1.ManagementClient, prefix
 			reason := fmt.Sprintf("%s %d", prefix, i)
 			cctx, cancel := context.WithTimeout(wctx, 5*time.Second)
 			_, err := m.UpdateClusterConfig(cctx, &curatorv1.UpdateClusterConfigRequest{
-				Config:     &curatorv1.ClusterConfig{DeadNodeThreshold: durationpb.New(time.Duration(300+i%2) * time.Second)},
+				Config:     &curatorv1.ClusterConfig{DeadNodeThreshold: durationpb.New(5*time.Minute + time.Duration(i+1)*time.Millisecond)},
 				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"dead_node_threshold"}}, Reason: reason,
 			})
 			cancel()
@@ -157,8 +171,17 @@ func startConfigWrites(ctx context.Context, m curatorv1.ManagementClient, prefix
 // log.
 func (w *configWrites) check(t *testing.T, m curatorv1.ManagementClient, during string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	proctest.Eventually(t, time.Minute, func() error {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := m.UpdateClusterConfig(cctx, &curatorv1.UpdateClusterConfigRequest{
+			Config:     &curatorv1.ClusterConfig{DeadNodeThreshold: w.threshold},
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"dead_node_threshold"}}, Reason: "workload done: the threshold back",
+		})
+		return err
+	})
 	events, err := audit.Backlog(ctx, m, 10000)
 	if err != nil {
 		t.Fatal(err)
