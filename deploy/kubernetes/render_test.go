@@ -187,13 +187,6 @@ func (m *manifests) workloads() ([]workload, error) {
 	return out, nil
 }
 
-func ptrOr[T any](p *T, def T) T {
-	if p == nil {
-		return def
-	}
-	return *p
-}
-
 // containers are a pod's init containers and containers.
 func containers(pod *corev1.PodTemplateSpec) []*corev1.Container {
 	var out []*corev1.Container
