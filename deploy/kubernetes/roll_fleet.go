@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -50,11 +51,15 @@ func (k kubectl) run(ctx context.Context, args ...string) ([]byte, error) {
 	return out, nil
 }
 
-// get decodes `kubectl get args -o json` into out.
+// get decodes `kubectl get args -o json` into out; with
+// --ignore-not-found, an object that is not there leaves out as it is.
 func (k kubectl) get(ctx context.Context, out any, args ...string) error {
 	b, err := k.run(ctx, append(append([]string{"get"}, args...), "-o", "json")...)
 	if err != nil {
 		return err
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return nil
 	}
 	if err := json.Unmarshal(b, out); err != nil {
 		return fmt.Errorf("kubectl get %s: %w", strings.Join(args, " "), err)
