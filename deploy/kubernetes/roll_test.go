@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"maps"
+	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -315,5 +317,42 @@ func TestStalePods(t *testing.T) {
 	set.Status.UpdateRevision = "curia-node-8e0a"
 	if got := stalePods([]appsv1.StatefulSet{set}, []corev1.Pod{current}); !slices.Equal(got, []string{"curia-node-1"}) {
 		t.Errorf("stalePods of a pod on an older revision = %v", got)
+	}
+}
+
+// TestNodesFirstSelection: the upgrade's first apply
+// (docs/operating/upgrading.md, `kubectl apply -k ... -l '...'`) takes
+// the node StatefulSets and what their pods need (the PriorityClass), and
+// no Deployment: those roll by themselves, after the nodes.
+func TestNodesFirstSelection(t *testing.T) {
+	b, err := os.ReadFile("../../docs/operating/upgrading.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := regexp.MustCompile(`kubectl apply -k \S+ -l '([^']+)'`).FindAllSubmatch(b, -1)
+	if len(found) == 0 {
+		t.Fatal("upgrading.md applies no selection first")
+	}
+	m := render(t, "overlays/local")
+	for _, f := range found {
+		sel, err := labels.Parse(string(f[1]))
+		if err != nil {
+			t.Fatalf("selector %s: %v", f[1], err)
+		}
+		for name, s := range m.statefulSets {
+			if !sel.Matches(labels.Set(s.Labels)) {
+				t.Errorf("-l '%s' leaves out StatefulSet/%s", f[1], name)
+			}
+		}
+		for name, pc := range m.priorityClasses {
+			if !sel.Matches(labels.Set(pc.Labels)) {
+				t.Errorf("-l '%s' leaves out PriorityClass/%s, which the node pods name: they would not be created again", f[1], name)
+			}
+		}
+		for name, d := range m.deployments {
+			if sel.Matches(labels.Set(d.Labels)) {
+				t.Errorf("-l '%s' takes Deployment/%s, which would roll before the nodes", f[1], name)
+			}
+		}
 	}
 }
