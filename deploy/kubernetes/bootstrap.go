@@ -73,8 +73,9 @@ func (c *BootstrapConfig) Validate() error {
 // register ticket into its Secret, approves the nodes as they register (up
 // to cfg.Nodes), sets control_plane_size on a cluster without a
 // configuration, and returns once roles and etcd membership agree (the
-// first time: with cfg.ControlPlane voters). Run again, it changes nothing
-// but the ticket's Secret, and waits for agreement.
+// first time: with cfg.ControlPlane voters). Run again on a cluster with
+// a configuration, it changes nothing but the ticket's Secret, and waits
+// for agreement (plan).
 func Bootstrap(ctx context.Context, cfg BootstrapConfig, api *API, out io.Writer, log *slog.Logger) error {
 	admin, made, err := EnsurePKI(ctx, api, cfg.Cluster)
 	if err != nil {
@@ -146,8 +147,23 @@ type step struct {
 // process, set control_plane_size if no configuration exists; done once
 // roles and membership agree, with cfg.ControlPlane voters if this run set
 // the size.
+//
+// A cluster with a configuration this run did not write is past its
+// bootstrap (the Job runs again after every `kubectl apply -k`: its TTL
+// deletes it): it approves nobody (a node registered since is an
+// admin's to approve, even where one was deleted) and waits for no node
+// count (one may be down, or rolled), only for roles and membership to
+// agree.
 func plan(cfg BootstrapConfig, st bootstrapState, v view) step {
 	var s step
+	if v.configRevision != 0 && !st.sizeSet {
+		if why := disagreement(v.consensus); why != "" {
+			s.waiting = why
+			return s
+		}
+		s.done = true
+		return s
+	}
 	var fresh []string
 	approved, up := 0, 0
 	for _, n := range v.nodes {

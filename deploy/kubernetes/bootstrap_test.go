@@ -344,6 +344,22 @@ func TestPlan(t *testing.T) {
 			v:    view{nodes: up("a", "b", "c", "d", "e"), configRevision: 7, consensus: agreeing(5)},
 			want: step{done: true},
 		},
+		"run again, a node deleted since and a new one registered: it is not approved": {
+			v:    view{nodes: append(up("a", "b", "c"), node("e", curatorv1.NodeState_NODE_STATE_NEW, false)), configRevision: 7, consensus: agreeing(3)},
+			want: step{done: true},
+		},
+		"run again with a node down (a roll, a failure): done once roles and membership agree": {
+			v:    view{nodes: append(up("a", "b", "c"), node("d", curatorv1.NodeState_NODE_STATE_UP, false)), configRevision: 7, consensus: agreeing(3)},
+			want: step{done: true},
+		},
+		"run again while a member is a learner: wait": {
+			v: view{nodes: up("a", "b", "c", "d"), configRevision: 7, consensus: func() *curatorv1.GetConsensusStatusResponse {
+				st := agreeing(3)
+				st.Members[1].Learner = true
+				return st
+			}()},
+			want: step{waiting: "member 2 still a learner"},
+		},
 		"run again, a node added since: it is not approved": {
 			v:    view{nodes: append(up("a", "b", "c", "d"), node("e", curatorv1.NodeState_NODE_STATE_NEW, false)), configRevision: 7, consensus: agreeing(3)},
 			want: step{done: true},

@@ -16,6 +16,7 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -51,6 +52,10 @@ var checks = []check{
 	{"security context", checkSecurityContext},
 	{"zones", checkZones},
 	{"network policies", checkNetworkPolicies},
+	{"update strategy", checkUpdateStrategy},
+	{"priority", checkPriority},
+	{"consensus volume", checkConsensusVolume},
+	{"bootstrap job ttl", checkBootstrapTTL},
 }
 
 // The image every container runs: the one `make images` builds (as
@@ -408,6 +413,12 @@ func checkPDBs(m *manifests) []error {
 		if pdb.Spec.MinAvailable != nil || pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.Type != intstr.Int || pdb.Spec.MaxUnavailable.IntValue() < 1 {
 			errs = append(errs, fmt.Errorf("PodDisruptionBudget/%s: want maxUnavailable, a number of pods (a percentage or minAvailable follows the replicas, not the voters)", name))
 			continue
+		}
+		// A pod that is not ready would otherwise count as the one
+		// disruption allowed: a crash-looping node pod would block every
+		// drain for as long as it crash-loops.
+		if p := pdb.Spec.UnhealthyPodEvictionPolicy; p == nil || *p != policyv1.AlwaysAllow {
+			errs = append(errs, fmt.Errorf("PodDisruptionBudget/%s: unhealthyPodEvictionPolicy %v, want AlwaysAllow: an unready pod would block every drain", name, ptrOr(p, "")))
 		}
 		maxUnavailable := pdb.Spec.MaxUnavailable.IntValue()
 		for _, w := range ws {

@@ -1,15 +1,27 @@
 // Package kubernetes runs curia's services on an existing Kubernetes
 // cluster: the kustomize base in base/ (overlays/local puts it in the
 // namespace curia) and curia-kube, the command of its one-shot bootstrap
-// Job and of the node pods' init container.
+// Job, of the node pods' init container, and of the operator's rolling
+// restart (curia-kube roll: Roll, a platform/rolling Fleet over kubectl).
 //
 //	curia-seed (StatefulSet, 1)      consensus + roleserve: the bootstrap node
 //	curia-node (StatefulSet, N)      consensus + roleserve, each node's key made in its pod
 //	     └── curia-node (headless Service): stable peer names <pod>.curia-node
 //	curia-curator (Deployment, N)    ── curia-curator (headless Service: every ready replica)
 //	curia-reconciler (Deployment, N) ── curia-reconciler (headless Service)
-//	curia-bootstrap (Job)            PKI into Secrets, then the cluster's first shape
+//	curia-bootstrap (Job)            PKI into Secrets, then the cluster's first shape (deleted 5 min after it finished)
 //	NetworkPolicies (network.yaml)   ingress denied but what each process needs
+//	curia-control-plane (PriorityClass, priority.yaml)  every pod above but the Job's
+//
+// Restarts and upgrades (docs/operating/upgrading.md): the node
+// StatefulSets are OnDelete, so a new image restarts no node pod; curia-kube
+// roll deletes them one at a time, in platform/rolling's order, each node
+// in maintenance, then the curators' and reconcilers' pods (the
+// Deployments replace one replica at a time themselves on a new template:
+// maxUnavailable 0, maxSurge 1, minReadySeconds).
+//
+//	roll.go        RollConfig, Roll: the refusals (no kubectl, no curia StatefulSets, not healthy), pod <-> node
+//	roll_fleet.go  kubeFleet: rolling.Fleet over kubectl (delete a pod, wait for its successor Ready)
 //
 // One identity, one Secret (DESIGN §2), each mounted only by the container
 // that is that identity:

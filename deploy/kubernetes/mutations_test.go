@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -478,6 +479,78 @@ func TestChecksCatchMutations(t *testing.T) {
 				m.networkPolicies["curia-node"].Spec.Ingress[0].Ports = nil
 			},
 			want: "StatefulSet/curia-node can reach StatefulSet/curia-seed port roleserve (7400)",
+		},
+		"curia-node rolls by itself on a new image": {
+			check: "update strategy",
+			mutate: func(m *manifests) {
+				m.statefulSets["curia-node"].Spec.UpdateStrategy = appsv1.StatefulSetUpdateStrategy{Type: appsv1.RollingUpdateStatefulSetStrategyType}
+			},
+			want: "StatefulSet/curia-node: updateStrategy \"RollingUpdate\", want OnDelete",
+		},
+		"the curators' rollout takes one down before its successor is up": {
+			check: "update strategy",
+			mutate: func(m *manifests) {
+				one := intstr.FromInt32(1)
+				m.deployments["curia-curator"].Spec.Strategy.RollingUpdate.MaxUnavailable = &one
+			},
+			want: "Deployment/curia-curator: strategy",
+		},
+		"a reconciler counts as available the moment it is ready": {
+			check:  "update strategy",
+			mutate: func(m *manifests) { m.deployments["curia-reconciler"].Spec.MinReadySeconds = 0 },
+			want:   "Deployment/curia-reconciler: minReadySeconds 0",
+		},
+		"the seed pod without the control plane's priority": {
+			check:  "priority",
+			mutate: func(m *manifests) { m.statefulSets["curia-seed"].Spec.Template.Spec.PriorityClassName = "" },
+			want:   "StatefulSet/curia-seed: priorityClassName \"\", want curia-control-plane",
+		},
+		"the control plane above Kubernetes's own": {
+			check:  "priority",
+			mutate: func(m *manifests) { m.priorityClasses[priorityClass].Value = systemClusterCritical },
+			want:   "below system-cluster-critical",
+		},
+		"no PriorityClass": {
+			check:  "priority",
+			mutate: func(m *manifests) { delete(m.priorityClasses, priorityClass) },
+			want:   "no PriorityClass curia-control-plane",
+		},
+		"a crash-looping node pod blocks drains": {
+			check:  "disruption budgets",
+			mutate: func(m *manifests) { m.pdbs["curia-node"].Spec.UnhealthyPodEvictionPolicy = nil },
+			want:   "PodDisruptionBudget/curia-node: unhealthyPodEvictionPolicy",
+		},
+		"etcd's quota raised, its volume not": {
+			check: "consensus volume",
+			mutate: func(m *manifests) {
+				c := container(&m.statefulSets["curia-node"].Spec.Template, "consensus")
+				c.Args = setArg(c.Args, quotaFlag, "4294967296")
+			},
+			want: "StatefulSet/curia-node: claim consensus-data asks for 5Gi, want at least 2 x --etcd-quota-backend-bytes (4294967296) + 1Gi = 9Gi",
+		},
+		"the seed's volume shrunk below its quota's room": {
+			check: "consensus volume",
+			mutate: func(m *manifests) {
+				for i, c := range m.statefulSets["curia-seed"].Spec.VolumeClaimTemplates {
+					if c.Name == "consensus-data" {
+						m.statefulSets["curia-seed"].Spec.VolumeClaimTemplates[i].Spec.Resources.Requests["storage"] = resource.MustParse("4Gi")
+					}
+				}
+			},
+			want: "StatefulSet/curia-seed: claim consensus-data asks for 4Gi",
+		},
+		"etcd's quota left to its default": {
+			check: "consensus volume",
+			mutate: func(m *manifests) {
+				c := container(&m.statefulSets["curia-seed"].Spec.Template, "consensus")
+				c.Args = slices.DeleteFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--"+quotaFlag+"=") })
+			},
+			want: "StatefulSet/curia-seed consensus: --etcd-quota-backend-bytes=\"\": say etcd's backend quota",
+		},
+		"the finished bootstrap Job stays": {
+			check:  "bootstrap job ttl",
+			mutate: func(m *manifests) { m.jobs["curia-bootstrap"].Spec.TTLSecondsAfterFinished = nil },
+			want:   "the next apply with another image would fail on it",
 		},
 		"an unresolved $(POD_NAME)": {
 			check: "env references",

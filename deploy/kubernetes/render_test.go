@@ -14,6 +14,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -37,6 +38,7 @@ type manifests struct {
 	roles           map[string]*rbacv1.Role
 	roleBindings    map[string]*rbacv1.RoleBinding
 	networkPolicies map[string]*networkingv1.NetworkPolicy
+	priorityClasses map[string]*schedulingv1.PriorityClass
 }
 
 // decodeStrict decodes one manifest into a new T; a field T does not have
@@ -86,6 +88,7 @@ func decodeAll(rs []*resource.Resource) (*manifests, error) {
 		deployments: map[string]*appsv1.Deployment{}, jobs: map[string]*batchv1.Job{},
 		pdbs: map[string]*policyv1.PodDisruptionBudget{}, roles: map[string]*rbacv1.Role{},
 		roleBindings: map[string]*rbacv1.RoleBinding{}, networkPolicies: map[string]*networkingv1.NetworkPolicy{},
+		priorityClasses: map[string]*schedulingv1.PriorityClass{},
 	}
 	namespaces := map[string]bool{}
 	for _, r := range rs {
@@ -97,8 +100,11 @@ func decodeAll(rs []*resource.Resource) (*manifests, error) {
 		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
 			return nil, fmt.Errorf("%s %q: %v", kind, name, errs)
 		}
-		if kind != "v1/Namespace" {
+		// Cluster-scoped objects have no namespace.
+		if clusterScoped := kind == "v1/Namespace" || kind == "scheduling.k8s.io/v1/PriorityClass"; !clusterScoped {
 			namespaces[r.GetNamespace()] = true
+		} else if r.GetNamespace() != "" {
+			return nil, fmt.Errorf("%s %s: a cluster-scoped object in namespace %s", kind, name, r.GetNamespace())
 		}
 		switch kind {
 		case "v1/Service":
@@ -121,6 +127,8 @@ func decodeAll(rs []*resource.Resource) (*manifests, error) {
 			err = put(m.roleBindings, name, b)
 		case "networking.k8s.io/v1/NetworkPolicy":
 			err = put(m.networkPolicies, name, b)
+		case "scheduling.k8s.io/v1/PriorityClass":
+			err = put(m.priorityClasses, name, b)
 		default:
 			err = errors.New("a kind this test does not know: add it to decodeAll")
 		}
@@ -177,13 +185,6 @@ func (m *manifests) workloads() ([]workload, error) {
 		out = append(out, workload{kind: "Job", name: name, replicas: int(ptrOr(j.Spec.Parallelism, 1)), selector: labels.Everything(), pod: &j.Spec.Template})
 	}
 	return out, nil
-}
-
-func ptrOr[T any](p *T, def T) T {
-	if p == nil {
-		return def
-	}
-	return *p
 }
 
 // containers are a pod's init containers and containers.

@@ -2,6 +2,7 @@
 //
 //	curia-kube bootstrap   the one-shot Job: the PKI into Secrets, then the cluster's first shape
 //	curia-kube node-key    a curia-node pod's init container: the node's key, made once, and its id
+//	curia-kube roll        the operator's: restart every curia pod of a namespace, one at a time (docs/operating/upgrading.md)
 package main
 
 import (
@@ -30,7 +31,7 @@ func main() {
 
 func run(args []string) error {
 	if len(args) == 0 {
-		return errors.New("want a command: bootstrap or node-key (or --version)")
+		return errors.New("want a command: bootstrap, node-key or roll (or --version)")
 	}
 	cmd, args := args[0], args[1:]
 	if cmd == "--version" || cmd == "-version" || cmd == "version" {
@@ -61,6 +62,22 @@ func run(args []string) error {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return kubernetes.Bootstrap(ctx, cfg, api, os.Stdout, log)
+	case "roll":
+		cfg := kubernetes.DefaultRollConfig()
+		cfg.AddFlags(fs)
+		if err := parse(fs, args); err != nil {
+			return err
+		}
+		if err := cfg.Validate(); err != nil {
+			return err
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		report, err := kubernetes.Roll(ctx, cfg, os.Stdout)
+		if report != nil {
+			fmt.Println("curia-kube roll:", report)
+		}
+		return err
 	case "node-key":
 		var cfg kubernetes.NodeKeyConfig
 		cfg.AddFlags(fs)
@@ -74,7 +91,7 @@ func run(args []string) error {
 		fmt.Println("node", id)
 		return nil
 	}
-	return fmt.Errorf("unknown command %q: want bootstrap or node-key", cmd)
+	return fmt.Errorf("unknown command %q: want bootstrap, node-key or roll", cmd)
 }
 
 // parse parses the flags; positional arguments are refused.
