@@ -173,7 +173,7 @@ func TestTimelineRendering(t *testing.T) {
 		want []string // in this order
 		not  []string
 	}{
-		"empty":     {want: []string{`id="timeline"`, "no membership event in the audit log yet"}},
+		"empty": {want: []string{`id="timeline"`, "no membership event in the audit log yet"}},
 		"formation": {
 			rows: timelineOf(entries, 10, time.Time{}),
 			want: []string{
