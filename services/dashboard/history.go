@@ -129,7 +129,7 @@ type chartData struct {
 	From, To         string // the first and last sample's clock time
 	Tolerance        string // polyline points
 	Voters, Learners string
-	Max, Min         int32 // the y axis' range
+	Max, Min         int64 // the y axis' range
 	YMax, YZero      int   // y of Max and of 0
 	Now              sample
 }
@@ -152,18 +152,18 @@ func chartOf(samples []sample) chartData {
 	c.From, c.To = first.Time.Local().Format("15:04:05"), last.Time.Local().Format("15:04:05")
 	c.Min, c.Max = 0, 1
 	for _, s := range samples {
-		c.Min = min(c.Min, s.Tolerance)
-		c.Max = max(c.Max, s.Tolerance, int32(s.Voters), int32(s.Learners))
+		c.Min = min(c.Min, int64(s.Tolerance))
+		c.Max = max(c.Max, int64(s.Tolerance), int64(s.Voters), int64(s.Learners))
 	}
 	span := last.Time.Sub(first.Time)
 	x := func(t time.Time) int {
 		return chartPad + int(float64(chartWidth-2*chartPad)*float64(t.Sub(first.Time))/float64(span))
 	}
-	y := func(v int32) int {
+	y := func(v int64) int {
 		return chartHeight - chartPad - int(float64(chartHeight-2*chartPad)*float64(v-c.Min)/float64(c.Max-c.Min))
 	}
 	c.YMax, c.YZero = y(c.Max), y(0)
-	line := func(v func(sample) int32) string {
+	line := func(v func(sample) int64) string {
 		prev := v(first)
 		if span <= 0 { // one sample, or several at one time: a flat line
 			return fmt.Sprintf("%d,%d %d,%d", chartPad, y(prev), chartWidth-chartPad, y(prev))
@@ -182,8 +182,8 @@ func chartOf(samples []sample) chartData {
 		}
 		return b.String()
 	}
-	c.Tolerance = line(func(s sample) int32 { return s.Tolerance })
-	c.Voters = line(func(s sample) int32 { return int32(s.Voters) })
-	c.Learners = line(func(s sample) int32 { return int32(s.Learners) })
+	c.Tolerance = line(func(s sample) int64 { return int64(s.Tolerance) })
+	c.Voters = line(func(s sample) int64 { return int64(s.Voters) })
+	c.Learners = line(func(s sample) int64 { return int64(s.Learners) })
 	return c
 }

@@ -61,8 +61,13 @@ func seq(from, to int) []int {
 
 func TestHistoryBoundsAndSampling(t *testing.T) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	// 3 voters, quorum 2: healthy 3 is tolerance 1, healthy 2 is 0.
 	at := func(d time.Duration, tolerance int32) sample {
-		return sample{Time: t0.Add(d), Voters: 3, Healthy: uint32(2 + tolerance), Quorum: 2, Tolerance: tolerance}
+		healthy := uint32(3)
+		if tolerance == 0 {
+			healthy = 2
+		}
+		return sample{Time: t0.Add(d), Voters: 3, Healthy: healthy, Quorum: 2, Tolerance: tolerance}
 	}
 	for name, tc := range map[string]struct {
 		period, window time.Duration
@@ -145,7 +150,7 @@ func TestChartOf(t *testing.T) {
 		samples        []sample
 		wantTolerance  string
 		wantLearners   string
-		wantMin, wantM int32
+		wantMin, wantM int64
 	}{
 		"no sample": {},
 		"one sample: a flat line": {
