@@ -195,3 +195,65 @@ func TestChartOf(t *testing.T) {
 		})
 	}
 }
+
+// TestHistoryRendering renders the chart and the maintenance notice as the
+// cluster and membership pages do.
+func TestHistoryRendering(t *testing.T) {
+	p := newPages(&Dashboard{})
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	until := t0.Add(10 * time.Minute)
+	for name, tc := range map[string]struct {
+		template string
+		data     liveData
+		want     []string
+		not      []string
+	}{
+		"no sample": {
+			template: "chart", data: liveData{Chart: chartOf(nil)},
+			want: []string{`id="tolerance-chart" class="chart" data-samples="0"`, "no consensus status sampled yet"},
+			not:  []string{"<svg", "<polyline"},
+		},
+		"samples": {
+			template: "chart",
+			data:     liveData{Chart: chartOf([]sample{{Time: t0, Voters: 3, Tolerance: 1}, {Time: t0.Add(time.Second), Voters: 3, Learners: 1, Tolerance: 1}})},
+			want: []string{
+				`data-samples="2"`, `<svg viewBox="0 0 600 90"`,
+				`<polyline class="voters" points="6,6 594,6"/>`, `<polyline class="learners" points="6,84 594,84 594,58"/>`, `<polyline class="tolerance" points="6,58 594,58"/>`,
+				"(now 1)", "(3)", "(1)",
+			},
+		},
+		"a voter in maintenance": {
+			template: "maintenance",
+			data:     liveData{Maintenance: []maintenanceRow{{Node: "node-1", Reason: "<upgrade>", By: "admin/ops", Voter: true, UntilText: "until-text", LeadershipTo: "b (node-2)"}}},
+			want:     []string{`data-node="node-1" data-voter="true"`, "A voter is in maintenance:", "until-text", `<span class="reason">&lt;upgrade&gt;</span>`, `<span class="by">admin/ops</span>`, "etcd leadership moved to b (node-2)"},
+		},
+		"a worker in maintenance": {
+			template: "maintenance",
+			data:     liveData{Maintenance: []maintenanceRow{{Node: "node-4", Reason: "reboot", By: "admin/ops", Until: until}}},
+			want:     []string{`data-node="node-4" data-voter="false"`, "In maintenance:</strong> node-4"},
+			not:      []string{"A voter", "leadership"},
+		},
+		"no maintenance": {
+			template: "maintenance", data: liveData{},
+			want: []string{`<div id="maintenance">`},
+			not:  []string{"maintenance-node"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			html, err := p.render(tc.template, tc.data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(html, w) {
+					t.Errorf("no %q in\n%s", w, html)
+				}
+			}
+			for _, n := range tc.not {
+				if strings.Contains(html, n) {
+					t.Errorf("%q in\n%s", n, html)
+				}
+			}
+		})
+	}
+}

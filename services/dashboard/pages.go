@@ -298,7 +298,7 @@ func rowOf(n *curatorv1.Node, beat *curatorv1.Node, m *curatorv1.ConsensusMember
 	r.Health = trimEnum(health.String())
 	r.Heartbeat, r.HeartbeatTime = ago(last), clock(last)
 	if mt := n.GetMaintenance(); mt != nil && time.Now().Before(mt.GetUntil().AsTime()) {
-		r.Maintenance = fmt.Sprintf("in maintenance until %s: %s", clock(mt.GetUntil()), mt.GetReason())
+		r.Maintenance = fmt.Sprintf("in maintenance until %s, by %s: %s", clock(mt.GetUntil()), mt.GetBy(), mt.GetReason())
 	}
 	if roles := n.Roles; roles != nil {
 		if roles.ConsensusMember != nil {
