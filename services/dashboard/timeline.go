@@ -72,9 +72,6 @@ func timelineOf(newestFirst []auditEntry, limit int, since time.Time) []timeline
 		if !inTimeline(ev) {
 			continue
 		}
-		if !since.IsZero() && ev.GetTime().AsTime().Before(since) {
-			break
-		}
 		if id := ev.GetChangeId(); id != "" {
 			if i, ok := byChange[id]; ok {
 				// The intent of a change whose outcome is newer: its actor
@@ -89,8 +86,8 @@ func timelineOf(newestFirst []auditEntry, limit int, since time.Time) []timeline
 				continue
 			}
 		}
-		if len(out) == limit {
-			break
+		if len(out) == limit || (!since.IsZero() && ev.GetTime().AsTime().Before(since)) {
+			continue // only to find the intents of the rows already out
 		}
 		r := timelineRow{
 			At: ev.GetTime().AsTime(), Time: clock(ev.GetTime()), Ago: ago(ev.GetTime()),

@@ -84,6 +84,23 @@ func TestTimelineOf(t *testing.T) {
 				{What: "member added as a learner", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "control_plane_size 3", Detail: "etcd added it"},
 			},
 		},
+		"limit: the last row still gets its intent from behind other events": {
+			events: newestFirst(
+				ev(0, auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE, "node-3", change("c5", 0x3, intent, "admin/ops", "take it out")),
+				ev(1, auditv1.AuditAction_AUDIT_ACTION_NODE_APPROVE, "node-4"),
+				ev(2, auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE, "node-3", change("c5", 0x3, applied, "admin/ops", "gone")),
+			),
+			limit: 1,
+			want: []row{
+				{What: "member removed", Node: "node-3", Member: "3", Actor: "admin/ops", Outcome: "APPLIED", Reason: "take it out", Detail: "gone"},
+			},
+		},
+		"since: a change that finished since, begun before": {
+			events: formation, limit: 10, since: t0.Add(8 * time.Second),
+			want: []row{
+				{What: "learner promoted to voter", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "caught up"},
+			},
+		},
 		"since: none older": {
 			events: formation, limit: 10, since: t0.Add(7 * time.Second),
 			want: []row{
