@@ -16,7 +16,8 @@ import (
 // dashboard's own.
 
 // timelineActions are the audit actions of the membership timeline, in
-// words. Anything else the audit log records (certificates, snapshots,
+// words: a membership change (MEMBER_ADD, _PROMOTE, _REMOVE) as what was
+// asked, its outcome beside it. Anything else the audit log records (certificates, snapshots,
 // node commits) stays on the audit page only.
 var timelineActions = map[auditv1.AuditAction]string{
 	auditv1.AuditAction_AUDIT_ACTION_CLUSTER_BOOTSTRAP:                       "cluster bootstrapped",
@@ -30,9 +31,9 @@ var timelineActions = map[auditv1.AuditAction]string{
 	auditv1.AuditAction_AUDIT_ACTION_ROLES_UPDATE:                            "roles set",
 	auditv1.AuditAction_AUDIT_ACTION_ROLES_RECONCILE_ADD_CONSENSUS_MEMBER:    "ConsensusMember given (reconciler)",
 	auditv1.AuditAction_AUDIT_ACTION_ROLES_RECONCILE_REMOVE_CONSENSUS_MEMBER: "ConsensusMember taken (reconciler)",
-	auditv1.AuditAction_AUDIT_ACTION_MEMBER_ADD:                              "member added as a learner",
-	auditv1.AuditAction_AUDIT_ACTION_MEMBER_PROMOTE:                          "learner promoted to voter",
-	auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE:                           "member removed",
+	auditv1.AuditAction_AUDIT_ACTION_MEMBER_ADD:                              "add a learner",
+	auditv1.AuditAction_AUDIT_ACTION_MEMBER_PROMOTE:                          "promote learner to voter",
+	auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE:                           "remove member",
 	auditv1.AuditAction_AUDIT_ACTION_MEMBER_REMOVE_REFUSED:                   "member removal refused",
 	auditv1.AuditAction_AUDIT_ACTION_MEMBER_CHANGE_UNREADABLE:                "unreadable membership change finished",
 	auditv1.AuditAction_AUDIT_ACTION_ETCD_NOSPACE_RECOVERED:                  "etcd out of space, recovered",

@@ -70,8 +70,8 @@ func TestTimelineOf(t *testing.T) {
 		"cluster formation: a change's intent and outcome in one row, newest first": {
 			events: formation, limit: 10,
 			want: []row{
-				{What: "learner promoted to voter", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "caught up"},
-				{What: "member added as a learner", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "control_plane_size 3", Detail: "etcd added it"},
+				{What: "promote learner to voter", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "caught up"},
+				{What: "add a learner", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "control_plane_size 3", Detail: "etcd added it"},
 				{What: "ConsensusMember given (reconciler)", Node: "node-2", Actor: "reconciler/reconciler-1", Outcome: "done", Reason: "because"},
 				{What: "node approved", Node: "node-2", Actor: "admin/ops", Outcome: "done", Reason: "because"},
 				{What: "cluster bootstrapped", Node: "node-1", Actor: "admin/ops", Outcome: "done", Reason: "because"},
@@ -80,8 +80,8 @@ func TestTimelineOf(t *testing.T) {
 		"limit: the newest rows": {
 			events: formation, limit: 2,
 			want: []row{
-				{What: "learner promoted to voter", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "caught up"},
-				{What: "member added as a learner", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "control_plane_size 3", Detail: "etcd added it"},
+				{What: "promote learner to voter", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "caught up"},
+				{What: "add a learner", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "control_plane_size 3", Detail: "etcd added it"},
 			},
 		},
 		"limit: the last row still gets its intent from behind other events": {
@@ -92,19 +92,19 @@ func TestTimelineOf(t *testing.T) {
 			),
 			limit: 1,
 			want: []row{
-				{What: "member removed", Node: "node-3", Member: "3", Actor: "admin/ops", Outcome: "APPLIED", Reason: "take it out", Detail: "gone"},
+				{What: "remove member", Node: "node-3", Member: "3", Actor: "admin/ops", Outcome: "APPLIED", Reason: "take it out", Detail: "gone"},
 			},
 		},
 		"since: a change that finished since, begun before": {
 			events: formation, limit: 10, since: t0.Add(8 * time.Second),
 			want: []row{
-				{What: "learner promoted to voter", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "caught up"},
+				{What: "promote learner to voter", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "caught up"},
 			},
 		},
 		"since: none older": {
 			events: formation, limit: 10, since: t0.Add(7 * time.Second),
 			want: []row{
-				{What: "learner promoted to voter", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "caught up"},
+				{What: "promote learner to voter", Node: "node-2", Member: "abc", Actor: "reconciler/reconciler-1", Outcome: "APPLIED", Reason: "caught up"},
 			},
 		},
 		"a change in flight is pending; one not applied says so": {
@@ -115,8 +115,8 @@ func TestTimelineOf(t *testing.T) {
 			),
 			limit: 10,
 			want: []row{
-				{What: "member added as a learner", Node: "node-4", Actor: "admin/ops", Outcome: "pending", Reason: "grow"},
-				{What: "member removed", Node: "node-3", Member: "3", Actor: "admin/ops", Outcome: "NOT_APPLIED", Reason: "take it out", Detail: "etcd refused"},
+				{What: "add a learner", Node: "node-4", Actor: "admin/ops", Outcome: "pending", Reason: "grow"},
+				{What: "remove member", Node: "node-3", Member: "3", Actor: "admin/ops", Outcome: "NOT_APPLIED", Reason: "take it out", Detail: "etcd refused"},
 			},
 		},
 		"maintenance: started moving leadership, ended, expired; refusal; deletion": {
@@ -195,7 +195,7 @@ func TestTimelineRendering(t *testing.T) {
 			rows: timelineOf(entries, 10, time.Time{}),
 			want: []string{
 				`data-revision="3" data-action="MEMBER_ADD" data-node="node-2" data-outcome="APPLIED"`,
-				`<td class="what">member added as a learner</td>`, `<td>abc</td>`, `&lt;grow&gt;`,
+				`<td class="what">add a learner</td>`, `<td>abc</td>`, `&lt;grow&gt;`,
 				`data-revision="1" data-action="CLUSTER_BOOTSTRAP" data-node="node-1" data-outcome="done"`,
 				`<td class="what">cluster bootstrapped</td>`,
 			},
