@@ -4,6 +4,7 @@ package local_test
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
@@ -26,10 +28,13 @@ import (
 // chromium, headless, against the process cluster, as an operator would:
 // the membership page shows the three voters; giving the worker
 // ConsensusMember from the nodes page makes it a learner, then a voter, on
-// the page without a reload; an action the API refuses shows its message.
-// It leaves the cluster as it found it (node-1..3 voters,
-// control_plane_size 3) and a screenshot of each page (the directory is in
-// the log).
+// the page without a reload; an action the API refuses shows its message;
+// the membership timeline shows the cluster's formation (node-2 and node-3
+// added as learners and promoted), the failure tolerance chart has
+// points, and a voter put into maintenance is on the pages until its
+// maintenance ends. It leaves the cluster as it found it (node-1..3
+// voters, control_plane_size 3, no node in maintenance) and a screenshot
+// of each page (the directory is in the log).
 func dashboardScenario(t *testing.T, c *cluster) {
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {
@@ -117,8 +122,12 @@ func dashboardScenario(t *testing.T, c *cluster) {
 	eval(30*time.Second, `document.getElementById('result').className`, "ok")
 	// Learner, then voter: every state the row goes through, as the page
 	// shows it.
+	// Meanwhile /api/membership tells the learner's catch-up (when a poll
+	// lands while it is one: it may be promoted within a second).
 	var seen []string
+	var caughtUp []learnerJSON
 	proctest.Eventually(t, 3*time.Minute, func() error {
+		caughtUp = append(caughtUp, learnersOf(t, url, worker)...)
 		m, err := chromedp.Run(ctx, chromedp.Evaluate[string](membership(worker)))
 		if err != nil {
 			return err
@@ -139,6 +148,18 @@ func dashboardScenario(t *testing.T, c *cluster) {
 	}
 	eval(time.Second*5, `window.curiaLoaded`, "once") // no reload
 	t.Logf("the worker's membership on the page: %q", seen)
+	for _, l := range caughtUp {
+		if l.SinceFrom != "audit log" && l.SinceFrom != "dashboard" {
+			t.Errorf("the learner's since_from %q, want audit log or dashboard: %+v", l.SinceFrom, l)
+		}
+		if l.Answered && (l.RaftIndex == 0 || l.LeaderRaftIndex == 0 || l.Percent > 100) {
+			t.Errorf("a learner that answered has no raft index, or the leader none: %+v", l)
+		}
+	}
+	if len(caughtUp) == 0 {
+		t.Fatal("/api/membership never listed the worker as a learner while the page showed it one")
+	}
+	t.Logf("the worker as a learner on /api/membership: %d polls, the last %+v", len(caughtUp), caughtUp[len(caughtUp)-1])
 	shot("nodes")
 
 	// Refused: deleting the bootstrap node, UP and with roles, without a
@@ -169,7 +190,94 @@ func dashboardScenario(t *testing.T, c *cluster) {
 	eval(time.Minute, `(r => String(r.length > 1 && r.every((x, i) => i == 0 || +r[i-1] >= +x)))([...document.querySelectorAll('#audit tbody tr')].map(tr => tr.dataset.revision))`, "true")
 	eval(time.Minute, `String([...document.querySelectorAll('#audit tbody tr')].some(tr => tr.children[1].textContent === 'admin/admin' && tr.children[2].textContent === 'ROLES_UPDATE'))`, "true")
 	shot("audit")
+
+	// The membership timeline, from the audit log: the cluster's
+	// formation, newest first, and the worker's add and removal above.
+	do("open the membership page", chromedp.Navigate(url+"/membership"))
+	timeline := func(action, node, outcome string) string {
+		return fmt.Sprintf(`String(document.querySelectorAll('#timeline tr[data-action=%q][data-node=%q][data-outcome=%q]').length > 0)`, action, node, outcome)
+	}
+	for _, node := range []string{"node-2", "node-3"} {
+		eval(time.Minute, timeline("MEMBER_ADD", c.ids[node], "APPLIED"), "true")
+		eval(5*time.Second, timeline("MEMBER_PROMOTE", c.ids[node], "APPLIED"), "true")
+	}
+	eval(5*time.Second, timeline("CLUSTER_BOOTSTRAP", boot, "done"), "true")
+	eval(5*time.Second, timeline("MEMBER_REMOVE", worker, "APPLIED"), "true")
+	eval(5*time.Second, `(r => String(r.length > 1 && r.every((x, i) => i == 0 || +r[i-1] >= +x)))([...document.querySelectorAll('#timeline tbody tr')].map(tr => tr.dataset.revision))`, "true")
+	eval(5*time.Second, `document.querySelector('#learners tbody').textContent.trim()`, "no learner: every member votes")
+	// The failure tolerance chart: samples, and a line through them.
+	eval(time.Minute, `String(+document.getElementById('tolerance-chart').dataset.samples > 0 && document.querySelector('#tolerance-chart polyline.tolerance').getAttribute('points').trim().split(' ').length >= 2)`, "true")
+	shot("membership-timeline")
+
+	// A voter in maintenance: the cluster page says so, with why, by whom
+	// and until when; the nodes page marks its row; the timeline has it.
+	voter := c.ids["node-2"]
+	mctx, mcancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer mcancel()
+	t.Cleanup(func() {
+		ectx, ecancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer ecancel()
+		if _, err := c.mgmt().EndNodeMaintenance(ectx, &curatorv1.EndNodeMaintenanceRequest{NodeId: voter}); err != nil {
+			t.Errorf("end node-2's maintenance: %v", err)
+		}
+	})
+	proctest.Eventually(t, time.Minute, func() error { // refused while a change is pending
+		_, err := c.mgmt().StartNodeMaintenance(mctx, &curatorv1.StartNodeMaintenanceRequest{NodeId: voter, Reason: "e2e: the dashboard shows it", Duration: durationpb.New(5 * time.Minute)})
+		return err
+	})
+	do("open the cluster page", chromedp.Navigate(url+"/"))
+	inMaintenance := fmt.Sprintf(`#maintenance .maintenance-node[data-node=%q]`, voter)
+	eval(time.Minute, `String(document.querySelector('`+inMaintenance+`') !== null)`, "true")
+	eval(5*time.Second, `document.querySelector('`+inMaintenance+`').dataset.voter`, "true")
+	eval(5*time.Second, `String(document.querySelector('`+inMaintenance+`').textContent.includes('A voter is in maintenance'))`, "true")
+	eval(5*time.Second, `document.querySelector('`+inMaintenance+` .reason').textContent`, "e2e: the dashboard shows it")
+	eval(5*time.Second, `document.querySelector('`+inMaintenance+` .by').textContent`, "admin/admin")
+	shot("cluster-maintenance")
+	do("open the nodes page", chromedp.Navigate(url+"/nodes"))
+	eval(30*time.Second, fmt.Sprintf(`String(document.querySelector('#nodes tr[data-node=%q] .maintenance') !== null)`, voter), "true")
+	do("open the membership page", chromedp.Navigate(url+"/membership"))
+	eval(30*time.Second, `String(document.querySelector('`+inMaintenance+`') !== null)`, "true")
+	eval(30*time.Second, timeline("NODE_MAINTENANCE_START", voter, "done"), "true")
+	if _, err := c.mgmt().EndNodeMaintenance(mctx, &curatorv1.EndNodeMaintenanceRequest{NodeId: voter}); err != nil {
+		t.Fatal(err)
+	}
+	// Live: gone from the page without a reload, and on the timeline.
+	eval(30*time.Second, `String(document.querySelector('`+inMaintenance+`') === null)`, "true")
+	eval(30*time.Second, timeline("NODE_MAINTENANCE_END", voter, "done"), "true")
+	shot("membership-maintenance-ended")
+	c.eventuallyAgree()
 	t.Logf("screenshots in %s", shots)
+}
+
+// learnerJSON is a learner as GET /api/membership says it.
+type learnerJSON struct {
+	Node            string
+	RaftIndex       uint64 `json:"raft_index"`
+	LeaderRaftIndex uint64 `json:"leader_raft_index"`
+	Lag             uint64
+	Percent         int
+	Answered        bool
+	SinceFrom       string `json:"since_from"`
+}
+
+// learnersOf is node's learner rows of GET /api/membership (none when the
+// dashboard does not answer).
+func learnersOf(t *testing.T, url, node string) []learnerJSON {
+	code, body, err := proctest.Get(url + "/api/membership")
+	if err != nil || code != http.StatusOK {
+		return nil
+	}
+	var m struct{ Learners []learnerJSON }
+	if err := json.Unmarshal([]byte(body), &m); err != nil {
+		t.Fatalf("GET /api/membership: %v:\n%s", err, body)
+	}
+	var out []learnerJSON
+	for _, l := range m.Learners {
+		if l.Node == node {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // startDashboard runs curia-dashboard against the cluster, with the

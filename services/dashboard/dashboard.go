@@ -5,20 +5,28 @@
 //
 //	browser ── HTTP, loopback only ──▶ dashboard ── mTLS, admin ──▶ curator ×N (any; fails over)
 //	   ▲  pages (html/template),          │ view.go: Watch(all_nodes),    └─▶ reconciler ×N
-//	   │  forms → actions.go              │ WatchAuditLog, GetCurrentLeader
+//	   │  forms → http.go's actions       │ WatchAuditLog, GetCurrentLeader
 //	   └── server-sent events ◀───────────┘ streams; the rest asked on change
 //
 // The view (view.go) follows the curators' streams and asks for what no
 // stream carries (etcd membership and lag, the reconcilers' status and
 // plan) whenever a stream reports a change, and every Refresh. Pages render
 // from the view in memory; each page's live part is rendered again and sent
-// as a server-sent event when the view changes (events.go), so a page
-// follows the cluster without reloading.
+// as a server-sent event when the view changes (http.go), so a page
+// follows the cluster without reloading. The membership timeline is the
+// audit stream's membership events; the failure tolerance chart is the
+// polled consensus status, sampled into a bounded ring in memory.
 //
 // Nothing but the loopback interface reaches the dashboard, and on it a
 // request must name the dashboard's own address as its Host (no DNS
 // rebinding) and a write must carry the token of a page the dashboard
 // served (no cross-site request from another page in the browser).
+//
+// Files: dashboard.go (config, run), view.go (what the streams and polls
+// know), http.go (routes, guard, event streams, actions), pages.go (the
+// pages' data and templates), timeline.go (membership timeline, learners'
+// catch-up, maintenance), history.go (the sample ring and its chart),
+// api.go (the history views as JSON); the templates and assets in web/.
 package dashboard
 
 import (
@@ -57,11 +65,19 @@ type Config struct {
 	Refresh time.Duration
 	// AuditEvents is how many audit events the view keeps (newest).
 	AuditEvents int
+	// TimelineEvents is how many of the newest membership audit events
+	// (the membership timeline's) the view keeps, out of the whole
+	// backlog the curator sends (its newest 10000 events at most).
+	TimelineEvents int
+	// History is how long the failure tolerance chart reaches back: the
+	// view keeps a sample of the consensus status every Refresh (and at
+	// every change) for that long, in memory.
+	History time.Duration
 }
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{Cluster: "curia", Listen: "127.0.0.1:7000", Refresh: 2 * time.Second, AuditEvents: 500}
+	return Config{Cluster: "curia", Listen: "127.0.0.1:7000", Refresh: 2 * time.Second, AuditEvents: 500, TimelineEvents: 200, History: time.Hour}
 }
 
 // AddFlags registers the flags.
@@ -73,6 +89,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	run.ListFlag(fs, "reconciler", "reconciler address host:port", &c.Reconcilers)
 	fs.DurationVar(&c.Refresh, "refresh", c.Refresh, "how often etcd membership and the reconcilers' status are asked again when no stream reports a change")
 	fs.IntVar(&c.AuditEvents, "audit-events", c.AuditEvents, "how many of the newest audit events the audit page keeps")
+	fs.IntVar(&c.TimelineEvents, "timeline-events", c.TimelineEvents, "how many of the newest membership audit events the membership timeline keeps")
+	fs.DurationVar(&c.History, "history", c.History, "how far back the failure tolerance chart reaches (sampled every --refresh, in memory, at most 10000 samples)")
 }
 
 // Validate checks the configuration.
@@ -89,8 +107,8 @@ func (c *Config) Validate() error {
 	if len(c.Curators) == 0 {
 		return errors.New("--curator is required")
 	}
-	if c.Refresh <= 0 || c.AuditEvents <= 0 {
-		return errors.New("--refresh and --audit-events must be positive")
+	if c.Refresh <= 0 || c.AuditEvents <= 0 || c.TimelineEvents <= 0 || c.History <= 0 {
+		return errors.New("--refresh, --audit-events, --timeline-events and --history must be positive")
 	}
 	return nil
 }

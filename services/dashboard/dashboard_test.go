@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/ed25519"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -148,6 +149,18 @@ func (e *env) token() string {
 		e.t.Fatal("no token on the page")
 	}
 	return m[1]
+}
+
+// getJSON fetches path and decodes its JSON into v.
+func (e *env) getJSON(path string, v any) {
+	e.t.Helper()
+	code, body := e.get(path)
+	if code != http.StatusOK {
+		e.t.Fatalf("GET %s: %d %s", path, code, body)
+	}
+	if err := json.Unmarshal([]byte(body), v); err != nil {
+		e.t.Fatalf("GET %s: %v:\n%s", path, err, body)
+	}
 }
 
 // post sends an admin action as the page's script does.
@@ -316,6 +329,46 @@ func TestDashboard(t *testing.T) {
 
 	t.Run("membership", func(t *testing.T) {
 		e.eventually("/membership", `data-node="`+boot+`" data-membership="voter"`, "★ leader", `id="plan-next">Next: nothing to do`)
+	})
+
+	t.Run("timeline, chart and their JSON", func(t *testing.T) {
+		// The bootstrap and the approval are on the membership timeline,
+		// newest first; the status polled so far is on the chart.
+		body := e.eventually("/membership", `id="timeline"`, `data-action="NODE_APPROVE" data-node="`+id+`" data-outcome="done"`,
+			`data-action="CLUSTER_BOOTSTRAP"`, `id="learners"`, "no learner: every member votes")
+		if a, b := strings.Index(body, `data-action="NODE_APPROVE"`), strings.Index(body, `data-action="CLUSTER_BOOTSTRAP"`); a > b {
+			t.Fatal("the timeline is not newest first: the bootstrap comes before the approval")
+		}
+		e.eventually("/", `id="tolerance-chart" class="chart" data-samples="`, `<polyline class="tolerance" points="`)
+		var tl struct {
+			Timeline []struct{ Action, Node, Outcome, Actor string }
+		}
+		e.getJSON("/api/timeline?limit=1", &tl)
+		if len(tl.Timeline) != 1 || tl.Timeline[0].Action != "NODE_APPROVE" || tl.Timeline[0].Node != id || tl.Timeline[0].Actor != "admin/test" {
+			t.Fatalf("/api/timeline?limit=1 = %+v, want the approval of %s by admin/test", tl, id)
+		}
+		var tol struct {
+			Period, Window string
+			Samples        []struct {
+				Voters           uint32
+				FailureTolerance int32 `json:"failure_tolerance"`
+			}
+		}
+		e.getJSON("/api/tolerance", &tol)
+		if len(tol.Samples) == 0 || tol.Samples[len(tol.Samples)-1].Voters != 1 || tol.Window != "1h0m0s" {
+			t.Fatalf("/api/tolerance = %+v, want samples of 1 voter over 1h", tol)
+		}
+		var m struct {
+			Learners, Maintenance []any
+			VoterInMaintenance    bool `json:"voter_in_maintenance"`
+		}
+		e.getJSON("/api/membership", &m)
+		if m.Learners == nil || len(m.Learners) != 0 || m.Maintenance == nil || m.VoterInMaintenance {
+			t.Fatalf("/api/membership = %+v, want no learner, no maintenance (as [])", m)
+		}
+		if code, _ := e.get("/api/timeline?limit=x"); code != http.StatusBadRequest {
+			t.Fatalf("/api/timeline?limit=x: %d, want 400", code)
+		}
 	})
 
 	t.Run("audit", func(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 //	GET  /, /nodes, /membership, /audit   the pages (/nodes?filter=<CEL>)
 //	GET  /events?page=<page>[&filter=]    the page's live part, as server-sent events
 //	GET  /static/                         the script and the style sheet
+//	GET  /api/timeline, /api/tolerance, /api/membership   the history views as JSON (api.go)
 //	POST /api/approve, /api/roles, /api/delete   admin actions (actions.go)
 //
 // Every request must name the dashboard's own address as Host; every POST
@@ -31,6 +32,9 @@ func (d *Dashboard) routes() http.Handler {
 		mux.HandleFunc("GET "+path, func(w http.ResponseWriter, r *http.Request) { d.servePage(w, r, page) })
 	}
 	mux.HandleFunc("GET /events", d.serveEvents)
+	mux.HandleFunc("GET /api/timeline", d.serveTimeline)
+	mux.HandleFunc("GET /api/tolerance", d.serveTolerance)
+	mux.HandleFunc("GET /api/membership", d.serveMembership)
 	mux.HandleFunc("POST /api/approve", d.action(d.approve))
 	mux.HandleFunc("POST /api/roles", d.action(d.roles))
 	mux.HandleFunc("POST /api/delete", d.action(d.deleteNode))

@@ -75,6 +75,12 @@ type liveData struct {
 	Problems   []string // streams or calls that fail now
 	CSRF       string
 	NodesTotal int
+	// The cluster and membership pages' history (timeline.go, history.go).
+	Timeline    []timelineRow
+	Learners    []learnerRow
+	Maintenance []maintenanceRow
+	Chart       chartData
+	History     string // how far back the chart reaches, e.g. "1h0m0s"
 }
 
 type clusterData struct {
@@ -141,6 +147,8 @@ func (p *pages) live(ctx context.Context, page, filter string, st state) liveDat
 	switch page {
 	case "cluster":
 		ld.Cluster = clusterOf(st)
+		ld.Maintenance = maintenanceOf(st.Nodes, cons, ld.Now)
+		ld.Chart, ld.History = chartOf(within(st.History, p.d.cfg.History, ld.Now)), p.d.cfg.History.String()
 	case "nodes":
 		ids := slices.Sorted(maps.Keys(st.Nodes))
 		if filter != "" {
@@ -179,6 +187,10 @@ func (p *pages) live(ctx context.Context, page, filter string, st state) liveDat
 		})
 		ld.Plan = planOf(st)
 		ld.Cluster = clusterOf(st)
+		ld.Maintenance = maintenanceOf(st.Nodes, cons, ld.Now)
+		ld.Learners = learnersOf(cons, st.Timeline, st.LearnerSeen)
+		ld.Timeline = timelineOf(st.Timeline, p.d.cfg.TimelineEvents, time.Time{})
+		ld.Chart, ld.History = chartOf(within(st.History, p.d.cfg.History, ld.Now)), p.d.cfg.History.String()
 	case "audit":
 		for _, e := range st.Audit {
 			ld.Audit = append(ld.Audit, auditRowOf(e))
@@ -286,7 +298,7 @@ func rowOf(n *curatorv1.Node, beat *curatorv1.Node, m *curatorv1.ConsensusMember
 	r.Health = trimEnum(health.String())
 	r.Heartbeat, r.HeartbeatTime = ago(last), clock(last)
 	if mt := n.GetMaintenance(); mt != nil && time.Now().Before(mt.GetUntil().AsTime()) {
-		r.Maintenance = fmt.Sprintf("in maintenance until %s: %s", clock(mt.GetUntil()), mt.GetReason())
+		r.Maintenance = fmt.Sprintf("in maintenance until %s, by %s: %s", clock(mt.GetUntil()), mt.GetBy(), mt.GetReason())
 	}
 	if roles := n.Roles; roles != nil {
 		if roles.ConsensusMember != nil {
@@ -404,7 +416,12 @@ func ago(ts *timestamppb.Timestamp) string {
 	if ts == nil {
 		return "never"
 	}
-	d := time.Since(ts.AsTime())
+	return agoTime(ts.AsTime())
+}
+
+// agoTime is how long ago t was, roughly.
+func agoTime(t time.Time) string {
+	d := time.Since(t)
 	switch {
 	case d < time.Second:
 		return "now"

@@ -23,13 +23,16 @@ import (
 // view is what the dashboard knows of the cluster, kept by four parts:
 //
 //	nodes    Curator/Watch(all_nodes): the node registry
-//	audit    Management/WatchAuditLog: the newest events
+//	audit    Management/WatchAuditLog: the newest events, and the newest
+//	         membership events (the timeline) out of a larger backlog
 //	leader   Curator/GetCurrentLeader: the curator leader and term
 //	status   asked on every change the streams report, and every Refresh:
 //	         GetClusterInfo, GetConsensusStatus, GetClusterConfig, ListNodes
 //	         BASIC (heartbeats: a heartbeat that changes no health is no
 //	         Watch event; no certificates, which the pages never show),
-//	         and each reconciler's GetStatus and the active one's Plan
+//	         and each reconciler's GetStatus and the active one's Plan;
+//	         each consensus status is sampled into the history ring
+//	         (history.go)
 //
 // Every change bumps the version and wakes the event streams (changed).
 type view struct {
@@ -44,6 +47,7 @@ type view struct {
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced on every change
 	s       state
+	hist    *history // under mu; state.History is its copy
 }
 
 // state is one consistent copy of the view, for rendering.
@@ -53,6 +57,7 @@ type state struct {
 	NodesErr    error
 	Heartbeats  map[string]*curatorv1.Node // ListNodes BASIC: fresh health and heartbeat
 	Audit       []auditEntry               // newest first
+	Timeline    []auditEntry               // the membership events (inTimeline), newest first
 	AuditErr    error
 	Leader      *curatorv1.GetCurrentLeaderResponse
 	LeaderErr   error
@@ -65,6 +70,11 @@ type state struct {
 	PlanFrom    string
 	PlanErr     error
 	Updated     time.Time // when status was last asked
+	History     []sample  // the consensus status over time, oldest first
+	// LearnerSeen is when the dashboard first saw each learner (by member
+	// id) a learner, for a learner whose add is older than the audit
+	// backlog.
+	LearnerSeen map[uint64]time.Time
 }
 
 type auditEntry struct {
@@ -84,6 +94,7 @@ func newView(cfg Config, log *slog.Logger, cur curatorv1.CuratorClient, mgmt cur
 		poke:    make(chan struct{}, 1),
 		changed: make(chan struct{}),
 		s:       state{Nodes: map[string]*curatorv1.Node{}},
+		hist:    newHistory(cfg.Refresh, cfg.History),
 	}
 }
 
@@ -191,7 +202,7 @@ func (v *view) watchNodes(ctx context.Context) error {
 func (v *view) watchAudit(ctx context.Context) error {
 	var rev int64
 	return follow(ctx, v.log, "audit", func(ctx context.Context) error {
-		req := &curatorv1.WatchAuditLogRequest{Backlog: int64(v.cfg.AuditEvents)}
+		req := &curatorv1.WatchAuditLogRequest{Backlog: auditBacklog}
 		if rev != 0 {
 			req = &curatorv1.WatchAuditLogRequest{StartRevision: rev}
 		}
@@ -212,17 +223,33 @@ func (v *view) watchAudit(ctx context.Context) error {
 			}
 			rev = resp.Revision
 			v.update(true, func(s *state) {
-				entries := s.Audit
+				entries, timeline := s.Audit, s.Timeline
 				if first {
-					entries, first = nil, false // a backlog replaces what was known
+					entries, timeline, first = nil, nil, false // a backlog replaces what was known
 				}
-				out := make([]auditEntry, 0, min(len(entries)+1, v.cfg.AuditEvents))
-				out = append(out, auditEntry{Event: resp.Event, Revision: resp.Revision})
-				out = append(out, entries[:min(len(entries), v.cfg.AuditEvents-1)]...)
-				s.Audit, s.AuditErr = out, nil
+				e := auditEntry{Event: resp.Event, Revision: resp.Revision}
+				s.Audit, s.AuditErr = prepend(e, entries, v.cfg.AuditEvents), nil
+				if inTimeline(e.Event) {
+					s.Timeline = prepend(e, timeline, v.cfg.TimelineEvents)
+				} else {
+					s.Timeline = timeline
+				}
 			})
 		}
 	})
+}
+
+// auditBacklog is how many past events the audit stream asks for: the
+// most the curator sends, so that the timeline reaches back to the
+// cluster's formation when the audit page's newest AuditEvents do not.
+const auditBacklog = 10000
+
+// prepend is e and then the newest of newestFirst, limit in all: a new
+// slice (a state's slices are shared, never changed in place).
+func prepend(e auditEntry, newestFirst []auditEntry, limit int) []auditEntry {
+	out := make([]auditEntry, 0, min(len(newestFirst)+1, limit))
+	out = append(out, e)
+	return append(out, newestFirst[:min(len(newestFirst), limit-1)]...)
 }
 
 func (v *view) watchLeader(ctx context.Context) error {
@@ -318,7 +345,30 @@ func (v *view) askStatus(ctx context.Context) {
 		s.Reconcilers = recs
 		s.Plan, s.PlanFrom, s.PlanErr = plan, planFrom, planErr
 		s.Updated = time.Now()
+		if cons != nil {
+			if v.hist.add(sampleOf(s.Updated, cons)) {
+				s.History = v.hist.samples.slice()
+			}
+			s.LearnerSeen = learnersSeen(s.LearnerSeen, cons, s.Updated)
+		}
 	})
+}
+
+// learnersSeen is when each learner of cons was first seen one: last's
+// times for those it knew, now for new ones; a learner no longer one is
+// forgotten. Always a new map: a state's maps are shared.
+func learnersSeen(last map[uint64]time.Time, cons *curatorv1.GetConsensusStatusResponse, now time.Time) map[uint64]time.Time {
+	next := map[uint64]time.Time{}
+	for _, m := range cons.GetMembers() {
+		if m.GetLearner() {
+			if t, ok := last[m.GetMemberId()]; ok {
+				next[m.GetMemberId()] = t
+			} else {
+				next[m.GetMemberId()] = now
+			}
+		}
+	}
+	return next
 }
 
 // activeRank orders reconcilers: the active one first, then those that
