@@ -38,11 +38,12 @@ const (
 	NemCrashAfterChange  = "crash-after-change" // the curator crashes between a membership call and its role write
 	NemTwin              = "twin"               // the active reconciler paused and a twin started under its name
 	NemRestartNode       = "restart-node"       // a node restarted the operator's way: in maintenance, its processes stopped (SIGTERM) and started again
+	NemRollingRestart    = "rolling-restart"    // the whole cluster rolled, again and again, beside the other nemeses (roller.go)
 )
 
 // AllNemeses lists every kind.
 var AllNemeses = []string{NemKill, NemPause, NemIsolateNode, NemIsolateEtcdLeader, NemCuratorFromEtcd, NemReconcilerFromCur,
-	NemOrphanLearner, NemOrphanVoter, NemDeleteNode, NemNodeGoneAndBack, NemCorruptNode, NemCrashAfterChange, NemTwin, NemRestartNode}
+	NemOrphanLearner, NemOrphanVoter, NemDeleteNode, NemNodeGoneAndBack, NemCorruptNode, NemCrashAfterChange, NemTwin, NemRestartNode, NemRollingRestart}
 
 // fault is one injected fault.
 type fault struct {

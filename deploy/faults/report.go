@@ -29,7 +29,12 @@ type Report struct {
 	Convergence      Timings `json:"convergence_after_heal"`
 	FinalConvergence string  `json:"final_convergence"`
 	// SlowestHeal names the fault whose heal took longest to get over.
-	SlowestHeal        string  `json:"slowest_heal,omitempty"`
+	SlowestHeal string `json:"slowest_heal,omitempty"`
+	// Rolls and RollsStopped count the rolling restarts (rolling-restart)
+	// that finished and those that stopped: refused on an unhealthy
+	// cluster, or a step not healthy again in time.
+	Rolls              int     `json:"rolls,omitempty"`
+	RollsStopped       int     `json:"rolls_stopped,omitempty"`
 	CuratorFailover    Timings `json:"curator_failover"`
 	ReconcilerTakeover Timings `json:"reconciler_takeover"`
 	Registry           string  `json:"registry_linearizability"`
@@ -98,6 +103,9 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintf(tw, "  slowest\t%s\n", r.SlowestHeal)
 	}
 	fmt.Fprintf(tw, "convergence after the final heal\t%s\n", r.FinalConvergence)
+	if slices.Contains(r.Nemeses, NemRollingRestart) {
+		fmt.Fprintf(tw, "rolling restarts beside the faults\t%d finished, %d stopped (unhealthy cluster)\n", r.Rolls, r.RollsStopped)
+	}
 	fmt.Fprintf(tw, "curator failover\t%d, median %s, worst %s\n", r.CuratorFailover.Count, r.CuratorFailover.Median, r.CuratorFailover.Worst)
 	fmt.Fprintf(tw, "reconciler takeover\t%d, median %s, worst %s\n", r.ReconcilerTakeover.Count, r.ReconcilerTakeover.Median, r.ReconcilerTakeover.Worst)
 	fmt.Fprintf(tw, "registry linearizability\t%s\n", r.Registry)

@@ -83,7 +83,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer stop()
 
 	ck := &checker{}
-	nem := newNemesis(c, rng, cfg.Nemeses)
+	// The roller runs beside the deck of the others.
+	deck := slices.DeleteFunc(slices.Clone(cfg.Nemeses), func(k string) bool { return k == NemRollingRestart })
+	nem := newNemesis(c, rng, deck)
+	var roll *roller
+	if len(deck) < len(cfg.Nemeses) {
+		roll = &roller{c: c, nem: nem, rng: mrand.New(mrand.NewPCG(rng.Uint64(), 7))}
+	}
 	report := &Report{Seed: cfg.Seed, Nemeses: cfg.Nemeses, Mutations: cfg.Mutations, StrictReconfig: cfg.StrictReconfig, Faults: map[string]int{}}
 	reg := &registry.History{}
 	w := &workload{cluster: c, admin: c.admin, registry: reg, callTimeout: 10 * time.Second,
@@ -141,7 +147,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	})
 
 	// The nemeses, and what their faults take to get over.
+	if roll != nil {
+		spawn(func() { roll.run(runCtx) })
+	}
 	spawn(func() {
+		if len(deck) == 0 {
+			return
+		}
 		nem.run(runCtx, func(f *fault) {
 			if f.takeover != "" {
 				spawn(func() { timings.takeover(runCtx, c, f, func() bool { return nem.isHealed(f) }) })
@@ -211,6 +223,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if slowest.convergedIn > 0 {
 		report.SlowestHeal = fmt.Sprintf("%s after %s on %s (healed %s)", slowest.ConvergedIn, slowest.Kind, slowest.Target, slowest.Healed.Format("15:04:05.000"))
+	}
+	if roll != nil {
+		report.Rolls, report.RollsStopped = roll.Rolls, roll.Refused
 	}
 	report.Ops = w.stats.snapshot()
 	report.Violations = ck.Violations()
