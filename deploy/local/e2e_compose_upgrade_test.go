@@ -68,7 +68,7 @@ func checkComposeUpgrade(t *testing.T, env []string, out string, compose func(..
 	// Untagged at the end (-f: containers still run it, until the
 	// caller's compose down); the caller goes on with curia:dev.
 	t.Cleanup(func() { _ = exec.Command("docker", "rmi", "-f", next).Run() })
-	writes := startConfigWrites(ctx, t, mgmt(), "compose upgrade workload")
+	writes := startConfigWrites(ctx, t, mgmt, "compose upgrade workload")
 	begun := time.Now()
 	o, err := roll(next)
 	writes.stop()

@@ -4,21 +4,14 @@ package local_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/fieldmaskpb"
-
-	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
-	"curia.dev/platform/audit"
 	"curia.dev/platform/proctest"
 )
 
@@ -85,7 +78,7 @@ func TestUpgradeFromOlderBuild(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 
-	writes := startConfigWrites(ctx, t, c.mgmt(), "skew workload")
+	writes := startConfigWrites(ctx, t, c.mgmt, "skew workload")
 	begun := time.Now()
 	args := append([]string{"upgrade"}, c.layout...)
 	out, err := exec.CommandContext(ctx, filepath.Join(bin, "curia-local"), append(args, "--to", current)...).CombinedOutput()
@@ -110,99 +103,6 @@ func TestUpgradeFromOlderBuild(t *testing.T) {
 	writes.check(t, c.mgmt(), "during the upgrade")
 	if err := c.agreement(); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// configWrites is a workload of cluster configuration writes, one after
-// another, each with its own reason and its own dead_node_threshold (a
-// write that changes nothing is acknowledged without an audit event): those
-// acknowledged must be in the audit log after. stop ends it; check puts
-// the threshold back as it was, then checks the audit log.
-type configWrites struct {
-	stop      func()
-	threshold *durationpb.Duration
-	mu     sync.Mutex
-	acked  []string
-	failed int
-}
-
-func startConfigWrites(ctx context.Context, t *testing.T, m curatorv1.ManagementClient, prefix string) *configWrites {
-	t.Helper()
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	cur, err := m.GetClusterConfig(cctx, &curatorv1.GetClusterConfigRequest{})
-	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	threshold := cur.GetConfig().GetDeadNodeThreshold()
-	if threshold == nil {
-		threshold = durationpb.New(5 * time.Minute)
-	}
-	w := &configWrites{threshold: threshold}
-	wctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for i := 0; wctx.Err() == nil; i++ {
-			reason := fmt.Sprintf("%s %d", prefix, i)
-			cctx, cancel := context.WithTimeout(wctx, 5*time.Second)
-			_, err := m.UpdateClusterConfig(cctx, &curatorv1.UpdateClusterConfigRequest{
-				Config:     &curatorv1.ClusterConfig{DeadNodeThreshold: durationpb.New(5*time.Minute + time.Duration(i+1)*time.Millisecond)},
-				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"dead_node_threshold"}}, Reason: reason,
-			})
-			cancel()
-			w.mu.Lock()
-			if err == nil {
-				w.acked = append(w.acked, reason)
-			} else {
-				w.failed++
-			}
-			w.mu.Unlock()
-			select {
-			case <-wctx.Done():
-			case <-time.After(200 * time.Millisecond):
-			}
-		}
-	})
-	w.stop = func() { stop(); wg.Wait() }
-	return w
-}
-
-// check fails the test unless every acknowledged write is in the audit
-// log.
-func (w *configWrites) check(t *testing.T, m curatorv1.ManagementClient, during string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	proctest.Eventually(t, time.Minute, func() error {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		_, err := m.UpdateClusterConfig(cctx, &curatorv1.UpdateClusterConfigRequest{
-			Config:     &curatorv1.ClusterConfig{DeadNodeThreshold: w.threshold},
-			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"dead_node_threshold"}}, Reason: "workload done: the threshold back",
-		})
-		return err
-	})
-	events, err := audit.Backlog(ctx, m, 10000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reasons := map[string]bool{}
-	for _, e := range events {
-		if e.GetAction() == auditv1.AuditAction_AUDIT_ACTION_CLUSTER_CONFIG_UPDATE {
-			reasons[e.GetReason()] = true
-		}
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	missing := 0
-	for _, r := range w.acked {
-		if !reasons[r] && !containsPrefix(reasons, r) {
-			missing++
-		}
-	}
-	t.Logf("%d config writes acknowledged, %d failed %s; %d missing from the audit log", len(w.acked), w.failed, during, missing)
-	if missing > 0 || len(w.acked) == 0 {
-		t.Fatalf("%d of %d acknowledged config writes are not in the audit log", missing, len(w.acked))
 	}
 }
 

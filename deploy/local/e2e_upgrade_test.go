@@ -53,7 +53,7 @@ func rollingRestart(t *testing.T, c *cluster) {
 		t.Fatalf("a refused upgrade restarted processes: %v → %v", before, after)
 	}
 
-	writes := startConfigWrites(ctx, t, c.mgmt(), "rolling restart workload")
+	writes := startConfigWrites(ctx, t, c.mgmt, "rolling restart workload")
 	begun := time.Now()
 	out, err = upgrade(c.bin)
 	writes.stop()
