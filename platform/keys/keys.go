@@ -187,6 +187,11 @@ func Superseded(clusterID uint64) string { return RecoverySuperseded + fmt.Sprin
 // Lease is the key of the named lease.
 func Lease(name string) string { return LeasesPrefix + name }
 
+// ReconcilerLease names the curator lease the active reconciler holds
+// (Leases/Acquire): the consensus service wants it in every membership
+// change's fence, the curator pairs it with its leader key.
+const ReconcilerLease = "reconciler"
+
 // Joining is the key of the joining record of a learner's peer URL.
 func Joining(peerURL string) string { return MembershipJoining + url.PathEscape(peerURL) }
 

@@ -112,8 +112,8 @@ func checkFence(actor pki.Principal, f fence.Fence) error {
 			return fmt.Errorf("%w: the curator's fence must include its leader key (under %s)", errBadRequest, keys.LeaderElection)
 		}
 	case pki.KindReconciler:
-		if !f.HasKeyUnder(keys.LeaderElection) || !f.HasKey(keys.Lease("reconciler")) {
-			return fmt.Errorf("%w: the reconciler's fence must include the leader key that granted its lease (under %s) and the lease %s", errBadRequest, keys.LeaderElection, keys.Lease("reconciler"))
+		if !f.HasKeyUnder(keys.LeaderElection) || !f.HasKey(keys.Lease(keys.ReconcilerLease)) {
+			return fmt.Errorf("%w: the reconciler's fence must include the leader key that granted its lease (under %s) and the lease %s", errBadRequest, keys.LeaderElection, keys.Lease(keys.ReconcilerLease))
 		}
 	}
 	return nil

@@ -70,7 +70,7 @@ type leasesServer struct {
 
 const (
 	// reconcilerLeaseName is the lease that fences the reconciler's writes.
-	reconcilerLeaseName = "reconciler"
+	reconcilerLeaseName = keys.ReconcilerLease
 	// acquireAttempts bounds how often Acquire decides again when the
 	// record changed under it (a concurrent Acquire, an expiry).
 	acquireAttempts = 5

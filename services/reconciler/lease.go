@@ -13,11 +13,12 @@ import (
 	fencev1 "curia.dev/gen/curia/fence/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
 	"curia.dev/platform/backoff"
+	"curia.dev/platform/keys"
 	"curia.dev/platform/rpcerr"
 )
 
 // leaseName is the curator lease the active reconciler holds.
-const leaseName = "reconciler"
+const leaseName = keys.ReconcilerLease
 
 // leaseKeeper campaigns for the lease, keeps it alive while held, and drops
 // it the moment the curator says it is stale. Only a replica holding a lease
