@@ -45,7 +45,7 @@ type cluster struct {
 
 	mu    sync.Mutex
 	twins map[string]*process.Process
-	conns map[string]*grpc.ClientConn
+	conns map[pki.Kind]*rpc.Conns // by the server's kind
 
 	// lastMembers is the last member list the sampler read.
 	lastMembersMu sync.Mutex
@@ -206,27 +206,24 @@ func (c *cluster) reconcilerStatus(ctx context.Context, addr string) (*reconcile
 // conn is a connection as the admin to one process, kept for the run.
 func (c *cluster) conn(addr string, kind pki.Kind) (*grpc.ClientConn, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if cc, ok := c.conns[addr]; ok {
-		return cc, nil
+	conns, ok := c.conns[kind]
+	if !ok {
+		if c.conns == nil {
+			c.conns = map[pki.Kind]*rpc.Conns{}
+		}
+		conns = rpc.NewConns(rpc.ClientConfig{Credentials: c.adminCreds, ServerKinds: []pki.Kind{kind}})
+		c.conns[kind] = conns
 	}
-	cc, err := rpc.Dial(addr, rpc.ClientConfig{Credentials: c.adminCreds, ServerKinds: []pki.Kind{kind}})
-	if err != nil {
-		return nil, err
-	}
-	if c.conns == nil {
-		c.conns = map[string]*grpc.ClientConn{}
-	}
-	c.conns[addr] = cc
-	return cc, nil
+	c.mu.Unlock()
+	return conns.Get(addr)
 }
 
 // closeConns closes the kept connections.
 func (c *cluster) closeConns() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, cc := range c.conns {
-		cc.Close()
+	for _, conns := range c.conns {
+		conns.Close()
 	}
 	c.conns = nil
 }

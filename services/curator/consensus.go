@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -29,13 +27,12 @@ type consensusPool struct {
 	// etcd name more.
 	configured []string
 	etcd       *clientv3.Client
-	creds      *rpc.Credentials
-	mu         sync.Mutex
-	conns      map[string]*grpc.ClientConn
+	conns      *rpc.Conns
 }
 
 func newConsensusPool(configured []string, etcd *clientv3.Client, creds *rpc.Credentials) *consensusPool {
-	return &consensusPool{configured: configured, etcd: etcd, creds: creds, conns: map[string]*grpc.ClientConn{}}
+	return &consensusPool{configured: configured, etcd: etcd,
+		conns: rpc.NewConns(rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindConsensus}})}
 }
 
 func (p *consensusPool) addresses(ctx context.Context) []string {
@@ -56,16 +53,9 @@ func (p *consensusPool) addresses(ctx context.Context) []string {
 }
 
 func (p *consensusPool) conn(addr string) (consensusv1.ConsensusClient, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	cc, ok := p.conns[addr]
-	if !ok {
-		var err error
-		cc, err = rpc.Dial(addr, rpc.ClientConfig{Credentials: p.creds, ServerKinds: []pki.Kind{pki.KindConsensus}})
-		if err != nil {
-			return nil, err
-		}
-		p.conns[addr] = cc
+	cc, err := p.conns.Get(addr)
+	if err != nil {
+		return nil, err
 	}
 	return consensusv1.NewConsensusClient(cc), nil
 }
@@ -118,11 +108,4 @@ func (p *consensusPool) listMembers(ctx context.Context) (*consensusv1.ListMembe
 	return members, err
 }
 
-func (p *consensusPool) close() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for a, cc := range p.conns {
-		cc.Close()
-		delete(p.conns, a)
-	}
-}
+func (p *consensusPool) close() { p.conns.Close() }

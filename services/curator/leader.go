@@ -51,7 +51,6 @@ type leadership struct {
 	// serving client's calls (at 10,000 agents it did, and the leader was
 	// deposed). Term-guarded writes use etcd.
 	sessionEtcd *clientv3.Client
-	creds       *rpc.Credentials // to dial the leader when forwarding
 	log         *slog.Logger
 	// self is what this replica writes into its election key.
 	self       leaderValue
@@ -68,14 +67,14 @@ type leadership struct {
 	current leaderInfo
 	changed chan struct{}
 
-	connMu sync.Mutex
-	conns  map[string]*grpc.ClientConn
+	// conns are the connections to the other replicas (forwarding).
+	conns *rpc.Conns
 }
 
 func newLeadership(etcd, sessionEtcd *clientv3.Client, creds *rpc.Credentials, log *slog.Logger, self leaderValue, sessionTTL time.Duration, onLead func(context.Context, int64)) *leadership {
 	return &leadership{
-		etcd: etcd, sessionEtcd: sessionEtcd, creds: creds, log: log, self: self, sessionTTL: sessionTTL, onLead: onLead,
-		changed: make(chan struct{}), conns: map[string]*grpc.ClientConn{},
+		etcd: etcd, sessionEtcd: sessionEtcd, log: log, self: self, sessionTTL: sessionTTL, onLead: onLead,
+		changed: make(chan struct{}), conns: rpc.NewConns(rpc.ClientConfig{Credentials: creds, ServerKinds: []pki.Kind{pki.KindCurator}}),
 	}
 }
 
@@ -253,28 +252,9 @@ func (l *leadership) txn(ctx context.Context, cmps []clientv3.Cmp, ops ...client
 }
 
 // conn returns a cached connection to another replica.
-func (l *leadership) conn(addr string) (*grpc.ClientConn, error) {
-	l.connMu.Lock()
-	defer l.connMu.Unlock()
-	if cc, ok := l.conns[addr]; ok {
-		return cc, nil
-	}
-	cc, err := rpc.Dial(addr, rpc.ClientConfig{Credentials: l.creds, ServerKinds: []pki.Kind{pki.KindCurator}})
-	if err != nil {
-		return nil, err
-	}
-	l.conns[addr] = cc
-	return cc, nil
-}
+func (l *leadership) conn(addr string) (*grpc.ClientConn, error) { return l.conns.Get(addr) }
 
-func (l *leadership) closeConns() {
-	l.connMu.Lock()
-	defer l.connMu.Unlock()
-	for a, cc := range l.conns {
-		cc.Close()
-		delete(l.conns, a)
-	}
-}
+func (l *leadership) closeConns() { l.conns.Close() }
 
 var errNoLeader = rpcerr.NotLeader.Sub("no curator leader is elected yet; retry shortly")
 
