@@ -408,7 +408,7 @@ func (c *Client) metadata(name string, info minio.ObjectInfo) Metadata {
 
 func isNotFound(err error) bool {
 	code := minio.ToErrorResponse(err).Code
-	return code == minio.NoSuchKey || code == "NotFound" || code == minio.NoSuchBucket
+	return code == minio.NoSuchKey || code == "NotFound"
 }
 
 // Names are the names of the snapshots off-site, newest first (by the
