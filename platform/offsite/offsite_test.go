@@ -61,7 +61,7 @@ func TestRoundTrip(t *testing.T) {
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	var mds []snapshots.Metadata
 	var datas [][]byte
-	for i, size := range []int{4096 + 32, 8<<20 + 32, 512 + 32} {
+	for i, size := range []int{4096 + 32, 17<<20 + 32, 512 + 32} { // 17 MiB: a multipart upload (parts of 16 MiB)
 		md, data := snapshot(t, local, base.Add(time.Duration(i)*time.Minute), int64(100+i), size)
 		start := time.Now()
 		up, err := c.Upload(ctx, md, snapshots.Dir(local).DB(md.Name))

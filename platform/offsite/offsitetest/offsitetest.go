@@ -8,11 +8,16 @@
 package offsitetest
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/johannesboyne/gofakes3"
@@ -47,7 +52,80 @@ func Handler(dir string, buckets ...string) (http.Handler, error) {
 			}
 		}
 	}
-	return gofakes3.New(listing{backend}, gofakes3.WithoutVersioning()).Server(), nil
+	return unchunkParts(gofakes3.New(listing{backend}, gofakes3.WithoutVersioning()).Server()), nil
+}
+
+// streamingPayload marks a body in aws-chunked encoding, each chunk
+// signed: what S3 clients send over plain HTTP.
+const streamingPayload = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
+
+// unchunkParts decodes the aws-chunked body of a multipart upload's part
+// before gofakes3 sees it: gofakes3 decodes a whole object's body, but
+// stores a part's as is, chunk headers and all (v1.2.0).
+func unchunkParts(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if r.Method == http.MethodPut && q.Has("uploadId") && q.Has("partNumber") && r.Header.Get("X-Amz-Content-Sha256") == streamingPayload {
+			n, err := strconv.ParseInt(r.Header.Get("X-Amz-Decoded-Content-Length"), 10, 64)
+			if err != nil {
+				http.Error(w, "no X-Amz-Decoded-Content-Length", http.StatusBadRequest)
+				return
+			}
+			r.Body = struct {
+				io.Reader
+				io.Closer
+			}{&chunkedReader{r: bufio.NewReader(r.Body)}, r.Body}
+			r.ContentLength = n
+			r.Header.Set("Content-Length", strconv.FormatInt(n, 10))
+			r.Header.Set("X-Amz-Content-Sha256", "UNSIGNED-PAYLOAD")
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// chunkedReader reads the data of an aws-chunked body:
+// <hex size>;chunk-signature=<sig>\r\n<data>\r\n ..., ending with a chunk of
+// size 0.
+type chunkedReader struct {
+	r    *bufio.Reader
+	left int64 // of the current chunk
+	done bool
+}
+
+func (c *chunkedReader) Read(p []byte) (int, error) {
+	for c.left == 0 {
+		if c.done {
+			return 0, io.EOF
+		}
+		line, err := c.r.ReadString('\n')
+		if err != nil {
+			return 0, fmt.Errorf("aws-chunked header: %w", err)
+		}
+		size, _, _ := strings.Cut(strings.TrimSpace(line), ";")
+		n, err := strconv.ParseInt(size, 16, 64)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("aws-chunked header %q", line)
+		}
+		if n == 0 {
+			c.done = true
+			continue
+		}
+		c.left = n
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	if c.left == 0 && err == nil {
+		if _, err := c.r.Discard(2); err != nil { // the chunk's \r\n
+			return n, fmt.Errorf("aws-chunked data: %w", err)
+		}
+	}
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
 }
 
 // listing lists a prefix that names no directory (yet) as empty, as S3
