@@ -19,6 +19,7 @@
 package offsite
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -437,7 +438,7 @@ func (c *Client) Names(ctx context.Context) ([]string, error) {
 		if c := b.t.Compare(a.t); c != 0 {
 			return c
 		}
-		return int(b.rev - a.rev)
+		return cmp.Compare(b.rev, a.rev)
 	})
 	out := make([]string, len(list))
 	for i, e := range list {
