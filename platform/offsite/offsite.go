@@ -52,7 +52,7 @@ const Scheme = "s3"
 const (
 	EnvEndpoint  = "CURIA_S3_ENDPOINT"
 	EnvAccessKey = "CURIA_S3_ACCESS_KEY"
-	EnvSecretKey = "CURIA_S3_SECRET_KEY"
+	EnvSecretKey = "CURIA_S3_SECRET_KEY" //nolint:gosec // G101: the name of the variable that holds it, no secret
 )
 
 // User metadata keys (x-amz-meta-<key>) of an uploaded snapshot.
