@@ -150,7 +150,7 @@ func newSnapshotter(s *Service, cfg SnapshotConfig, log *slog.Logger) (*snapshot
 		}
 	}
 	if cfg.Offsite != "" {
-		off, err := newOffsiter(sn, cfg, log.With("part", "offsite"))
+		off, err := newOffsiter(sn, cfg, log)
 		if err != nil {
 			return nil, err
 		}

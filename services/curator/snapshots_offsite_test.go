@@ -82,7 +82,7 @@ func TestOffsiteSnapshots(t *testing.T) {
 		first = resp.Snapshots[0]
 		return nil
 	})
-	t.Logf("scheduled snapshot of %d bytes (%d keys) copied off-site %v after the cluster started", first.Size, first.TotalKeys, time.Since(start).Round(time.Millisecond))
+	t.Logf("scheduled snapshot of %d bytes (%d keys) copied off-site %v after the test began (the cluster's start included)", first.Size, first.TotalKeys, time.Since(start).Round(time.Millisecond))
 	if first.Trigger != curatorv1.SnapshotTrigger_SNAPSHOT_TRIGGER_SCHEDULED || first.OffsiteUrl != target+"/"+first.Name {
 		t.Fatalf("the first snapshot: %v", first)
 	}
@@ -123,15 +123,23 @@ func TestOffsiteSnapshots(t *testing.T) {
 	cli := c.Etcd(c.Voters[0].ClientURL)
 	var names []string // newest first
 	for i := range 2 {
-		if _, err := cli.Put(ctx, fmt.Sprintf("/test/offsite/%d", i), "v"); err != nil { // a new revision: a new name
-			t.Fatal(err)
+		// The first: 1000 keys more, about 8 MB (a new revision: a new name).
+		for j := range 1 + 999*(1-i) {
+			if _, err := cli.Put(ctx, fmt.Sprintf("/test/offsite/%d/%d", i, j), strings.Repeat("x", 8<<10)); err != nil {
+				t.Fatal(err)
+			}
 		}
 		resp, err := m.TakeSnapshot(ctx, &curatorv1.TakeSnapshotRequest{Reason: "the test"})
 		if err != nil {
 			t.Fatal(err)
 		}
+		taken := time.Now()
 		names = append([]string{resp.Snapshot.Name}, names...)
 		wantOffsite(map[string]curatorv1.SnapshotStorage{resp.Snapshot.Name: curatorv1.SnapshotStorage_SNAPSHOT_STORAGE_LOCAL_AND_OFFSITE}, i+2)
+		t.Logf("snapshot of %d bytes (%d keys) listed off-site %v after TakeSnapshot answered (the copy starts within a second)", resp.Snapshot.Size, resp.Snapshot.TotalKeys, time.Since(taken).Round(time.Millisecond))
+	}
+	if !c.Curators[0].LogContains("snapshot copied off-site") {
+		t.Fatal("the curator logged no copy")
 	}
 	list := wantOffsite(map[string]curatorv1.SnapshotStorage{
 		names[0]:   curatorv1.SnapshotStorage_SNAPSHOT_STORAGE_LOCAL_AND_OFFSITE,
