@@ -40,7 +40,7 @@ LINT_PACKAGES := $(foreach m,$(filter-out gen,$(MODULES)),./$(m)/...)
 # Binaries that `make build` produces, static, for FROM scratch images (the
 # compose and Kubernetes image: deploy/kubernetes's test checks that every
 # command its manifests run is one of them).
-CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator services/reconciler/cmd/reconciler services/roleserve/cmd/roleserve platform/cmd/curia-pki platform/cmd/curia-probe platform/cmd/curiactl services/dashboard/cmd/curia-dashboard deploy/local/cmd/curia-local deploy/kubernetes/cmd/curia-kube
+CMDS    := services/consensus/cmd/consensus services/curator/cmd/curator services/reconciler/cmd/reconciler services/roleserve/cmd/roleserve platform/cmd/curia-pki platform/cmd/curia-probe platform/cmd/curiactl platform/cmd/curia-s3 services/dashboard/cmd/curia-dashboard deploy/local/cmd/curia-local deploy/kubernetes/cmd/curia-kube
 BIN     := $(CURDIR)/bin
 
 # protovalidate's rules (buf/validate/validate.proto), which our protos

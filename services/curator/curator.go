@@ -18,6 +18,7 @@
 // health, in shards),
 // leader_consensus_status.go, leader_audit.go, leader_leases.go (leases),
 // leader_snapshots.go and snapshot_take.go (etcd snapshots),
+// leader_snapshots_offsite.go (their copies in S3-compatible storage),
 // leader_defrag.go (etcd defragmentation and its NOSPACE alarm),
 // leader_maintenance.go (a node out of service for a while),
 // leader_reconcile.go (the reconciler's fenced role writes, the
@@ -123,7 +124,7 @@ func DefaultConfig() Config {
 		EnrolmentBurst:    40,
 		CertValidity:      30 * 24 * time.Hour,
 		Audit:             AuditRetention{MaxAge: 90 * 24 * time.Hour, MaxEvents: 100000, Every: 10 * time.Minute},
-		Snapshots:         SnapshotConfig{Interval: 10 * time.Minute, Keep: 24, MaxAge: 7 * 24 * time.Hour, ReuseWithin: 30 * time.Second},
+		Snapshots:         SnapshotConfig{Interval: 10 * time.Minute, Keep: 24, MaxAge: 7 * 24 * time.Hour, ReuseWithin: 30 * time.Second, OffsiteKeep: 48},
 		Defrag:            DefragConfig{CheckInterval: 5 * time.Minute, Threshold: 0.5, MinWasted: 64 << 20},
 	}
 }
@@ -406,6 +407,9 @@ func (s *Service) Run(ctx context.Context) error {
 	g.AddReady("audit-retention", s.pruneAuditLog)
 	if s.cfg.Snapshots.Dir != "" {
 		g.AddReady("snapshots", s.snaps.run)
+	}
+	if s.snaps.off != nil {
+		g.AddReady("snapshots-offsite", s.snaps.off.run)
 	}
 	g.AddReady("defrag", s.defrag.run)
 	g.AddReady("maintenance", s.expireMaintenance)

@@ -19,6 +19,7 @@ import (
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/offsite"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/snapshots"
 )
@@ -54,6 +55,13 @@ type SnapshotConfig struct {
 	// ReuseWithin: a snapshot asked for before a membership change is the
 	// newest one when that is younger than this (TakeSnapshot's rule).
 	ReuseWithin time.Duration
+	// Offsite is where the leader copies each snapshot it takes
+	// (s3://bucket/prefix, leader_snapshots_offsite.go); empty: nowhere.
+	// OffsiteKeep is its retention there: the newest, never the one just
+	// copied. S3 reaches the object storage.
+	Offsite     string
+	OffsiteKeep int
+	S3          offsite.Options
 }
 
 // AddFlags registers the snapshot flags.
@@ -63,11 +71,17 @@ func (c *SnapshotConfig) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Keep, "snapshot-keep", c.Keep, "at most this many snapshots are kept, the newest")
 	fs.DurationVar(&c.MaxAge, "snapshot-max-age", c.MaxAge, "snapshots older than this are deleted, but never the newest")
 	fs.DurationVar(&c.ReuseWithin, "snapshot-reuse-within", c.ReuseWithin, "a snapshot asked for before a membership change is the newest one when that was taken less than this ago (0: always a new one)")
+	fs.StringVar(&c.Offsite, "snapshot-offsite", c.Offsite, "S3-compatible object storage where the leader copies each snapshot it takes, s3://bucket/prefix (off when empty; the --s3-* flags reach it)")
+	fs.IntVar(&c.OffsiteKeep, "snapshot-offsite-keep", c.OffsiteKeep, "at most this many snapshots are kept off-site, the newest (never the one just copied)")
+	c.S3.AddFlags(fs, "")
 }
 
 // Validate checks the snapshot flags (only when snapshots are on).
 func (c *SnapshotConfig) Validate() error {
 	if c.Dir == "" {
+		if c.Offsite != "" {
+			return fmt.Errorf("--snapshot-offsite %s needs --snapshot-dir: snapshots are taken there, then copied", c.Offsite)
+		}
 		return nil
 	}
 	if c.Interval != 0 && c.Interval < time.Second {
@@ -79,7 +93,7 @@ func (c *SnapshotConfig) Validate() error {
 	if c.MaxAge <= 0 || c.ReuseWithin < 0 {
 		return fmt.Errorf("--snapshot-max-age %v must be positive, --snapshot-reuse-within %v not negative", c.MaxAge, c.ReuseWithin)
 	}
-	return nil
+	return c.validateOffsite()
 }
 
 const (
@@ -112,6 +126,8 @@ type snapshotter struct {
 	failures prometheus.Counter
 	// one is held while this replica takes a snapshot: one at a time.
 	one chan struct{}
+	// off copies the snapshots off-site (nil without --snapshot-offsite).
+	off *offsiter
 
 	mu sync.Mutex
 	// newest is the newest snapshot of the directory as last seen.
@@ -132,6 +148,13 @@ func newSnapshotter(s *Service, cfg SnapshotConfig, log *slog.Logger) (*snapshot
 		if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 			return nil, fmt.Errorf("--snapshot-dir: %w", err)
 		}
+	}
+	if cfg.Offsite != "" {
+		off, err := newOffsiter(sn, cfg, log)
+		if err != nil {
+			return nil, err
+		}
+		sn.off = off
 	}
 	return sn, nil
 }
@@ -354,6 +377,9 @@ func (sn *snapshotter) status() *curatorv1.SnapshotStatus {
 	if n := sn.newestGood(); n != nil {
 		st.LastGood = snapshotProto(*n)
 	}
+	if sn.off != nil {
+		sn.off.status(st)
+	}
 	sn.mu.Lock()
 	defer sn.mu.Unlock()
 	if sn.lastFailure != "" {
@@ -374,7 +400,11 @@ func (sn *snapshotter) metrics() []prometheus.Collector {
 			return 0
 		}
 	}
-	return []prometheus.Collector{
+	var off []prometheus.Collector
+	if sn.off != nil {
+		off = sn.off.metrics()
+	}
+	return append(off,
 		sn.failures,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "curia_curator_snapshot_last_success_timestamp_seconds", Help: "When the newest good etcd snapshot of the snapshot directory was taken (unix seconds; 0: none). The leader's is current; a follower's is as of its last look (a minute at most).",
@@ -382,7 +412,7 @@ func (sn *snapshotter) metrics() []prometheus.Collector {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "curia_curator_snapshot_last_success_revision", Help: "etcd revision of the newest good snapshot of the snapshot directory (0: none).",
 		}, newest(func(n *snapshots.Metadata) float64 { return float64(n.Revision) })),
-	}
+	)
 }
 
 func (x *managementServer) TakeSnapshot(ctx context.Context, req *curatorv1.TakeSnapshotRequest) (*curatorv1.TakeSnapshotResponse, error) {
@@ -422,6 +452,9 @@ func (x *managementServer) ListSnapshots(context.Context, *curatorv1.ListSnapsho
 	resp := &curatorv1.ListSnapshotsResponse{Directory: sn.cfg.Dir}
 	for _, md := range list {
 		resp.Snapshots = append(resp.Snapshots, snapshotProto(md))
+	}
+	if sn.off != nil {
+		sn.off.annotate(resp)
 	}
 	return resp, nil
 }
@@ -487,6 +520,7 @@ func snapshotProto(md snapshots.Metadata) *curatorv1.SnapshotMetadata {
 		Source: member(md.Source), Size: md.Size, Sha256: md.SHA256,
 		EtcdHash: md.EtcdHash, TotalKeys: int64(md.TotalKeys), StorageVersion: md.StorageVersion,
 		Trigger: snapshotTriggers[md.Trigger], Reason: md.Reason, RequestedBy: md.RequestedBy, TakenBy: md.TakenBy,
+		Storage: curatorv1.SnapshotStorage_SNAPSHOT_STORAGE_LOCAL,
 	}
 	for _, m := range md.Members {
 		out.Members = append(out.Members, member(m))

@@ -85,6 +85,64 @@ func (NodeView) EnumDescriptor() ([]byte, []int) {
 	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{0}
 }
 
+// SnapshotStorage is where a snapshot is kept.
+type SnapshotStorage int32
+
+const (
+	// Unknown.
+	SnapshotStorage_SNAPSHOT_STORAGE_UNSPECIFIED SnapshotStorage = 0
+	// In the snapshot directory only.
+	SnapshotStorage_SNAPSHOT_STORAGE_LOCAL SnapshotStorage = 1
+	// Off-site only (--snapshot-offsite): the directory's retention
+	// deleted it there.
+	SnapshotStorage_SNAPSHOT_STORAGE_OFFSITE SnapshotStorage = 2
+	// In the snapshot directory and off-site.
+	SnapshotStorage_SNAPSHOT_STORAGE_LOCAL_AND_OFFSITE SnapshotStorage = 3
+)
+
+// Enum value maps for SnapshotStorage.
+var (
+	SnapshotStorage_name = map[int32]string{
+		0: "SNAPSHOT_STORAGE_UNSPECIFIED",
+		1: "SNAPSHOT_STORAGE_LOCAL",
+		2: "SNAPSHOT_STORAGE_OFFSITE",
+		3: "SNAPSHOT_STORAGE_LOCAL_AND_OFFSITE",
+	}
+	SnapshotStorage_value = map[string]int32{
+		"SNAPSHOT_STORAGE_UNSPECIFIED":       0,
+		"SNAPSHOT_STORAGE_LOCAL":             1,
+		"SNAPSHOT_STORAGE_OFFSITE":           2,
+		"SNAPSHOT_STORAGE_LOCAL_AND_OFFSITE": 3,
+	}
+)
+
+func (x SnapshotStorage) Enum() *SnapshotStorage {
+	p := new(SnapshotStorage)
+	*p = x
+	return p
+}
+
+func (x SnapshotStorage) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SnapshotStorage) Descriptor() protoreflect.EnumDescriptor {
+	return file_curia_curator_v1_management_proto_enumTypes[1].Descriptor()
+}
+
+func (SnapshotStorage) Type() protoreflect.EnumType {
+	return &file_curia_curator_v1_management_proto_enumTypes[1]
+}
+
+func (x SnapshotStorage) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SnapshotStorage.Descriptor instead.
+func (SnapshotStorage) EnumDescriptor() ([]byte, []int) {
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{1}
+}
+
 // SnapshotTrigger is why a snapshot was taken.
 type SnapshotTrigger int32
 
@@ -126,11 +184,11 @@ func (x SnapshotTrigger) String() string {
 }
 
 func (SnapshotTrigger) Descriptor() protoreflect.EnumDescriptor {
-	return file_curia_curator_v1_management_proto_enumTypes[1].Descriptor()
+	return file_curia_curator_v1_management_proto_enumTypes[2].Descriptor()
 }
 
 func (SnapshotTrigger) Type() protoreflect.EnumType {
-	return &file_curia_curator_v1_management_proto_enumTypes[1]
+	return &file_curia_curator_v1_management_proto_enumTypes[2]
 }
 
 func (x SnapshotTrigger) Number() protoreflect.EnumNumber {
@@ -139,7 +197,7 @@ func (x SnapshotTrigger) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SnapshotTrigger.Descriptor instead.
 func (SnapshotTrigger) EnumDescriptor() ([]byte, []int) {
-	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{1}
+	return file_curia_curator_v1_management_proto_rawDescGZIP(), []int{2}
 }
 
 // GetNodesRequest filters nodes.
@@ -1302,8 +1360,15 @@ type SnapshotStatus struct {
 	LastFailure string `protobuf:"bytes,5,opt,name=last_failure,json=lastFailure,proto3" json:"last_failure,omitempty"`
 	// When that attempt failed.
 	LastFailureTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_failure_time,json=lastFailureTime,proto3" json:"last_failure_time,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Where the leader copies its snapshots off-site (--snapshot-offsite,
+	// s3://bucket/prefix); empty: nowhere.
+	Offsite string `protobuf:"bytes,7,opt,name=offsite,proto3" json:"offsite,omitempty"`
+	// When this replica, leading, last copied a snapshot off-site.
+	OffsiteLastSuccess *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=offsite_last_success,json=offsiteLastSuccess,proto3" json:"offsite_last_success,omitempty"`
+	// Why its last copy failed, when it did (empty once one succeeds).
+	OffsiteLastFailure string `protobuf:"bytes,9,opt,name=offsite_last_failure,json=offsiteLastFailure,proto3" json:"offsite_last_failure,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *SnapshotStatus) Reset() {
@@ -1376,6 +1441,27 @@ func (x *SnapshotStatus) GetLastFailureTime() *timestamppb.Timestamp {
 		return x.LastFailureTime
 	}
 	return nil
+}
+
+func (x *SnapshotStatus) GetOffsite() string {
+	if x != nil {
+		return x.Offsite
+	}
+	return ""
+}
+
+func (x *SnapshotStatus) GetOffsiteLastSuccess() *timestamppb.Timestamp {
+	if x != nil {
+		return x.OffsiteLastSuccess
+	}
+	return nil
+}
+
+func (x *SnapshotStatus) GetOffsiteLastFailure() string {
+	if x != nil {
+		return x.OffsiteLastFailure
+	}
+	return ""
 }
 
 // SnapshotMember is an etcd member as a snapshot records it.
@@ -1484,7 +1570,12 @@ type SnapshotMetadata struct {
 	// Who asked (empty for a scheduled snapshot).
 	RequestedBy string `protobuf:"bytes,13,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
 	// The curator replica that took it.
-	TakenBy       string `protobuf:"bytes,14,opt,name=taken_by,json=takenBy,proto3" json:"taken_by,omitempty"`
+	TakenBy string `protobuf:"bytes,14,opt,name=taken_by,json=takenBy,proto3" json:"taken_by,omitempty"`
+	// Where it is kept: ListSnapshots says, as of the leader's last look
+	// off-site (after each copy); other calls say LOCAL.
+	Storage SnapshotStorage `protobuf:"varint,15,opt,name=storage,proto3,enum=curia.curator.v1.SnapshotStorage" json:"storage,omitempty"`
+	// Its copy off-site (s3://bucket/prefix/<name>), when it has one.
+	OffsiteUrl    string `protobuf:"bytes,16,opt,name=offsite_url,json=offsiteUrl,proto3" json:"offsite_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1613,6 +1704,20 @@ func (x *SnapshotMetadata) GetRequestedBy() string {
 func (x *SnapshotMetadata) GetTakenBy() string {
 	if x != nil {
 		return x.TakenBy
+	}
+	return ""
+}
+
+func (x *SnapshotMetadata) GetStorage() SnapshotStorage {
+	if x != nil {
+		return x.Storage
+	}
+	return SnapshotStorage_SNAPSHOT_STORAGE_UNSPECIFIED
+}
+
+func (x *SnapshotMetadata) GetOffsiteUrl() string {
+	if x != nil {
+		return x.OffsiteUrl
 	}
 	return ""
 }
@@ -1771,10 +1876,19 @@ func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
 // ListSnapshotsResponse lists the snapshots.
 type ListSnapshotsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Every snapshot of the directory, newest first.
+	// Every snapshot of the directory, and with --snapshot-offsite every
+	// one off-site, newest first. Those off-site only carry what their
+	// object's metadata holds: name, time, revision, size, sha256, who
+	// took them.
 	Snapshots []*SnapshotMetadata `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
 	// The snapshot directory, as the leader sees it.
-	Directory     string `protobuf:"bytes,2,opt,name=directory,proto3" json:"directory,omitempty"`
+	Directory string `protobuf:"bytes,2,opt,name=directory,proto3" json:"directory,omitempty"`
+	// Where snapshots are copied off-site (s3://bucket/prefix); empty:
+	// nowhere.
+	Offsite string `protobuf:"bytes,3,opt,name=offsite,proto3" json:"offsite,omitempty"`
+	// Why the leader could not list the snapshots off-site at its last
+	// look, when it could not: their storage is then as of the look before.
+	OffsiteError  string `protobuf:"bytes,4,opt,name=offsite_error,json=offsiteError,proto3" json:"offsite_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1819,6 +1933,20 @@ func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotMetadata {
 func (x *ListSnapshotsResponse) GetDirectory() string {
 	if x != nil {
 		return x.Directory
+	}
+	return ""
+}
+
+func (x *ListSnapshotsResponse) GetOffsite() string {
+	if x != nil {
+		return x.Offsite
+	}
+	return ""
+}
+
+func (x *ListSnapshotsResponse) GetOffsiteError() string {
+	if x != nil {
+		return x.OffsiteError
 	}
 	return ""
 }
@@ -2518,19 +2646,22 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"lastRunEnd\x12(\n" +
 	"\x10last_run_outcome\x18\x06 \x01(\tR\x0elastRunOutcome\x12\x1e\n" +
 	"\vlast_run_ok\x18\a \x01(\bR\tlastRunOk\x12$\n" +
-	"\x0elast_run_steps\x18\b \x03(\tR\flastRunSteps\"\xab\x02\n" +
+	"\x0elast_run_steps\x18\b \x03(\tR\flastRunSteps\"\xc5\x03\n" +
 	"\x0eSnapshotStatus\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1c\n" +
 	"\tdirectory\x18\x02 \x01(\tR\tdirectory\x125\n" +
 	"\binterval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\binterval\x12?\n" +
 	"\tlast_good\x18\x04 \x01(\v2\".curia.curator.v1.SnapshotMetadataR\blastGood\x12!\n" +
 	"\flast_failure\x18\x05 \x01(\tR\vlastFailure\x12F\n" +
-	"\x11last_failure_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastFailureTime\"k\n" +
+	"\x11last_failure_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastFailureTime\x12\x18\n" +
+	"\aoffsite\x18\a \x01(\tR\aoffsite\x12L\n" +
+	"\x14offsite_last_success\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x12offsiteLastSuccess\x120\n" +
+	"\x14offsite_last_failure\x18\t \x01(\tR\x12offsiteLastFailure\"k\n" +
 	"\x0eSnapshotMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1b\n" +
 	"\tpeer_urls\x18\x03 \x03(\tR\bpeerUrls\x12\x18\n" +
-	"\alearner\x18\x04 \x01(\bR\alearner\"\x93\x04\n" +
+	"\alearner\x18\x04 \x01(\bR\alearner\"\xf1\x04\n" +
 	"\x10SnapshotMetadata\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x125\n" +
 	"\btaken_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\atakenAt\x12\x1a\n" +
@@ -2547,17 +2678,22 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\atrigger\x18\v \x01(\x0e2!.curia.curator.v1.SnapshotTriggerR\atrigger\x12\x16\n" +
 	"\x06reason\x18\f \x01(\tR\x06reason\x12!\n" +
 	"\frequested_by\x18\r \x01(\tR\vrequestedBy\x12\x19\n" +
-	"\btaken_by\x18\x0e \x01(\tR\atakenBy\"\x83\x01\n" +
+	"\btaken_by\x18\x0e \x01(\tR\atakenBy\x12;\n" +
+	"\astorage\x18\x0f \x01(\x0e2!.curia.curator.v1.SnapshotStorageR\astorage\x12\x1f\n" +
+	"\voffsite_url\x18\x10 \x01(\tR\n" +
+	"offsiteUrl\"\x83\x01\n" +
 	"\x13TakeSnapshotRequest\x12$\n" +
 	"\x06reason\x18\x01 \x01(\tB\f\xbaH\tr\a\xe0\xd5\"\x01(\x80\bR\x06reason\x12F\n" +
 	"\x18before_membership_change\x18\x02 \x01(\tB\f\xbaH\tr\a\xe0\xd5\"\x01(\x80\bR\x16beforeMembershipChange\"n\n" +
 	"\x14TakeSnapshotResponse\x12>\n" +
 	"\bsnapshot\x18\x01 \x01(\v2\".curia.curator.v1.SnapshotMetadataR\bsnapshot\x12\x16\n" +
 	"\x06reused\x18\x02 \x01(\bR\x06reused\"\x16\n" +
-	"\x14ListSnapshotsRequest\"w\n" +
+	"\x14ListSnapshotsRequest\"\xb6\x01\n" +
 	"\x15ListSnapshotsResponse\x12@\n" +
 	"\tsnapshots\x18\x01 \x03(\v2\".curia.curator.v1.SnapshotMetadataR\tsnapshots\x12\x1c\n" +
-	"\tdirectory\x18\x02 \x01(\tR\tdirectory\"\x89\x02\n" +
+	"\tdirectory\x18\x02 \x01(\tR\tdirectory\x12\x18\n" +
+	"\aoffsite\x18\x03 \x01(\tR\aoffsite\x12#\n" +
+	"\roffsite_error\x18\x04 \x01(\tR\foffsiteError\"\x89\x02\n" +
 	"\x12GetSnapshotRequest\x12\xf2\x01\n" +
 	"\x04name\x18\x01 \x01(\tB\xdd\x01\xbaH\xd9\x01\xba\x01\xd5\x01\n" +
 	"\rsnapshot.name\x12\x80\x01must be a snapshot's name as ListSnapshots returns it: snapshot-<UTC yyyymmddThhmmssZ>-rev<revision>, no directory, no extension\x1aAthis.matches('^snapshot-[0-9]{8}T[0-9]{6}Z-rev[1-9][0-9]{0,18}$')R\x04name\"k\n" +
@@ -2606,7 +2742,12 @@ const file_curia_curator_v1_management_proto_rawDesc = "" +
 	"\bNodeView\x12\x19\n" +
 	"\x15NODE_VIEW_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fNODE_VIEW_BASIC\x10\x01\x12\x12\n" +
-	"\x0eNODE_VIEW_FULL\x10\x02*\xa2\x01\n" +
+	"\x0eNODE_VIEW_FULL\x10\x02*\x95\x01\n" +
+	"\x0fSnapshotStorage\x12 \n" +
+	"\x1cSNAPSHOT_STORAGE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16SNAPSHOT_STORAGE_LOCAL\x10\x01\x12\x1c\n" +
+	"\x18SNAPSHOT_STORAGE_OFFSITE\x10\x02\x12&\n" +
+	"\"SNAPSHOT_STORAGE_LOCAL_AND_OFFSITE\x10\x03*\xa2\x01\n" +
 	"\x0fSnapshotTrigger\x12 \n" +
 	"\x1cSNAPSHOT_TRIGGER_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aSNAPSHOT_TRIGGER_SCHEDULED\x10\x01\x12\x1e\n" +
@@ -2647,133 +2788,136 @@ func file_curia_curator_v1_management_proto_rawDescGZIP() []byte {
 	return file_curia_curator_v1_management_proto_rawDescData
 }
 
-var file_curia_curator_v1_management_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_curia_curator_v1_management_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_curia_curator_v1_management_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_curia_curator_v1_management_proto_goTypes = []any{
 	(NodeView)(0),                        // 0: curia.curator.v1.NodeView
-	(SnapshotTrigger)(0),                 // 1: curia.curator.v1.SnapshotTrigger
-	(*GetNodesRequest)(nil),              // 2: curia.curator.v1.GetNodesRequest
-	(*ListNodesRequest)(nil),             // 3: curia.curator.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),            // 4: curia.curator.v1.ListNodesResponse
-	(*GetNodesResponse)(nil),             // 5: curia.curator.v1.GetNodesResponse
-	(*ApproveNodeRequest)(nil),           // 6: curia.curator.v1.ApproveNodeRequest
-	(*ApproveNodeResponse)(nil),          // 7: curia.curator.v1.ApproveNodeResponse
-	(*UpdateNodeRolesRequest)(nil),       // 8: curia.curator.v1.UpdateNodeRolesRequest
-	(*UpdateNodeRolesResponse)(nil),      // 9: curia.curator.v1.UpdateNodeRolesResponse
-	(*StartNodeMaintenanceRequest)(nil),  // 10: curia.curator.v1.StartNodeMaintenanceRequest
-	(*StartNodeMaintenanceResponse)(nil), // 11: curia.curator.v1.StartNodeMaintenanceResponse
-	(*EndNodeMaintenanceRequest)(nil),    // 12: curia.curator.v1.EndNodeMaintenanceRequest
-	(*EndNodeMaintenanceResponse)(nil),   // 13: curia.curator.v1.EndNodeMaintenanceResponse
-	(*DecommissionNodeRequest)(nil),      // 14: curia.curator.v1.DecommissionNodeRequest
-	(*DecommissionNodeResponse)(nil),     // 15: curia.curator.v1.DecommissionNodeResponse
-	(*DeleteNodeRequest)(nil),            // 16: curia.curator.v1.DeleteNodeRequest
-	(*DeleteNodeResponse)(nil),           // 17: curia.curator.v1.DeleteNodeResponse
-	(*GetClusterInfoRequest)(nil),        // 18: curia.curator.v1.GetClusterInfoRequest
-	(*GetClusterInfoResponse)(nil),       // 19: curia.curator.v1.GetClusterInfoResponse
-	(*EtcdMaintenanceStatus)(nil),        // 20: curia.curator.v1.EtcdMaintenanceStatus
-	(*SnapshotStatus)(nil),               // 21: curia.curator.v1.SnapshotStatus
-	(*SnapshotMember)(nil),               // 22: curia.curator.v1.SnapshotMember
-	(*SnapshotMetadata)(nil),             // 23: curia.curator.v1.SnapshotMetadata
-	(*TakeSnapshotRequest)(nil),          // 24: curia.curator.v1.TakeSnapshotRequest
-	(*TakeSnapshotResponse)(nil),         // 25: curia.curator.v1.TakeSnapshotResponse
-	(*ListSnapshotsRequest)(nil),         // 26: curia.curator.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),        // 27: curia.curator.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),           // 28: curia.curator.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),          // 29: curia.curator.v1.GetSnapshotResponse
-	(*GetConsensusStatusRequest)(nil),    // 30: curia.curator.v1.GetConsensusStatusRequest
-	(*ConsensusMemberStatus)(nil),        // 31: curia.curator.v1.ConsensusMemberStatus
-	(*GetConsensusStatusResponse)(nil),   // 32: curia.curator.v1.GetConsensusStatusResponse
-	(*GetRegisterTicketRequest)(nil),     // 33: curia.curator.v1.GetRegisterTicketRequest
-	(*GetRegisterTicketResponse)(nil),    // 34: curia.curator.v1.GetRegisterTicketResponse
-	(*WatchAuditLogRequest)(nil),         // 35: curia.curator.v1.WatchAuditLogRequest
-	(*WatchAuditLogResponse)(nil),        // 36: curia.curator.v1.WatchAuditLogResponse
-	nil,                                  // 37: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	(*Node)(nil),                         // 38: curia.curator.v1.Node
-	(*durationpb.Duration)(nil),          // 39: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),        // 40: google.protobuf.Timestamp
-	(NodeHealth)(0),                      // 41: curia.curator.v1.NodeHealth
-	(*v1.PendingChange)(nil),             // 42: curia.consensus.v1.PendingChange
-	(*v11.Event)(nil),                    // 43: curia.audit.v1.Event
-	(*GetClusterConfigRequest)(nil),      // 44: curia.curator.v1.GetClusterConfigRequest
-	(*UpdateClusterConfigRequest)(nil),   // 45: curia.curator.v1.UpdateClusterConfigRequest
-	(*WatchClusterConfigRequest)(nil),    // 46: curia.curator.v1.WatchClusterConfigRequest
-	(*GetClusterConfigResponse)(nil),     // 47: curia.curator.v1.GetClusterConfigResponse
-	(*UpdateClusterConfigResponse)(nil),  // 48: curia.curator.v1.UpdateClusterConfigResponse
-	(*WatchClusterConfigResponse)(nil),   // 49: curia.curator.v1.WatchClusterConfigResponse
+	(SnapshotStorage)(0),                 // 1: curia.curator.v1.SnapshotStorage
+	(SnapshotTrigger)(0),                 // 2: curia.curator.v1.SnapshotTrigger
+	(*GetNodesRequest)(nil),              // 3: curia.curator.v1.GetNodesRequest
+	(*ListNodesRequest)(nil),             // 4: curia.curator.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),            // 5: curia.curator.v1.ListNodesResponse
+	(*GetNodesResponse)(nil),             // 6: curia.curator.v1.GetNodesResponse
+	(*ApproveNodeRequest)(nil),           // 7: curia.curator.v1.ApproveNodeRequest
+	(*ApproveNodeResponse)(nil),          // 8: curia.curator.v1.ApproveNodeResponse
+	(*UpdateNodeRolesRequest)(nil),       // 9: curia.curator.v1.UpdateNodeRolesRequest
+	(*UpdateNodeRolesResponse)(nil),      // 10: curia.curator.v1.UpdateNodeRolesResponse
+	(*StartNodeMaintenanceRequest)(nil),  // 11: curia.curator.v1.StartNodeMaintenanceRequest
+	(*StartNodeMaintenanceResponse)(nil), // 12: curia.curator.v1.StartNodeMaintenanceResponse
+	(*EndNodeMaintenanceRequest)(nil),    // 13: curia.curator.v1.EndNodeMaintenanceRequest
+	(*EndNodeMaintenanceResponse)(nil),   // 14: curia.curator.v1.EndNodeMaintenanceResponse
+	(*DecommissionNodeRequest)(nil),      // 15: curia.curator.v1.DecommissionNodeRequest
+	(*DecommissionNodeResponse)(nil),     // 16: curia.curator.v1.DecommissionNodeResponse
+	(*DeleteNodeRequest)(nil),            // 17: curia.curator.v1.DeleteNodeRequest
+	(*DeleteNodeResponse)(nil),           // 18: curia.curator.v1.DeleteNodeResponse
+	(*GetClusterInfoRequest)(nil),        // 19: curia.curator.v1.GetClusterInfoRequest
+	(*GetClusterInfoResponse)(nil),       // 20: curia.curator.v1.GetClusterInfoResponse
+	(*EtcdMaintenanceStatus)(nil),        // 21: curia.curator.v1.EtcdMaintenanceStatus
+	(*SnapshotStatus)(nil),               // 22: curia.curator.v1.SnapshotStatus
+	(*SnapshotMember)(nil),               // 23: curia.curator.v1.SnapshotMember
+	(*SnapshotMetadata)(nil),             // 24: curia.curator.v1.SnapshotMetadata
+	(*TakeSnapshotRequest)(nil),          // 25: curia.curator.v1.TakeSnapshotRequest
+	(*TakeSnapshotResponse)(nil),         // 26: curia.curator.v1.TakeSnapshotResponse
+	(*ListSnapshotsRequest)(nil),         // 27: curia.curator.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 28: curia.curator.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),           // 29: curia.curator.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),          // 30: curia.curator.v1.GetSnapshotResponse
+	(*GetConsensusStatusRequest)(nil),    // 31: curia.curator.v1.GetConsensusStatusRequest
+	(*ConsensusMemberStatus)(nil),        // 32: curia.curator.v1.ConsensusMemberStatus
+	(*GetConsensusStatusResponse)(nil),   // 33: curia.curator.v1.GetConsensusStatusResponse
+	(*GetRegisterTicketRequest)(nil),     // 34: curia.curator.v1.GetRegisterTicketRequest
+	(*GetRegisterTicketResponse)(nil),    // 35: curia.curator.v1.GetRegisterTicketResponse
+	(*WatchAuditLogRequest)(nil),         // 36: curia.curator.v1.WatchAuditLogRequest
+	(*WatchAuditLogResponse)(nil),        // 37: curia.curator.v1.WatchAuditLogResponse
+	nil,                                  // 38: curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	(*Node)(nil),                         // 39: curia.curator.v1.Node
+	(*durationpb.Duration)(nil),          // 40: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),        // 41: google.protobuf.Timestamp
+	(NodeHealth)(0),                      // 42: curia.curator.v1.NodeHealth
+	(*v1.PendingChange)(nil),             // 43: curia.consensus.v1.PendingChange
+	(*v11.Event)(nil),                    // 44: curia.audit.v1.Event
+	(*GetClusterConfigRequest)(nil),      // 45: curia.curator.v1.GetClusterConfigRequest
+	(*UpdateClusterConfigRequest)(nil),   // 46: curia.curator.v1.UpdateClusterConfigRequest
+	(*WatchClusterConfigRequest)(nil),    // 47: curia.curator.v1.WatchClusterConfigRequest
+	(*GetClusterConfigResponse)(nil),     // 48: curia.curator.v1.GetClusterConfigResponse
+	(*UpdateClusterConfigResponse)(nil),  // 49: curia.curator.v1.UpdateClusterConfigResponse
+	(*WatchClusterConfigResponse)(nil),   // 50: curia.curator.v1.WatchClusterConfigResponse
 }
 var file_curia_curator_v1_management_proto_depIdxs = []int32{
 	0,  // 0: curia.curator.v1.GetNodesRequest.view:type_name -> curia.curator.v1.NodeView
 	0,  // 1: curia.curator.v1.ListNodesRequest.view:type_name -> curia.curator.v1.NodeView
-	38, // 2: curia.curator.v1.ListNodesResponse.nodes:type_name -> curia.curator.v1.Node
-	38, // 3: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
-	38, // 4: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
-	38, // 5: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
-	39, // 6: curia.curator.v1.StartNodeMaintenanceRequest.duration:type_name -> google.protobuf.Duration
-	38, // 7: curia.curator.v1.StartNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
-	38, // 8: curia.curator.v1.EndNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
-	38, // 9: curia.curator.v1.DecommissionNodeResponse.node:type_name -> curia.curator.v1.Node
-	37, // 10: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
-	21, // 11: curia.curator.v1.GetClusterInfoResponse.snapshots:type_name -> curia.curator.v1.SnapshotStatus
-	20, // 12: curia.curator.v1.GetClusterInfoResponse.etcd_maintenance:type_name -> curia.curator.v1.EtcdMaintenanceStatus
-	39, // 13: curia.curator.v1.EtcdMaintenanceStatus.defrag_check_interval:type_name -> google.protobuf.Duration
-	40, // 14: curia.curator.v1.EtcdMaintenanceStatus.last_run_start:type_name -> google.protobuf.Timestamp
-	40, // 15: curia.curator.v1.EtcdMaintenanceStatus.last_run_end:type_name -> google.protobuf.Timestamp
-	39, // 16: curia.curator.v1.SnapshotStatus.interval:type_name -> google.protobuf.Duration
-	23, // 17: curia.curator.v1.SnapshotStatus.last_good:type_name -> curia.curator.v1.SnapshotMetadata
-	40, // 18: curia.curator.v1.SnapshotStatus.last_failure_time:type_name -> google.protobuf.Timestamp
-	40, // 19: curia.curator.v1.SnapshotMetadata.taken_at:type_name -> google.protobuf.Timestamp
-	22, // 20: curia.curator.v1.SnapshotMetadata.source:type_name -> curia.curator.v1.SnapshotMember
-	22, // 21: curia.curator.v1.SnapshotMetadata.members:type_name -> curia.curator.v1.SnapshotMember
-	1,  // 22: curia.curator.v1.SnapshotMetadata.trigger:type_name -> curia.curator.v1.SnapshotTrigger
-	23, // 23: curia.curator.v1.TakeSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
-	23, // 24: curia.curator.v1.ListSnapshotsResponse.snapshots:type_name -> curia.curator.v1.SnapshotMetadata
-	23, // 25: curia.curator.v1.GetSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
-	41, // 26: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
-	40, // 27: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	31, // 28: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
-	42, // 29: curia.curator.v1.GetConsensusStatusResponse.pending:type_name -> curia.consensus.v1.PendingChange
-	43, // 30: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
-	2,  // 31: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
-	3,  // 32: curia.curator.v1.Management.ListNodes:input_type -> curia.curator.v1.ListNodesRequest
-	6,  // 33: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
-	8,  // 34: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
-	16, // 35: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
-	10, // 36: curia.curator.v1.Management.StartNodeMaintenance:input_type -> curia.curator.v1.StartNodeMaintenanceRequest
-	12, // 37: curia.curator.v1.Management.EndNodeMaintenance:input_type -> curia.curator.v1.EndNodeMaintenanceRequest
-	14, // 38: curia.curator.v1.Management.DecommissionNode:input_type -> curia.curator.v1.DecommissionNodeRequest
-	18, // 39: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
-	30, // 40: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
-	33, // 41: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
-	44, // 42: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
-	45, // 43: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
-	46, // 44: curia.curator.v1.Management.WatchClusterConfig:input_type -> curia.curator.v1.WatchClusterConfigRequest
-	35, // 45: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
-	24, // 46: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
-	26, // 47: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
-	28, // 48: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
-	5,  // 49: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
-	4,  // 50: curia.curator.v1.Management.ListNodes:output_type -> curia.curator.v1.ListNodesResponse
-	7,  // 51: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
-	9,  // 52: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
-	17, // 53: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
-	11, // 54: curia.curator.v1.Management.StartNodeMaintenance:output_type -> curia.curator.v1.StartNodeMaintenanceResponse
-	13, // 55: curia.curator.v1.Management.EndNodeMaintenance:output_type -> curia.curator.v1.EndNodeMaintenanceResponse
-	15, // 56: curia.curator.v1.Management.DecommissionNode:output_type -> curia.curator.v1.DecommissionNodeResponse
-	19, // 57: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
-	32, // 58: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
-	34, // 59: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
-	47, // 60: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
-	48, // 61: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
-	49, // 62: curia.curator.v1.Management.WatchClusterConfig:output_type -> curia.curator.v1.WatchClusterConfigResponse
-	36, // 63: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
-	25, // 64: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
-	27, // 65: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
-	29, // 66: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
-	49, // [49:67] is the sub-list for method output_type
-	31, // [31:49] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	39, // 2: curia.curator.v1.ListNodesResponse.nodes:type_name -> curia.curator.v1.Node
+	39, // 3: curia.curator.v1.GetNodesResponse.nodes:type_name -> curia.curator.v1.Node
+	39, // 4: curia.curator.v1.ApproveNodeResponse.node:type_name -> curia.curator.v1.Node
+	39, // 5: curia.curator.v1.UpdateNodeRolesResponse.node:type_name -> curia.curator.v1.Node
+	40, // 6: curia.curator.v1.StartNodeMaintenanceRequest.duration:type_name -> google.protobuf.Duration
+	39, // 7: curia.curator.v1.StartNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
+	39, // 8: curia.curator.v1.EndNodeMaintenanceResponse.node:type_name -> curia.curator.v1.Node
+	39, // 9: curia.curator.v1.DecommissionNodeResponse.node:type_name -> curia.curator.v1.Node
+	38, // 10: curia.curator.v1.GetClusterInfoResponse.nodes_by_state:type_name -> curia.curator.v1.GetClusterInfoResponse.NodesByStateEntry
+	22, // 11: curia.curator.v1.GetClusterInfoResponse.snapshots:type_name -> curia.curator.v1.SnapshotStatus
+	21, // 12: curia.curator.v1.GetClusterInfoResponse.etcd_maintenance:type_name -> curia.curator.v1.EtcdMaintenanceStatus
+	40, // 13: curia.curator.v1.EtcdMaintenanceStatus.defrag_check_interval:type_name -> google.protobuf.Duration
+	41, // 14: curia.curator.v1.EtcdMaintenanceStatus.last_run_start:type_name -> google.protobuf.Timestamp
+	41, // 15: curia.curator.v1.EtcdMaintenanceStatus.last_run_end:type_name -> google.protobuf.Timestamp
+	40, // 16: curia.curator.v1.SnapshotStatus.interval:type_name -> google.protobuf.Duration
+	24, // 17: curia.curator.v1.SnapshotStatus.last_good:type_name -> curia.curator.v1.SnapshotMetadata
+	41, // 18: curia.curator.v1.SnapshotStatus.last_failure_time:type_name -> google.protobuf.Timestamp
+	41, // 19: curia.curator.v1.SnapshotStatus.offsite_last_success:type_name -> google.protobuf.Timestamp
+	41, // 20: curia.curator.v1.SnapshotMetadata.taken_at:type_name -> google.protobuf.Timestamp
+	23, // 21: curia.curator.v1.SnapshotMetadata.source:type_name -> curia.curator.v1.SnapshotMember
+	23, // 22: curia.curator.v1.SnapshotMetadata.members:type_name -> curia.curator.v1.SnapshotMember
+	2,  // 23: curia.curator.v1.SnapshotMetadata.trigger:type_name -> curia.curator.v1.SnapshotTrigger
+	1,  // 24: curia.curator.v1.SnapshotMetadata.storage:type_name -> curia.curator.v1.SnapshotStorage
+	24, // 25: curia.curator.v1.TakeSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	24, // 26: curia.curator.v1.ListSnapshotsResponse.snapshots:type_name -> curia.curator.v1.SnapshotMetadata
+	24, // 27: curia.curator.v1.GetSnapshotResponse.snapshot:type_name -> curia.curator.v1.SnapshotMetadata
+	42, // 28: curia.curator.v1.ConsensusMemberStatus.node_health:type_name -> curia.curator.v1.NodeHealth
+	41, // 29: curia.curator.v1.ConsensusMemberStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	32, // 30: curia.curator.v1.GetConsensusStatusResponse.members:type_name -> curia.curator.v1.ConsensusMemberStatus
+	43, // 31: curia.curator.v1.GetConsensusStatusResponse.pending:type_name -> curia.consensus.v1.PendingChange
+	44, // 32: curia.curator.v1.WatchAuditLogResponse.event:type_name -> curia.audit.v1.Event
+	3,  // 33: curia.curator.v1.Management.GetNodes:input_type -> curia.curator.v1.GetNodesRequest
+	4,  // 34: curia.curator.v1.Management.ListNodes:input_type -> curia.curator.v1.ListNodesRequest
+	7,  // 35: curia.curator.v1.Management.ApproveNode:input_type -> curia.curator.v1.ApproveNodeRequest
+	9,  // 36: curia.curator.v1.Management.UpdateNodeRoles:input_type -> curia.curator.v1.UpdateNodeRolesRequest
+	17, // 37: curia.curator.v1.Management.DeleteNode:input_type -> curia.curator.v1.DeleteNodeRequest
+	11, // 38: curia.curator.v1.Management.StartNodeMaintenance:input_type -> curia.curator.v1.StartNodeMaintenanceRequest
+	13, // 39: curia.curator.v1.Management.EndNodeMaintenance:input_type -> curia.curator.v1.EndNodeMaintenanceRequest
+	15, // 40: curia.curator.v1.Management.DecommissionNode:input_type -> curia.curator.v1.DecommissionNodeRequest
+	19, // 41: curia.curator.v1.Management.GetClusterInfo:input_type -> curia.curator.v1.GetClusterInfoRequest
+	31, // 42: curia.curator.v1.Management.GetConsensusStatus:input_type -> curia.curator.v1.GetConsensusStatusRequest
+	34, // 43: curia.curator.v1.Management.GetRegisterTicket:input_type -> curia.curator.v1.GetRegisterTicketRequest
+	45, // 44: curia.curator.v1.Management.GetClusterConfig:input_type -> curia.curator.v1.GetClusterConfigRequest
+	46, // 45: curia.curator.v1.Management.UpdateClusterConfig:input_type -> curia.curator.v1.UpdateClusterConfigRequest
+	47, // 46: curia.curator.v1.Management.WatchClusterConfig:input_type -> curia.curator.v1.WatchClusterConfigRequest
+	36, // 47: curia.curator.v1.Management.WatchAuditLog:input_type -> curia.curator.v1.WatchAuditLogRequest
+	25, // 48: curia.curator.v1.Management.TakeSnapshot:input_type -> curia.curator.v1.TakeSnapshotRequest
+	27, // 49: curia.curator.v1.Management.ListSnapshots:input_type -> curia.curator.v1.ListSnapshotsRequest
+	29, // 50: curia.curator.v1.Management.GetSnapshot:input_type -> curia.curator.v1.GetSnapshotRequest
+	6,  // 51: curia.curator.v1.Management.GetNodes:output_type -> curia.curator.v1.GetNodesResponse
+	5,  // 52: curia.curator.v1.Management.ListNodes:output_type -> curia.curator.v1.ListNodesResponse
+	8,  // 53: curia.curator.v1.Management.ApproveNode:output_type -> curia.curator.v1.ApproveNodeResponse
+	10, // 54: curia.curator.v1.Management.UpdateNodeRoles:output_type -> curia.curator.v1.UpdateNodeRolesResponse
+	18, // 55: curia.curator.v1.Management.DeleteNode:output_type -> curia.curator.v1.DeleteNodeResponse
+	12, // 56: curia.curator.v1.Management.StartNodeMaintenance:output_type -> curia.curator.v1.StartNodeMaintenanceResponse
+	14, // 57: curia.curator.v1.Management.EndNodeMaintenance:output_type -> curia.curator.v1.EndNodeMaintenanceResponse
+	16, // 58: curia.curator.v1.Management.DecommissionNode:output_type -> curia.curator.v1.DecommissionNodeResponse
+	20, // 59: curia.curator.v1.Management.GetClusterInfo:output_type -> curia.curator.v1.GetClusterInfoResponse
+	33, // 60: curia.curator.v1.Management.GetConsensusStatus:output_type -> curia.curator.v1.GetConsensusStatusResponse
+	35, // 61: curia.curator.v1.Management.GetRegisterTicket:output_type -> curia.curator.v1.GetRegisterTicketResponse
+	48, // 62: curia.curator.v1.Management.GetClusterConfig:output_type -> curia.curator.v1.GetClusterConfigResponse
+	49, // 63: curia.curator.v1.Management.UpdateClusterConfig:output_type -> curia.curator.v1.UpdateClusterConfigResponse
+	50, // 64: curia.curator.v1.Management.WatchClusterConfig:output_type -> curia.curator.v1.WatchClusterConfigResponse
+	37, // 65: curia.curator.v1.Management.WatchAuditLog:output_type -> curia.curator.v1.WatchAuditLogResponse
+	26, // 66: curia.curator.v1.Management.TakeSnapshot:output_type -> curia.curator.v1.TakeSnapshotResponse
+	28, // 67: curia.curator.v1.Management.ListSnapshots:output_type -> curia.curator.v1.ListSnapshotsResponse
+	30, // 68: curia.curator.v1.Management.GetSnapshot:output_type -> curia.curator.v1.GetSnapshotResponse
+	51, // [51:69] is the sub-list for method output_type
+	33, // [33:51] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_curia_curator_v1_management_proto_init() }
@@ -2789,7 +2933,7 @@ func file_curia_curator_v1_management_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_curia_curator_v1_management_proto_rawDesc), len(file_curia_curator_v1_management_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,

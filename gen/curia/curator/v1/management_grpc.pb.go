@@ -130,8 +130,9 @@ type ManagementClient interface {
 	// FAILED_PRECONDITION (reason SNAPSHOTS_OFF) when the curators run
 	// without --snapshot-dir.
 	TakeSnapshot(ctx context.Context, in *TakeSnapshotRequest, opts ...grpc.CallOption) (*TakeSnapshotResponse, error)
-	// ListSnapshots lists the snapshots of the snapshot directory, newest
-	// first.
+	// ListSnapshots lists the snapshots of the snapshot directory, and
+	// those off-site with --snapshot-offsite, newest first, each with where
+	// it is kept.
 	ListSnapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsResponse, error)
 	// GetSnapshot streams one snapshot: the first message carries its
 	// metadata, the others the bytes of its .db file in order (chunk), so
@@ -462,8 +463,9 @@ type ManagementServer interface {
 	// FAILED_PRECONDITION (reason SNAPSHOTS_OFF) when the curators run
 	// without --snapshot-dir.
 	TakeSnapshot(context.Context, *TakeSnapshotRequest) (*TakeSnapshotResponse, error)
-	// ListSnapshots lists the snapshots of the snapshot directory, newest
-	// first.
+	// ListSnapshots lists the snapshots of the snapshot directory, and
+	// those off-site with --snapshot-offsite, newest first, each with where
+	// it is kept.
 	ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error)
 	// GetSnapshot streams one snapshot: the first message carries its
 	// metadata, the others the bytes of its .db file in order (chunk), so

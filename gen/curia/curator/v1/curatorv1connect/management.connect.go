@@ -169,8 +169,9 @@ type ManagementClient interface {
 	// FAILED_PRECONDITION (reason SNAPSHOTS_OFF) when the curators run
 	// without --snapshot-dir.
 	TakeSnapshot(context.Context, *connect.Request[v1.TakeSnapshotRequest]) (*connect.Response[v1.TakeSnapshotResponse], error)
-	// ListSnapshots lists the snapshots of the snapshot directory, newest
-	// first.
+	// ListSnapshots lists the snapshots of the snapshot directory, and
+	// those off-site with --snapshot-offsite, newest first, each with where
+	// it is kept.
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
 	// GetSnapshot streams one snapshot: the first message carries its
 	// metadata, the others the bytes of its .db file in order (chunk), so
@@ -516,8 +517,9 @@ type ManagementHandler interface {
 	// FAILED_PRECONDITION (reason SNAPSHOTS_OFF) when the curators run
 	// without --snapshot-dir.
 	TakeSnapshot(context.Context, *connect.Request[v1.TakeSnapshotRequest]) (*connect.Response[v1.TakeSnapshotResponse], error)
-	// ListSnapshots lists the snapshots of the snapshot directory, newest
-	// first.
+	// ListSnapshots lists the snapshots of the snapshot directory, and
+	// those off-site with --snapshot-offsite, newest first, each with where
+	// it is kept.
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
 	// GetSnapshot streams one snapshot: the first message carries its
 	// metadata, the others the bytes of its .db file in order (chunk), so
