@@ -53,6 +53,9 @@ const (
 	EnvEndpoint  = "CURIA_S3_ENDPOINT"
 	EnvAccessKey = "CURIA_S3_ACCESS_KEY"
 	EnvSecretKey = "CURIA_S3_SECRET_KEY" //nolint:gosec // G101: the name of the variable that holds it, no secret
+	// EnvInsecure=true is --s3-insecure (plain HTTP, development only),
+	// for the commands that take no such flag (make recover).
+	EnvInsecure = "CURIA_S3_INSECURE"
 )
 
 // User metadata keys (x-amz-meta-<key>) of an uploaded snapshot.
@@ -181,7 +184,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet, prefix string) {
 }
 
 // FromEnv returns o with its empty endpoint and credentials taken from
-// $CURIA_S3_ENDPOINT, $CURIA_S3_ACCESS_KEY and $CURIA_S3_SECRET_KEY.
+// $CURIA_S3_ENDPOINT, $CURIA_S3_ACCESS_KEY and $CURIA_S3_SECRET_KEY, and
+// Insecure set by $CURIA_S3_INSECURE=true.
 func (o Options) FromEnv() Options {
 	fill := func(v *string, env string) {
 		if *v == "" {
@@ -191,6 +195,9 @@ func (o Options) FromEnv() Options {
 	fill(&o.Endpoint, EnvEndpoint)
 	fill(&o.AccessKey, EnvAccessKey)
 	fill(&o.SecretKey, EnvSecretKey)
+	if os.Getenv(EnvInsecure) == "true" {
+		o.Insecure = true
+	}
 	return o
 }
 

@@ -18,6 +18,8 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/docindex"
+	"curia.dev/platform/offsite"
+	"curia.dev/platform/offsite/offsitetest"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/snapshots"
@@ -81,11 +83,61 @@ func TestCheckSnapshotFile(t *testing.T) {
 		})
 	}
 
-	if _, err := ResolveSnapshot(context.Background(), "s3://bucket/snap.db", ResolveOptions{}); err == nil || !strings.Contains(err.Error(), "s3:// snapshots cannot be fetched yet") {
-		t.Errorf("s3: %v", err)
-	}
 	if s, err := ResolveSnapshot(context.Background(), p, ResolveOptions{}); err != nil || s.Path != p {
 		t.Errorf("local: %+v %v", s, err)
+	}
+}
+
+// TestResolveOffsiteSnapshot: an s3:// snapshot (an off-site copy the
+// curators uploaded, on a real S3 server keeping its objects on disk) is
+// fetched by name or as the newest of its prefix and checked like a local
+// file; a damaged object is refused and leaves no file behind.
+func TestResolveOffsiteSnapshot(t *testing.T) {
+	srv := offsitetest.Start(t, "backups")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := offsite.New("s3://backups/curia", srv.Options())
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := t.TempDir()
+	good := snapshotBytes(4)
+	sum := sha256.Sum256(good)
+	at := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	md := snapshots.Metadata{Name: snapshots.Name(at, 42), TakenAt: at, Revision: 42, Size: int64(len(good)), SHA256: hex.EncodeToString(sum[:]), Cluster: "curia", TakenBy: "curator-1"}
+	if err := os.WriteFile(snapshots.Dir(local).DB(md.Name), good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Upload(ctx, md, snapshots.Dir(local).DB(md.Name)); err != nil {
+		t.Fatal(err)
+	}
+	into := t.TempDir()
+	for _, ref := range []string{"s3://backups/curia/" + md.Name, "s3://backups/curia"} {
+		s, err := ResolveSnapshot(ctx, ref, ResolveOptions{Dir: into, S3: srv.Options()})
+		if err != nil {
+			t.Fatalf("%s: %v", ref, err)
+		}
+		if s.Name != md.Name || s.SHA256 != md.SHA256 || filepath.Dir(filepath.Dir(s.Path)) != into {
+			t.Errorf("%s resolved to %+v, want %s (sha256 %s) in %s", ref, s, md.Name, md.SHA256, into)
+		}
+	}
+
+	// The object damaged behind the client's back: refused, nothing kept.
+	obj := srv.ObjectFile("backups", "curia/"+md.Name)
+	b, err := os.ReadFile(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[10] ^= 1
+	if err := os.WriteFile(obj, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	empty := t.TempDir()
+	if _, err := ResolveSnapshot(ctx, "s3://backups/curia/"+md.Name, ResolveOptions{Dir: empty, S3: srv.Options()}); err == nil || !strings.Contains(err.Error(), "sha256") {
+		t.Errorf("a damaged object: %v, want a refusal that names the sha256", err)
+	}
+	if left, _ := os.ReadDir(empty); len(left) != 0 {
+		t.Errorf("a refused fetch left %v", left)
 	}
 }
 

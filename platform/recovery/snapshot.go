@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -14,6 +15,7 @@ import (
 	"strings"
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
+	"curia.dev/platform/offsite"
 	"curia.dev/platform/snapshots"
 )
 
@@ -33,9 +35,13 @@ type Snapshot struct {
 
 // ResolveOptions say how to resolve a snapshot argument.
 type ResolveOptions struct {
-	// Dir is where a remote snapshot would be fetched to (default: the
-	// system's temporary directory).
+	// Dir is where a remote snapshot is fetched to, in a directory of its
+	// own (default: the system's temporary directory).
 	Dir string
+	// S3 reaches the object storage of an s3:// snapshot; what it leaves
+	// empty comes from $CURIA_S3_ENDPOINT, $CURIA_S3_ACCESS_KEY,
+	// $CURIA_S3_SECRET_KEY (and $CURIA_S3_INSECURE=true).
+	S3 offsite.Options
 }
 
 // ResolveSnapshot turns a snapshot argument into a local file that passed
@@ -44,16 +50,37 @@ type ResolveOptions struct {
 // pages, then the sha256 of them, which etcd checks on restore), and, when
 // a <name>.json lies beside it, the size and sha256 that metadata
 // records. Every snapshot argument curiactl and curia-local take goes
-// through here, so that a remote one (s3://...: platform/offsite, later)
-// is fetched to a local file here and checked like any other.
+// through here. An s3:// argument (the curators' off-site copies,
+// platform/offsite: s3://bucket/prefix/NAME, or s3://bucket/prefix for the
+// newest) is fetched first, and kept only if its size and sha256 match
+// the object's metadata.
 func ResolveSnapshot(ctx context.Context, ref string, opts ResolveOptions) (*Snapshot, error) {
-	if scheme, _, ok := strings.Cut(ref, "://"); ok {
-		// The seam for remote snapshots: fetch to a file in opts.Dir,
-		// then check it as a local one.
-		_ = ctx
-		return nil, fmt.Errorf("snapshot %s: %s:// snapshots cannot be fetched yet: copy it to a local file (curiactl snapshot save FILE, or your storage's own tool) and name that", ref, scheme)
+	if strings.Contains(ref, "://") {
+		return fetchSnapshot(ctx, ref, opts)
 	}
 	return CheckSnapshotFile(ref)
+}
+
+// fetchSnapshot fetches an s3:// snapshot into a new directory in
+// opts.Dir, as <name>.db, then checks it as a local file.
+func fetchSnapshot(ctx context.Context, ref string, opts ResolveOptions) (*Snapshot, error) {
+	dir, err := os.MkdirTemp(cmp.Or(opts.Dir, os.TempDir()), "offsite-")
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", ref, err)
+	}
+	// The name is known once fetched (the newest under a prefix).
+	tmp := filepath.Join(dir, "fetching.db")
+	md, err := offsite.Fetch(ctx, ref, opts.S3, tmp)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("snapshot %s: %w", ref, err)
+	}
+	path := filepath.Join(dir, md.Name+".db")
+	if err := os.Rename(tmp, path); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("snapshot %s: %w", ref, err)
+	}
+	return CheckSnapshotFile(path)
 }
 
 // CheckSnapshotFile checks the snapshot file at path (ResolveSnapshot).

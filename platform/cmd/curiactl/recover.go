@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"strings"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/offsite"
 	"curia.dev/platform/recovery"
 	"curia.dev/platform/snapshots"
 )
@@ -26,18 +29,24 @@ type recoverFlags struct {
 	reason    string
 	wait      time.Duration
 	settle    time.Duration
+	// s3 reaches the object storage of an s3:// snapshot.
+	s3 offsite.Options
 }
 
 func (f *recoverFlags) add(cmd *cobra.Command, withSnapshot bool) {
 	fs := cmd.Flags()
 	fs.StringVar(&f.consensus, "consensus", "", "consensus API address of every control-plane node, host:port[,host:port...] (default $"+envConsensus+")")
 	if withSnapshot {
-		fs.StringVar(&f.snapshot, "snapshot", "", "restore this snapshot file (snapshot save's) instead of a survivor's data")
+		fs.StringVar(&f.snapshot, "snapshot", "", "restore this snapshot instead of a survivor's data: a file (snapshot save's), or an off-site copy s3://bucket/prefix[/name] (object storage from $CURIA_S3_*)")
 	}
 	fs.StringVar(&f.confirm, "confirm", "", "consent: the node (id, or address) whose data becomes the cluster; without it, only say what would be done")
 	fs.StringVar(&f.reason, "reason", "", "why, for the report and the audit log")
 	fs.DurationVar(&f.wait, "wait", 5*time.Minute, "how long to wait for the control plane to grow back (0: do not wait)")
 	fs.DurationVar(&f.settle, "settle", 10*time.Second, "how long the survivors may take to notice the loss before a leader seen means a quorum is reachable")
+	// The object storage of an s3:// snapshot: the curators' flags.
+	s3 := flag.NewFlagSet("s3", flag.ContinueOnError)
+	f.s3.AddFlags(s3, "")
+	fs.AddGoFlagSet(s3)
 }
 
 const recoverLong = `Rebuild a cluster that lost the majority of its etcd voters for good, from
@@ -90,15 +99,20 @@ func (a *app) recoverCmd() *cobra.Command {
 func (a *app) snapshotRestoreCmd() *cobra.Command {
 	var f recoverFlags
 	cmd := &cobra.Command{
-		Use:   "restore FILE",
+		Use:   "restore FILE|s3://bucket/prefix[/name]",
 		Short: "Restore a snapshot file as a new cluster, after losing every voter (Consensus/RestoreSnapshot)",
 		Long: `Restore the snapshot FILE (snapshot save's, or a file of the curators'
-snapshot directory) as a new one-member cluster on the node --confirm
+snapshot directory), or an off-site copy the curators uploaded
+(s3://bucket/prefix/name, or s3://bucket/prefix for the newest; fetched
+from the object storage $CURIA_S3_ENDPOINT, $CURIA_S3_ACCESS_KEY and
+$CURIA_S3_SECRET_KEY name, and kept only if its size and sha256 match),
+as a new one-member cluster on the node --confirm
 names, when the cluster lost its quorum for good: curiactl recover
 --snapshot FILE. It is refused while a quorum is reachable; see
 curiactl recover --help for every step and exit code.` + "\n\n" + recoverLong,
 		Example: `  curiactl snapshot restore backup.db --consensus 10.0.0.11:7100,10.0.0.12:7100
-  curiactl snapshot restore backup.db --confirm node-0123456789abcdef0123456789abcdef --reason "every voter lost"`,
+  curiactl snapshot restore backup.db --confirm node-0123456789abcdef0123456789abcdef --reason "every voter lost"
+  CURIA_S3_ENDPOINT=s3.example:9000 curiactl snapshot restore s3://backups/prod --consensus 10.0.0.11:7100`,
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, files []string) error {
 			f.snapshot = files[0]
@@ -119,7 +133,12 @@ func (a *app) recover(ctx context.Context, f recoverFlags) error {
 		opts.Reason = "curiactl recover: " + recovery.DefaultReason
 	}
 	if f.snapshot != "" {
-		snap, err := recovery.ResolveSnapshot(ctx, f.snapshot, recovery.ResolveOptions{})
+		s3 := f.s3
+		s3.Endpoint = cmp.Or(s3.Endpoint, a.getenv(offsite.EnvEndpoint))
+		s3.AccessKey = cmp.Or(s3.AccessKey, a.getenv(offsite.EnvAccessKey))
+		s3.SecretKey = cmp.Or(s3.SecretKey, a.getenv(offsite.EnvSecretKey))
+		s3.Insecure = s3.Insecure || a.getenv(offsite.EnvInsecure) == "true"
+		snap, err := recovery.ResolveSnapshot(ctx, f.snapshot, recovery.ResolveOptions{S3: s3})
 		if err != nil {
 			return err
 		}

@@ -26,7 +26,8 @@ func TestRecoverRefusesEarly(t *testing.T) {
 	}{
 		{[]string{"snapshot", "restore", bad}, exitFailed, "no etcd snapshot stream"},
 		{[]string{"recover", "--snapshot", filepath.Join(dir, "none.db")}, exitFailed, "no such file"},
-		{[]string{"snapshot", "restore", "s3://bucket/x.db"}, exitFailed, "copy it to a local file"},
+		{[]string{"snapshot", "restore", "s3://bucket/x.db"}, exitFailed, "no object storage endpoint"},
+		{[]string{"snapshot", "restore", "s3://bucket/x.db", "--s3-endpoint", "ftp://127.0.0.1:1"}, exitFailed, "ftp"},
 		{[]string{"snapshot", "restore"}, exitUsage, "accepts 1 arg"},
 		{[]string{"recover", "--consensus", ""}, exitConfig, "pass --ca or set CURIA_CACERT"},
 		{[]string{"recover", "extra"}, exitUsage, "unknown command"},
