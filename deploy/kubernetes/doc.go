@@ -51,6 +51,11 @@
 // every process, /metrics/etcd of the consensus processes), which needs
 // that operator's CRD; overlays/local-monitoring is overlays/local with it
 // (docs/metrics.md; the alerts are in deploy/observability).
+//
+// Off-site snapshots are optional too: components/offsite gives the
+// curators --snapshot-offsite and the object storage's endpoint and keys
+// from the Secret curia-s3 (overlays/local-offsite is overlays/local with
+// it), so that snapshots outlive the curators' emptyDir.
 package kubernetes
 
 // The names the bootstrap Job writes and the manifests mount. The
