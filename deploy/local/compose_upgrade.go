@@ -85,12 +85,17 @@ func (u ComposeUpgrade) Run(ctx context.Context) (*rolling.Report, error) {
 	return report, f.oneShots(ctx)
 }
 
-// oneShots runs the one-shot services (pki, init) again from the image,
-// one after the other. Both are idempotent; they run so that nothing of
-// the project is left on the old image: compose recreates every service
-// that depends on one it recreates, so a later `make up` that found pki
-// on the old image would restart every node at once.
+// oneShots recreates the development object store (s3: no curator
+// depends on it, a copy that fails meanwhile is tried again) and runs the
+// one-shot services (pki, init) again from the image, one after the other.
+// Both are idempotent; they run so that nothing of the project is left on
+// the old image: compose recreates every service that depends on one it
+// recreates, so a later `make up` that found pki on the old image would
+// restart every node at once.
 func (f *composeFleet) oneShots(ctx context.Context) error {
+	if _, err := f.compose(ctx, "up", "-d", "--no-deps", "--force-recreate", "s3"); err != nil {
+		return err
+	}
 	for _, s := range []string{"pki", "init"} {
 		if _, err := f.compose(ctx, "up", "-d", "--no-deps", "--force-recreate", s); err != nil {
 			return err

@@ -123,6 +123,7 @@ func TestCompose(t *testing.T) {
 	// up.sh prints `source <out>/env`: out is absolute here.
 	t.Run("the printed command in a fresh shell", func(t *testing.T) { checkPrintedCommands(t, printed, t.TempDir(), pinnedGrpcurl(t)) })
 	t.Run("doc curl", func(t *testing.T) { checkDocCurl(t, filepath.Join(out, "env")) })
+	t.Run("snapshots copied off-site", func(t *testing.T) { checkComposeOffsite(t, mgmt(), "127.0.0.3") })
 
 	// make up set control_plane_size 3: a paused voter node is replaced by
 	// the worker, and once unpaused it is a worker itself.
