@@ -144,8 +144,19 @@ check-tidy: ## fail if any module's go.mod/go.sum is not what `make tidy` makes
 		echo "not tidy:$$stale: run 'make tidy' (or 'cd <module> && GOWORK=off go mod tidy') and commit" >&2; exit 1; fi
 
 .PHONY: test
-test: ## run every test (real etcd, real mTLS, loopback)
+# With -cover: the profile goes to .cover/ (git-ignored), and curia-cover
+# prints one line per module of go.work (its packages' statement coverage)
+# and the total. COVER= runs the same tests without it.
+COVER        ?= 1
+COVERPROFILE ?= $(CURDIR)/.cover/profile.out
+test: ## run every test (real etcd, real mTLS, loopback), with each module's statement coverage (COVER= without)
+ifneq ($(COVER),)
+	@mkdir -p $(dir $(COVERPROFILE))
+	go test -race -count=1 -timeout 15m -cover -coverprofile '$(COVERPROFILE)' work
+	go run ./platform/cmd/curia-cover '$(COVERPROFILE)' $(MODULES:%=curia.dev/%)
+else
 	go test -race -count=1 -timeout 15m work
+endif
 
 .PHONY: test-unit
 # Tests that start processes or etcd skip themselves under -short

@@ -92,6 +92,7 @@ func withoutComputed(n *curatorv1.Node) *curatorv1.Node {
 // with every stored field intact and nothing left over, and what curia
 // stores now reads as today's format (an earlier curia after a rollback).
 func TestNodeRecordReadsTodaysRecords(t *testing.T) {
+	t.Parallel()
 	n := fullNode()
 	m := n.ProtoReflect()
 	fields := m.Descriptor().Fields()
@@ -140,6 +141,7 @@ func TestNodeRecordReadsTodaysRecords(t *testing.T) {
 // NodeRecord under its name, number and type; the computed ones are
 // reserved there, by number and name; NodeRecord has nothing else.
 func TestNodeRecordFieldNumbers(t *testing.T) {
+	t.Parallel()
 	api := (&curatorv1.Node{}).ProtoReflect().Descriptor()
 	rec := (&storagev1.NodeRecord{}).ProtoReflect().Descriptor()
 	sameFields(t, api, rec, computedNodeFields)
@@ -173,6 +175,7 @@ func fullPendingChange() *consensusv1.PendingChange {
 // stores it today (the API's PendingChange) decodes as a
 // PendingChangeRecord with every field intact, and back.
 func TestPendingChangeRecordReadsTodaysRecords(t *testing.T) {
+	t.Parallel()
 	p := fullPendingChange()
 	m := p.ProtoReflect()
 	fields := m.Descriptor().Fields()
@@ -215,6 +218,7 @@ func TestPendingChangeRecordReadsTodaysRecords(t *testing.T) {
 // TestPendingChangeRecordFieldNumbers: the record has the API message's
 // fields, under the same names, numbers and types, and no other.
 func TestPendingChangeRecordFieldNumbers(t *testing.T) {
+	t.Parallel()
 	api := (&consensusv1.PendingChange{}).ProtoReflect().Descriptor()
 	rec := (&storagev1.PendingChangeRecord{}).ProtoReflect().Descriptor()
 	sameFields(t, api, rec, nil)
@@ -254,6 +258,7 @@ func sameFields(t *testing.T, api, rec protoreflect.MessageDescriptor, computed 
 }
 
 func TestClusterConfigRecordFieldNumbers(t *testing.T) {
+	t.Parallel()
 	api := (&curatorv1.ClusterConfig{}).ProtoReflect().Descriptor()
 	rec := (&storagev1.ClusterConfigRecord{}).ProtoReflect().Descriptor()
 	sameFields(t, api, rec, nil)
@@ -262,6 +267,7 @@ func TestClusterConfigRecordFieldNumbers(t *testing.T) {
 // TestClusterConfigRecord: a config reads back as written, and a field the
 // record does not set reads as its default.
 func TestClusterConfigRecord(t *testing.T) {
+	t.Parallel()
 	full := &curatorv1.ClusterConfig{
 		ControlPlaneSize:  5,
 		DeadNodeThreshold: durationpb.New(time.Hour),
@@ -286,6 +292,7 @@ func TestClusterConfigRecord(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			b, err := proto.Marshal(tc.record)
 			if err != nil {
 				t.Fatal(err)
@@ -297,6 +304,7 @@ func TestClusterConfigRecord(t *testing.T) {
 		})
 	}
 	t.Run("round trip", func(t *testing.T) {
+		t.Parallel()
 		b, err := EncodeClusterConfig(full)
 		if err != nil {
 			t.Fatal(err)

@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"curia.dev/platform/leaktest"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
@@ -26,9 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }
 
 // testContext bounds each call so that a broken test fails instead of hanging.
 func testContext(t *testing.T) context.Context {

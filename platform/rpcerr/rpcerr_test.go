@@ -28,6 +28,7 @@ func wire(t *testing.T, err error) error {
 }
 
 func TestKindsOnTheWire(t *testing.T) {
+	t.Parallel()
 	notRunning := rpcerr.Unavailable.Sub("the local etcd member is not running")
 	for _, tc := range []struct {
 		name   string
@@ -55,6 +56,7 @@ func TestKindsOnTheWire(t *testing.T) {
 		{"etcd peer URL taken", fmt.Errorf("add: %w", rpctypes.ErrPeerURLExist), codes.AlreadyExists, rpcerr.Exists, "", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			got := wire(t, tc.err)
 			if c := status.Code(got); c != tc.code {
 				t.Fatalf("code %v, want %v (%v)", c, tc.code, got)
@@ -77,6 +79,7 @@ func TestKindsOnTheWire(t *testing.T) {
 }
 
 func TestReasonsDoNotMatchOtherReasonsOfTheSameCode(t *testing.T) {
+	t.Parallel()
 	got := wire(t, fmt.Errorf("%w: quorum", rpcerr.QuorumAtRisk))
 	for _, k := range []*rpcerr.Kind{rpcerr.FenceStale, rpcerr.LearnerPending, rpcerr.LeaseHeld} {
 		if rpcerr.Is(got, k) {
@@ -90,6 +93,7 @@ func TestReasonsDoNotMatchOtherReasonsOfTheSameCode(t *testing.T) {
 }
 
 func TestLeaseHeldCarriesHolderAndExpiry(t *testing.T) {
+	t.Parallel()
 	exp := time.Now().Add(7 * time.Second)
 	got := wire(t, rpcerr.LeaseHeldBy("reconciler", "r-2", exp))
 	if !rpcerr.Is(got, rpcerr.LeaseHeld) {
@@ -107,6 +111,7 @@ func TestLeaseHeldCarriesHolderAndExpiry(t *testing.T) {
 }
 
 func TestInternalHidesTheChainAndLogsIt(t *testing.T) {
+	t.Parallel()
 	var logged bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logged, nil))
 	secret := errors.New("open /var/lib/curia/secret.key: permission denied")
@@ -129,6 +134,7 @@ func TestInternalHidesTheChainAndLogsIt(t *testing.T) {
 }
 
 func TestUnexplainedErrorsAreInternal(t *testing.T) {
+	t.Parallel()
 	for _, err := range []error{
 		errors.New("something else"),
 		fmt.Errorf("decode: %w", errors.New("unexpected EOF")),
@@ -140,6 +146,7 @@ func TestUnexplainedErrorsAreInternal(t *testing.T) {
 }
 
 func TestStatusFromBelowKeepsItsDetails(t *testing.T) {
+	t.Parallel()
 	// A consensus service refused; the curator wraps its answer.
 	below := wire(t, rpcerr.RetryAfter(fmt.Errorf("%w: member 1 has not caught up", rpcerr.LearnerPending), 2*time.Second))
 	got := wire(t, fmt.Errorf("promote via consensus at 127.0.0.1:7001: %w", below))
@@ -172,6 +179,7 @@ func TestStatusFromBelowKeepsItsDetails(t *testing.T) {
 }
 
 func TestRetryable(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		err  error
 		want bool

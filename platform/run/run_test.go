@@ -6,12 +6,10 @@ import (
 	"maps"
 	"testing"
 
-	"go.uber.org/goleak"
+	"curia.dev/platform/leaktest"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }
 
 // blocker runs until its context ends and reports that it started.
 func blocker(started chan<- string, name string, onStop error) Runnable {

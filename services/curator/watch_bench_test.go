@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/leaktest"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/proctest"
 	"curia.dev/platform/rpc"
@@ -256,7 +257,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	leaktest.VerifyTestMain(m)
 }
 
 // fanoutFloor is BenchmarkWatchFanout's floor: a curator's gRPC server and

@@ -221,6 +221,7 @@ func (p *pilot) apply(t *rapid.T, a Action) {
 // no learner left, and the target reached and no dead voter when enough
 // healthy candidates exist.
 func TestAutopilotProperties(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		p := genPilot(t)
 		settled := 0
@@ -322,6 +323,7 @@ func (p *pilot) checkSettled(t *rapid.T, last Action) {
 // TestAutopilot: one scenario per autopilot decision, in a golden file
 // (go test -run TestAutopilot -update rewrites it).
 func TestAutopilot(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(10_000, 0)
 	ap := Config{VoterFloor: 1, Stabilization: 10 * time.Second, LearnerStartTimeout: time.Minute, TargetSize: 3, DeadAfter: 30 * time.Second}
 	node := func(id, zone string, voter bool) Node {
@@ -411,6 +413,7 @@ func TestAutopilot(t *testing.T) {
 // to do or a refusal, and (checked in code, not only in the file) the
 // failure tolerance never drops while a dead voter is replaced.
 func TestSequence(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(10_000, 0)
 	ap := Config{VoterFloor: 1, Stabilization: 10 * time.Second, LearnerStartTimeout: time.Minute, TargetSize: 3, DeadAfter: 30 * time.Second}
 	node := func(id string, voter bool) Node {

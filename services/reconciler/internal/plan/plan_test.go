@@ -394,6 +394,7 @@ func (s *model) askAnother(t *rapid.T) bool {
 //   - the run ends, within a bound of passes, converged or at a justified
 //     refusal: every wait ends as the clock advances.
 func TestPlanProperties(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		s := genModel(t)
 		for pass := 0; ; pass++ {
@@ -625,6 +626,7 @@ func checkAgreement(t *rapid.T, s *model, a Action) {
 // member without the role gets it; an extra member with no node is removed
 // while roles stay; then the stale roles go; then nothing changes.
 func TestBackgroundSyncEtcd(t *testing.T) {
+	t.Parallel()
 	s := Observed{Epoch: 7, AnsweredBy: 1, Now: time.Unix(0, 0),
 		Members: []Member{{ID: 1, NodeID: "leader", Started: true}},
 		Nodes:   []Node{{ID: "leader", Revision: 10}}}
@@ -659,6 +661,7 @@ func TestBackgroundSyncEtcd(t *testing.T) {
 // TestRegressions replays states property tests once failed on, written
 // out so that they stay covered whatever rapid's fail-file format becomes.
 func TestRegressions(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1_000_000, 0)
 	cases := map[string]struct {
 		o    Observed
@@ -689,6 +692,7 @@ func TestRegressions(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			if a := Plan(tc.o, tc.c); a != tc.want {
 				t.Fatalf("got  %#v\nwant %#v", a, tc.want)
 			}
@@ -697,6 +701,7 @@ func TestRegressions(t *testing.T) {
 }
 
 func TestPlan(t *testing.T) {
+	t.Parallel()
 	base := func() Observed {
 		return Observed{Epoch: 3, AnsweredBy: 1, Now: time.Unix(1000, 0),
 			Members:      []Member{{ID: 1, NodeID: "a", Started: true}, {ID: 2, NodeID: "b", Started: true}},

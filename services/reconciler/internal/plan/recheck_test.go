@@ -123,6 +123,7 @@ func pilotObservation(t *rapid.T) (Observed, Config) {
 // none, a Recheck that is always a nanosecond ahead would pass, and so
 // would one always too late if no case reached a deadline.
 func TestRecheckProperties(t *testing.T) {
+	t.Parallel()
 	var cases, changed int
 	rapid.Check(t, func(t *rapid.T) {
 		o, c := genTimed(t)
@@ -170,6 +171,7 @@ func TestRecheckProperties(t *testing.T) {
 
 // TestRecheck: concrete deadlines, and the step each one brings.
 func TestRecheck(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(10_000, 0)
 	cfg := Config{VoterFloor: 1, Stabilization: 10 * time.Second, LearnerStartTimeout: time.Minute, TargetSize: 3, DeadAfter: 10 * time.Second}
 	node := func(id string, member bool) Node {
@@ -234,6 +236,7 @@ func TestRecheck(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			r := Recheck(tc.o, tc.c)
 			if tc.after == 0 {
 				if !r.IsZero() {

@@ -61,6 +61,7 @@ func member(j *consensusv1.JoinParameters) *curatorv1.Roles {
 }
 
 func TestReduce(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ca := f.ca.Cert
 	confirmed := func(r *curatorv1.Roles) Input {
@@ -165,6 +166,7 @@ func TestReduce(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			d := Reduce(tc.in)
 			if d.Decided != tc.decided || d.Run != tc.run || d.Mode != tc.mode || !strings.Contains(d.Reason, tc.says) {
 				t.Fatalf("got %+v\nwant decided=%v run=%v mode=%v saying %q", d, tc.decided, tc.run, tc.mode, tc.says)
@@ -183,6 +185,7 @@ func TestReduce(t *testing.T) {
 // the launcher acts: when "runs consensus" flips, or when the role names
 // another member than the one in force.
 func TestNext(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ca := f.ca.Cert
 	roles := func(r *curatorv1.Roles) Input {
@@ -275,6 +278,7 @@ func TestNext(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			var inForce Decision
 			for i, in := range tc.steps {
 				var act bool

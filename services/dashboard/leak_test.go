@@ -1,0 +1,9 @@
+package dashboard_test
+
+import (
+	"testing"
+
+	"curia.dev/platform/leaktest"
+)
+
+func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }
