@@ -3,10 +3,8 @@
 package local_test
 
 import (
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -29,23 +27,10 @@ const curiactlRecoverSubnet = "127.0.94"
 // survivor's data is the cluster and autopilot grows it back to 3 voters.
 func TestCuriactlRecovery(t *testing.T) {
 	c := startOn(t, curiactlRecoverSubnet, 3)
-	if out, err := exec.Command("go", "build", "-o", c.bin+"/", "curia.dev/platform/cmd/curiactl").CombinedOutput(); err != nil {
-		t.Fatalf("build curiactl: %v\n%s", err, out)
-	}
-	env := filepath.Join(c.state, "env")
-	dir := t.TempDir()
+	run := curiactlShell(t, c, t.TempDir(), "")
 	curiactl := func(line string) (string, int) {
 		t.Helper()
-		out, err := freshShell(t, dir, fmt.Sprintf("source %q && %s", env, line))
-		var exit *exec.ExitError
-		switch {
-		case err == nil:
-			return out, 0
-		case errors.As(err, &exit):
-			return out, exit.ExitCode()
-		}
-		t.Fatalf("%s: %v\n%s", line, err, out)
-		return "", 0
+		return run(t, line)
 	}
 
 	var voters []string

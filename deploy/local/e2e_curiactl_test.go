@@ -4,6 +4,7 @@ package local_test
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,25 +24,19 @@ import (
 // other tests' clusters.
 const curiactlSubnet = "127.0.96"
 
-// TestCuriactl runs the curiactl binary against a process cluster, as an
-// operator would after make run: in a fresh shell that sourced the env file
-// (which puts bin/ on PATH and sets every CURIA_* variable curiactl reads),
-// then every command of the README's curiactl section and docs/curiactl.md
-// but those that change the cluster.
-func TestCuriactl(t *testing.T) {
-	c := startOn(t, curiactlSubnet, 3)
+// curiactlShell builds curiactl into c's binary directory and returns a
+// runner of one command line in a fresh shell in dir that sourced c's env
+// file (which puts that directory on PATH), then ran prelude: its output
+// and exit code.
+func curiactlShell(t *testing.T, c *cluster, dir, prelude string) func(t *testing.T, line string) (string, int) {
+	t.Helper()
 	if out, err := exec.Command("go", "build", "-o", c.bin+"/", "curia.dev/platform/cmd/curiactl").CombinedOutput(); err != nil {
 		t.Fatalf("build curiactl: %v\n%s", err, out)
 	}
 	env := filepath.Join(c.state, "env")
-	dir := t.TempDir()
-	bootstrap := c.ids["node-1"]
-	// curiactl runs one command line in a fresh shell after source env,
-	// with NODE set to the bootstrap node's id, and returns its output
-	// and exit code.
-	curiactl := func(t *testing.T, line string) (string, int) {
+	return func(t *testing.T, line string) (string, int) {
 		t.Helper()
-		out, err := freshShell(t, dir, fmt.Sprintf("source %q && export NODE=%s && %s", env, bootstrap, line))
+		out, err := freshShell(t, dir, fmt.Sprintf("source %q && %s && %s", env, cmp.Or(prelude, "true"), line))
 		var exit *exec.ExitError
 		switch {
 		case err == nil:
@@ -52,6 +47,19 @@ func TestCuriactl(t *testing.T) {
 		t.Fatalf("%s: %v\n%s", line, err, out)
 		return "", 0
 	}
+}
+
+// TestCuriactl runs the curiactl binary against a process cluster, as an
+// operator would after make run: in a fresh shell that sourced the env file
+// (which puts bin/ on PATH and sets every CURIA_* variable curiactl reads),
+// then every command of the README's curiactl section and docs/curiactl.md
+// but those that change the cluster.
+func TestCuriactl(t *testing.T) {
+	c := startOn(t, curiactlSubnet, 3)
+	bootstrap := c.ids["node-1"]
+	// curiactl runs with NODE set to the bootstrap node's id.
+	dir := t.TempDir()
+	curiactl := curiactlShell(t, c, dir, "export NODE="+bootstrap)
 	ok := func(t *testing.T, line string) string {
 		t.Helper()
 		out, code := curiactl(t, line)

@@ -22,6 +22,7 @@ import (
 	"curia.dev/platform/offsite/offsitetest"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpc/rpctest"
 	"curia.dev/platform/snapshots"
 )
 
@@ -222,20 +223,7 @@ func serve(t *testing.T, fs ...*fakeConsensus) ([]Target, *rpc.Credentials) {
 			t.Fatal(err)
 		}
 		consensusv1.RegisterConsensusServer(srv.GRPC(), f)
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- srv.Serve(ctx, lis) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		})
-		targets = append(targets, Target{Addr: lis.Addr().String()})
+		targets = append(targets, Target{Addr: rpctest.Serve(t, srv)})
 	}
 	return targets, admin
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"net"
 	"net/http/httptest"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpc/rpctest"
 )
 
 const cluster = "probe.test"
@@ -53,22 +53,10 @@ func TestProbe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, lis) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
+	addr := rpctest.Serve(t, srv)
 
 	probe := func(extra ...string) (int, string) {
-		args := append([]string{"--addr", lis.Addr().String(), "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert, "--key", client.Key, "--timeout", "2s"}, extra...)
+		args := append([]string{"--addr", addr, "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert, "--key", client.Key, "--timeout", "2s"}, extra...)
 		var out bytes.Buffer
 		code := run(args, &out, &out)
 		return code, out.String()
@@ -98,22 +86,22 @@ func TestProbe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := closed.Addr().String()
+	gone := closed.Addr().String()
 	closed.Close()
 	var out bytes.Buffer
-	if code := run([]string{"--addr", addr, "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert, "--key", client.Key}, &out, &out); code != 1 {
+	if code := run([]string{"--addr", gone, "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert, "--key", client.Key}, &out, &out); code != 1 {
 		t.Errorf("nothing listening: exit %d (%s), want 1", code, out.String())
 	}
 	out.Reset()
-	if code := run([]string{"--live", "--timeout", "1s", "--addr", addr, "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert, "--key", client.Key}, &out, &out); code != 1 {
+	if code := run([]string{"--live", "--timeout", "1s", "--addr", gone, "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert, "--key", client.Key}, &out, &out); code != 1 {
 		t.Errorf("--live, nothing listening: exit %d (%s), want 1", code, out.String())
 	}
 
 	// Misconfigured probes exit 2.
 	for name, args := range map[string][]string{
 		"no addr":       {"--ca", client.CA, "--cert", client.Cert, "--key", client.Key},
-		"missing key":   {"--addr", lis.Addr().String(), "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert},
-		"wrong cluster": {"--addr", lis.Addr().String(), "--cluster", "other", "--ca", client.CA, "--cert", client.Cert, "--key", client.Key},
+		"missing key":   {"--addr", addr, "--cluster", cluster, "--ca", client.CA, "--cert", client.Cert},
+		"wrong cluster": {"--addr", addr, "--cluster", "other", "--ca", client.CA, "--cert", client.Cert, "--key", client.Key},
 		"bad flag":      {"--nope"},
 	} {
 		out.Reset()

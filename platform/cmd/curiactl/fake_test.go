@@ -21,6 +21,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpc/rpctest"
 )
 
 const testCluster = "curiactl.test"
@@ -127,20 +128,8 @@ func serveFake(t *testing.T, f *fakeManagement) (string, rpc.TLSFiles) {
 		t.Fatal(err)
 	}
 	curatorv1.RegisterManagementServer(srv.GRPC(), f)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, lis) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	return lis.Addr().String(), pair(pki.Principal{Kind: pki.KindAdmin, Name: "alice"})
+	addr := rpctest.Serve(t, srv)
+	return addr, pair(pki.Principal{Kind: pki.KindAdmin, Name: "alice"})
 }
 
 // TestAgainstAServer runs curiactl against a server with the curators'
