@@ -32,6 +32,10 @@
 // bounds), enrolment_limit.go (the rate limit on enrolling nodes),
 // endpoints.go (the etcd client's endpoints: the voters that answer),
 // connect.go (the admin API over the Connect protocol).
+//
+// Internal packages own one job each and get only what it needs:
+// internal/roles (the role decision, pure: which roles a record gets, for
+// UpdateNodeRoles and the reconciler alike).
 package curator
 
 import (

@@ -18,6 +18,7 @@ import (
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/run"
+	"curia.dev/services/curator/internal/roles"
 )
 
 // managementServer implements curia.curator.v1.Management.
@@ -80,15 +81,12 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 	if err != nil {
 		return nil, err
 	}
-	if err := rolesAllowed(n); err != nil {
+	want, touches, err := roles.Plan(n, req)
+	if err != nil {
 		return nil, err
 	}
-	want := requestedRoles(n.GetRoles(), req)
-	if err := validRoles(n, want); err != nil {
-		return nil, err
-	}
-	hadCM, wantCM := n.GetRoles().GetConsensusMember() != nil, want.cm
-	if !touchesMembership(n, req, want) {
+	hadCM, wantCM := n.GetRoles().GetConsensusMember() != nil, want.ConsensusMember
+	if !touches {
 		return s.writeRoles(ctx, req, n, hadCM, nil, nil)
 	}
 
@@ -132,18 +130,6 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 		return nil, err
 	}
 	return s.writeRoles(ctx, req, nil, hadCM, join, membershipGuard(epoch))
-}
-
-// touchesMembership reports whether req, on node n, concerns etcd
-// membership: it names ConsensusMember (membership is the truth: an
-// explicit value is checked against the member list, even one the node
-// has), or it gives KubernetesController, which requires ConsensusMember
-// and so must not land while a change of it is in flight. Other role
-// changes keep the record's ConsensusMember as it is, and their write is
-// conditional on that record: they need no member list and no guard on
-// membership.
-func touchesMembership(n *curatorv1.Node, req *curatorv1.UpdateNodeRolesRequest, want roleSet) bool {
-	return req.ConsensusMember != nil || (want.kc && n.GetRoles().GetKubernetesController() == nil)
 }
 
 // membershipStepAttempts bounds how often UpdateNodeRoles plans its etcd
@@ -218,7 +204,7 @@ func (s *Service) membershipStep(ctx context.Context, req *curatorv1.UpdateNodeR
 // the membership epoch it left and no change pending (membershipGuard), so
 // that if membership moved on meanwhile, the role is not written (Aborted)
 // and the reconciler aligns roles with membership; nil for a change that
-// does not touch membership (touchesMembership).
+// does not touch membership (roles.TouchesMembership).
 func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRolesRequest, read *curatorv1.Node, hadCM bool, join *consensusv1.JoinParameters, guard []clientv3.Cmp) (*curatorv1.Node, error) {
 	reason := req.GetReason()
 	if reason == "" {
@@ -234,36 +220,21 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 				return nil, err
 			}
 		}
-		// Deleted and enrolled again meanwhile: this call was decided on
-		// the node that is gone.
-		if err := rolesAllowed(n); err != nil {
-			return nil, err
-		}
-		hasCM := n.GetRoles().GetConsensusMember() != nil
-		if hasCM != hadCM && (req.ConsensusMember == nil || hasCM != req.GetConsensusMember()) {
-			return nil, fmt.Errorf("%w: ConsensusMember of node %s changed while this call ran (the reconciler aligned it with etcd membership?): read the node and decide again", errConflict, n.Id)
-		}
-		want := requestedRoles(n.GetRoles(), req)
-		if err := validRoles(n, want); err != nil {
-			return nil, err
-		}
-		if guard == nil && touchesMembership(n, req, want) {
-			return nil, fmt.Errorf("%w: the roles of node %s changed while this call ran: read the node and decide again", errConflict, n.Id)
-		}
-		roles, err := desiredRoles(n, want, join)
+		// The decision again, on this record (roles.Update).
+		want, changed, err := roles.Update(n, req, hadCM, guard != nil, join)
 		if err != nil {
 			return nil, err
 		}
-		if protoEqual(roles, n.GetRoles()) {
+		if !changed {
 			return n, nil
 		}
-		crlOps, crlCmps, err := s.withMemberCertificate(ctx, n, roles)
+		crlOps, crlCmps, err := s.withMemberCertificate(ctx, n, want)
 		if err != nil {
 			return nil, err
 		}
-		n.Roles = roles
+		n.Roles = want
 		ev := s.auditEvent(ctx, auditv1.AuditAction_AUDIT_ACTION_ROLES_UPDATE, n.Id, reason)
-		ev.Roles = auditRoles(roles)
+		ev.Roles = auditRoles(want)
 		cmps := append(append([]clientv3.Cmp{unchanged(n)}, guard...), crlCmps...)
 		ops := append(crlOps, putNode(n), audit.Put(ev))
 		resp, err := s.lead.txn(ctx, cmps, ops...)
@@ -276,7 +247,7 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 			resp, err = s.lead.txn(ctx, cmps, ops...)
 		}
 		if err == nil {
-			s.log.Info("roles updated", "node", n.Id, "roles", roleNames(roles), "by", caller(ctx).String())
+			s.log.Info("roles updated", "node", n.Id, "roles", roles.Names(want), "by", caller(ctx).String())
 			n.Revision = resp.Header.Revision // the record as just written
 			return n, nil
 		}
@@ -315,68 +286,6 @@ func (s *Service) membershipMoved(ctx context.Context, guard []clientv3.Cmp) (bo
 	return !resp.Succeeded, nil
 }
 
-// rolesAllowed refuses roles for a node that is not UP.
-func rolesAllowed(n *curatorv1.Node) error {
-	if n.State != curatorv1.NodeState_NODE_STATE_UP {
-		return fmt.Errorf("%w: node %s is %s: roles are for UP nodes (approve it and let it commit)", errRefused, n.Id, n.State)
-	}
-	return nil
-}
-
-// roleSet says which roles a node holds (or should hold).
-type roleSet struct{ cm, kc, kw bool }
-
-// requestedRoles is the node's roles with the request applied.
-func requestedRoles(have *curatorv1.Roles, req *curatorv1.UpdateNodeRolesRequest) roleSet {
-	want := roleSet{cm: have.GetConsensusMember() != nil, kc: have.GetKubernetesController() != nil, kw: have.GetKubernetesWorker() != nil}
-	if req.ConsensusMember != nil {
-		want.cm = req.GetConsensusMember()
-	}
-	if req.KubernetesController != nil {
-		want.kc = req.GetKubernetesController()
-	}
-	if req.KubernetesWorker != nil {
-		want.kw = req.GetKubernetesWorker()
-	}
-	return want
-}
-
-// validRoles checks that want may follow from the node's roles:
-// KubernetesController requires ConsensusMember.
-func validRoles(n *curatorv1.Node, want roleSet) error {
-	if !want.kc || want.cm {
-		return nil
-	}
-	if n.GetRoles().GetKubernetesController() != nil {
-		return fmt.Errorf("%w: node %s has KubernetesController, which requires ConsensusMember: take it first (kubernetes_controller=false, in this call or before)", errRefused, n.Id)
-	}
-	return fmt.Errorf("%w: KubernetesController requires ConsensusMember: give consensus_member=true (in this call or before)", errRefused)
-}
-
-// desiredRoles is what UpdateNodeRoles writes on the record n: the roles of
-// want, ConsensusMember carrying join when the etcd step gave other join
-// parameters than the record's (withMemberCertificate then issues its
-// certificate), and the record's otherwise.
-func desiredRoles(n *curatorv1.Node, want roleSet, join *consensusv1.JoinParameters) (*curatorv1.Roles, error) {
-	out := &curatorv1.Roles{}
-	if want.cm {
-		out.ConsensusMember = n.GetRoles().GetConsensusMember()
-		if join != nil && !protoEqual(join, out.ConsensusMember.GetJoin()) {
-			out.ConsensusMember = &curatorv1.ConsensusMember{Join: join}
-		}
-		if out.ConsensusMember == nil {
-			return nil, fmt.Errorf("%w: node %s lost ConsensusMember while this call ran: read the node and decide again", errConflict, n.Id)
-		}
-	}
-	if want.kc {
-		out.KubernetesController = &curatorv1.KubernetesController{}
-	}
-	if want.kw {
-		out.KubernetesWorker = &curatorv1.KubernetesWorker{}
-	}
-	return out, nil
-}
-
 func (x *managementServer) DeleteNode(ctx context.Context, req *curatorv1.DeleteNodeRequest) (*curatorv1.DeleteNodeResponse, error) {
 	resp, err := x.s.deleteNode(ctx, req)
 	return resp, err
@@ -392,7 +301,7 @@ func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeReque
 			return nil, err
 		}
 		if hasRoles(n.GetRoles()) && !req.GetSafetyBypassHasRoles() {
-			return nil, fmt.Errorf("%w: node %s has roles (%s): take them away with UpdateNodeRoles first, or set safety_bypass_has_roles (the reconciler then removes its etcd member)", errRefused, n.Id, roleNames(n.GetRoles()))
+			return nil, fmt.Errorf("%w: node %s has roles (%s): take them away with UpdateNodeRoles first, or set safety_bypass_has_roles (the reconciler then removes its etcd member)", errRefused, n.Id, roles.Names(n.GetRoles()))
 		}
 		if n.State == curatorv1.NodeState_NODE_STATE_UP && !req.GetSafetyBypassNotDecommissioned() {
 			return nil, fmt.Errorf("%w: node %s is UP, not decommissioned: set safety_bypass_not_decommissioned to delete it anyway", errRefused, n.Id)
@@ -419,20 +328,6 @@ func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeReque
 		s.log.Info("node deleted", "node", n.Id, "revoked", serials, "by", caller(ctx).String())
 		return &curatorv1.DeleteNodeResponse{RevokedSerial: n.CertificateSerial, RevokedSerials: serials}, nil
 	})
-}
-
-func roleNames(r *curatorv1.Roles) string {
-	var names []string
-	if r.GetConsensusMember() != nil {
-		names = append(names, "ConsensusMember")
-	}
-	if r.GetKubernetesController() != nil {
-		names = append(names, "KubernetesController")
-	}
-	if r.GetKubernetesWorker() != nil {
-		names = append(names, "KubernetesWorker")
-	}
-	return strings.Join(names, ", ")
 }
 
 func (x *managementServer) GetRegisterTicket(ctx context.Context, _ *curatorv1.GetRegisterTicketRequest) (*curatorv1.GetRegisterTicketResponse, error) {

@@ -26,6 +26,7 @@ import (
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpcerr"
+	"curia.dev/services/curator/internal/roles"
 )
 
 // reconciliationServer implements curia.curator.v1.Reconciliation. The
@@ -103,30 +104,22 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 	case err != nil:
 		return nil, err
 	case n.Revision == rev:
-		roles := cloneRoles(n.GetRoles())
-		var memberID uint64
-		if join != nil {
-			memberID = join.GetMemberId()
-			switch have := roles.GetConsensusMember(); {
-			case have == nil:
-				roles.ConsensusMember = &curatorv1.ConsensusMember{Join: join}
-			case !protoEqual(have.GetJoin(), join):
-				refused = fmt.Errorf("%w: node %s has ConsensusMember already (member %x): remove it first", errRefused, id, have.GetJoin().GetMemberId())
-			}
-		} else {
-			memberID = roles.GetConsensusMember().GetJoin().GetMemberId()
-			// KubernetesController requires ConsensusMember: both go in
-			// one write. KubernetesWorker stays.
-			roles.ConsensusMember, roles.KubernetesController = nil, nil
+		memberID := join.GetMemberId()
+		if join == nil {
+			memberID = n.GetRoles().GetConsensusMember().GetJoin().GetMemberId()
 		}
+		// The decision (roles.Reconcile); a refusal is returned after the
+		// fence check, like every refusal.
+		var want *curatorv1.Roles
+		var changed bool
+		want, changed, refused = roles.Reconcile(n, join)
 		var crlOps []clientv3.Op
 		var crlCmps []clientv3.Cmp
-		if refused == nil && !protoEqual(roles, cloneRoles(n.GetRoles())) {
-			// Refused after the fence check, like every refusal.
-			crlOps, crlCmps, refused = s.withMemberCertificate(ctx, n, roles)
+		if refused == nil && changed {
+			crlOps, crlCmps, refused = s.withMemberCertificate(ctx, n, want)
 		}
-		if refused == nil && !protoEqual(roles, cloneRoles(n.GetRoles())) {
-			n.Roles = roles
+		if refused == nil && changed {
+			n.Roles = want
 			extra = append(extra, crlCmps...)
 			ops = append(crlOps, putNode(n), audit.Put(&auditv1.Event{
 				Actor:      caller(ctx).String(),
@@ -136,7 +129,7 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 				MemberId:   memberID,
 				Fence:      f.Strings(),
 				Reason:     reason,
-				Roles:      auditRoles(roles),
+				Roles:      auditRoles(want),
 			}))
 		}
 	}
@@ -198,14 +191,4 @@ func (x *reconciliationServer) whyStale(ctx context.Context, se *fence.StaleErro
 		return fmt.Errorf("%w: node %s changed since revision %d (it is at revision %d now): read it again", errStale, id, rev, mod)
 	}
 	return fmt.Errorf("reconcile roles of %s: %w", id, se)
-}
-
-func cloneRoles(r *curatorv1.Roles) *curatorv1.Roles {
-	out := &curatorv1.Roles{}
-	if r != nil {
-		out.ConsensusMember = r.ConsensusMember
-		out.KubernetesController = r.KubernetesController
-		out.KubernetesWorker = r.KubernetesWorker
-	}
-	return out
 }
