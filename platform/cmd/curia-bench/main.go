@@ -5,6 +5,7 @@
 //
 //	go test -run '^$' -bench . ./services/curator/ | curia-bench report -json bench/results.json
 //	curia-bench compare bench/old.json bench/results.json
+//	curia-bench doc -update docs/operating/benchmarks.md bench/results.json
 //
 // report reads any benchmark line (ns/op and every b.ReportMetric unit);
 // repeated runs of one benchmark (-count) become the median with min and
@@ -15,6 +16,14 @@
 // ms/…, s/…, MB-…, B/op, allocs/op) is a cost, lower-is-better. report
 // exits 1 when the input holds a FAIL (after printing and writing what it
 // has) or no benchmark at all.
+//
+// doc renders a report as markdown: a line saying which run it is (when,
+// with which knobs, of which commit, on what machine), a table of the
+// metrics with a target and one of every other metric. With -update it
+// rewrites the part of a page between <!-- bench:begin --> and
+// <!-- bench:end --> (`make bench-doc`: docs/operating/benchmarks.md from
+// the committed bench/results.json); a test fails when that part is not
+// what doc renders.
 package main
 
 import (
@@ -145,6 +154,7 @@ func git(args ...string) string {
 const usage = `usage:
   curia-bench report -json FILE [-targets FILE] < go-test-bench-output
   curia-bench compare [-threshold PERCENT] OLD.json NEW.json
+  curia-bench doc [-update PAGE.md] RESULTS.json
 `
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer, e env) int {
@@ -157,6 +167,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer, e env) int {
 		return runReport(args[1:], stdin, stdout, stderr, e)
 	case "compare":
 		return runCompare(args[1:], stdout, stderr)
+	case "doc":
+		return runDoc(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
