@@ -188,7 +188,13 @@ bench: ## Go benchmarks as one table against the targets, also in bench/results.
 	@mkdir -p bench
 	{ go test -run '^$$' -bench . -skip '$(SCALE_BENCH)' -benchtime $(BENCHTIME) -count $(BENCHCOUNT) $(BENCH_PACKAGES); \
 	  go test -run '^$$' -bench '$(SCALE_BENCH)/$(SCALE)' -benchtime $(SCALE_BENCHTIME) -count $(BENCHCOUNT) -timeout 30m ./services/curator/; } 2>&1 \
-		| tee bench/raw.txt | go run ./platform/cmd/curia-bench report -json bench/results.json
+		| tee bench/raw.txt | go run ./platform/cmd/curia-bench report -json bench/results.json \
+			-benchtime '$(BENCHTIME)' -count '$(BENCHCOUNT)' -scale '$(SCALE)' -scale-benchtime '$(SCALE_BENCHTIME)'
+	@echo "bench: run make bench-doc to refresh docs/operating/benchmarks.md from bench/results.json"
+
+.PHONY: bench-doc
+bench-doc: ## rewrite docs/operating/benchmarks.md's tables from bench/results.json
+	go run ./platform/cmd/curia-bench doc -update docs/operating/benchmarks.md bench/results.json
 
 .PHONY: bench-compare
 # Keep a run to compare with: cp bench/results.json bench/old.json.

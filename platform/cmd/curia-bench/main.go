@@ -5,6 +5,7 @@
 //
 //	go test -run '^$' -bench . ./services/curator/ | curia-bench report -json bench/results.json
 //	curia-bench compare bench/old.json bench/results.json
+//	curia-bench doc -update docs/operating/benchmarks.md bench/results.json
 //
 // report reads any benchmark line (ns/op and every b.ReportMetric unit);
 // repeated runs of one benchmark (-count) become the median with min and
@@ -15,6 +16,14 @@
 // ms/…, s/…, MB-…, B/op, allocs/op) is a cost, lower-is-better. report
 // exits 1 when the input holds a FAIL (after printing and writing what it
 // has) or no benchmark at all.
+//
+// doc renders a report as markdown: a line saying which run it is (when,
+// with which knobs, of which commit, on what machine), a table of the
+// metrics with a target and one of every other metric. With -update it
+// rewrites the part of a page between <!-- bench:begin --> and
+// <!-- bench:end --> (`make bench-doc`: docs/operating/benchmarks.md from
+// the committed bench/results.json); a test fails when that part is not
+// what doc renders.
 package main
 
 import (
@@ -74,15 +83,35 @@ type Result struct {
 	Source string `json:"target_source,omitempty"`
 }
 
-// Meta describes the run a report comes from.
+// Meta describes the run a report comes from: when, on what machine, of
+// which commit and with which knobs. Fields added later are omitempty, so
+// reports written before them still read (as empty).
 type Meta struct {
-	Time       string `json:"time"`
-	GoVersion  string `json:"go_version"`
+	// Time is when the report was written, at the end of the run; Started
+	// when curia-bench started reading go test's output, with the run.
+	Time    string `json:"time"`
+	Started string `json:"started,omitempty"`
+	// GoVersion is the Go that built curia-bench: `make bench` runs it with
+	// the go command that runs the benchmarks.
+	GoVersion string `json:"go_version"`
+	// Git is git describe --always --dirty, Commit git rev-parse HEAD, both
+	// taken as the run started.
 	Git        string `json:"git"`
+	Commit     string `json:"commit,omitempty"`
 	GOMAXPROCS int    `json:"gomaxprocs"`
-	CPU        string `json:"cpu,omitempty"`
-	GOOS       string `json:"goos,omitempty"`
-	GOARCH     string `json:"goarch,omitempty"`
+	// NumCPU is the machine's logical CPUs (runtime.NumCPU).
+	NumCPU int    `json:"num_cpu,omitempty"`
+	CPU    string `json:"cpu,omitempty"`
+	GOOS   string `json:"goos,omitempty"`
+	GOARCH string `json:"goarch,omitempty"`
+	// Benchtime and Count are go test's -benchtime and -count; Scale and
+	// ScaleBenchtime `make bench`'s SCALE (which sub-benchmarks of the scale
+	// benchmarks ran: none for none) and SCALE_BENCHTIME. curia-bench
+	// cannot see them in go test's output: make bench passes them.
+	Benchtime      string `json:"benchtime,omitempty"`
+	Count          int    `json:"count,omitempty"`
+	Scale          string `json:"scale,omitempty"`
+	ScaleBenchtime string `json:"scale_benchtime,omitempty"`
 	// Failed marks a run whose go test output held a FAIL: its results
 	// are what ran before (and around) the failure.
 	Failed bool `json:"failed,omitempty"`
@@ -102,22 +131,30 @@ func main() {
 type env struct {
 	now         func() time.Time
 	gitDescribe func() string
+	gitCommit   func() string
+	numCPU      func() int
 }
 
 var realEnv = env{
-	now: time.Now,
-	gitDescribe: func() string {
-		out, err := exec.Command("git", "describe", "--always", "--dirty").Output()
-		if err != nil {
-			return "unknown"
-		}
-		return strings.TrimSpace(string(out))
-	},
+	now:         time.Now,
+	gitDescribe: func() string { return git("describe", "--always", "--dirty") },
+	gitCommit:   func() string { return git("rev-parse", "HEAD") },
+	numCPU:      runtime.NumCPU,
+}
+
+// git runs git with args and returns its output, or unknown.
+func git(args ...string) string {
+	out, err := exec.Command("git", args...).Output() //nolint:gosec // G204: git with fixed arguments (describe, rev-parse HEAD) from this file
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
 }
 
 const usage = `usage:
   curia-bench report -json FILE [-targets FILE] < go-test-bench-output
   curia-bench compare [-threshold PERCENT] OLD.json NEW.json
+  curia-bench doc [-update PAGE.md] RESULTS.json
 `
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer, e env) int {
@@ -130,6 +167,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer, e env) int {
 		return runReport(args[1:], stdin, stdout, stderr, e)
 	case "compare":
 		return runCompare(args[1:], stdout, stderr)
+	case "doc":
+		return runDoc(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -144,6 +183,11 @@ func runReport(args []string, stdin io.Reader, stdout, stderr io.Writer, e env) 
 	fs.SetOutput(stderr)
 	jsonPath := fs.String("json", "", "write the results as JSON to this file")
 	targetsPath := fs.String("targets", "", "JSON list of {benchmark, metric, target, better, source} that add to or replace the built-in targets")
+	var knobs Meta
+	fs.StringVar(&knobs.Benchtime, "benchtime", "", "go test's -benchtime, to record in the report")
+	fs.IntVar(&knobs.Count, "count", 0, "go test's -count, to record in the report")
+	fs.StringVar(&knobs.Scale, "scale", "", "make bench's SCALE, to record in the report")
+	fs.StringVar(&knobs.ScaleBenchtime, "scale-benchtime", "", "make bench's SCALE_BENCHTIME, to record in the report")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -163,6 +207,9 @@ func runReport(args []string, stdin io.Reader, stdout, stderr io.Writer, e env) 
 		}
 	}
 
+	// What the run starts from: the tree may change while it runs.
+	started := e.now().UTC().Format(time.RFC3339)
+	gitDescribe, gitCommit := e.gitDescribe(), e.gitCommit()
 	p, err := parse(stdin, stderr)
 	if err != nil {
 		fmt.Fprintln(stderr, "curia-bench report: reading go test output:", err)
@@ -170,14 +217,21 @@ func runReport(args []string, stdin io.Reader, stdout, stderr io.Writer, e env) 
 	}
 	rep := &Report{
 		Meta: Meta{
-			Time:       e.now().UTC().Format(time.RFC3339),
-			GoVersion:  runtime.Version(),
-			Git:        e.gitDescribe(),
-			GOMAXPROCS: p.procs(),
-			CPU:        p.cpu,
-			GOOS:       p.goos,
-			GOARCH:     p.goarch,
-			Failed:     len(p.failures) > 0,
+			Time:           e.now().UTC().Format(time.RFC3339),
+			Started:        started,
+			GoVersion:      runtime.Version(),
+			Git:            gitDescribe,
+			Commit:         gitCommit,
+			GOMAXPROCS:     p.procs(),
+			NumCPU:         e.numCPU(),
+			CPU:            p.cpu,
+			GOOS:           p.goos,
+			GOARCH:         p.goarch,
+			Benchtime:      knobs.Benchtime,
+			Count:          knobs.Count,
+			Scale:          knobs.Scale,
+			ScaleBenchtime: knobs.ScaleBenchtime,
+			Failed:         len(p.failures) > 0,
 		},
 		Results: aggregate(p.samples, targets),
 	}
@@ -649,7 +703,7 @@ func (t *table) print(w io.Writer) {
 
 func printReport(w io.Writer, rep *Report, targets map[targetKey]Target) {
 	m := rep.Meta
-	fmt.Fprintf(w, "\ncuria benchmarks · %s · git %s · %s %s/%s · GOMAXPROCS %d\n", m.Time, m.Git, m.GoVersion, m.GOOS, m.GOARCH, m.GOMAXPROCS)
+	fmt.Fprintf(w, "\ncuria benchmarks · %s · git %s · %s %s/%s · GOMAXPROCS %d · %d CPUs\n", m.Time, m.Git, m.GoVersion, m.GOOS, m.GOARCH, m.GOMAXPROCS, m.NumCPU)
 	if m.CPU != "" {
 		fmt.Fprintf(w, "cpu: %s\n", m.CPU)
 	}

@@ -35,6 +35,8 @@ ok  	curia.dev/services/curator	60.3s
 var fakeEnv = env{
 	now:         func() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) },
 	gitDescribe: func() string { return "v0.1.0-3-gabcdef0-dirty" },
+	gitCommit:   func() string { return "abcdef0123456789abcdef0123456789abcdef01" },
+	numCPU:      func() int { return 2 },
 }
 
 func TestParse(t *testing.T) {
@@ -362,7 +364,11 @@ func TestJSONRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep := &Report{
-		Meta:    Meta{Time: "2026-01-02T03:04:05Z", GoVersion: "go1.26.8", Git: "abc-dirty", GOMAXPROCS: 2, CPU: p.cpu, GOOS: "linux", GOARCH: "amd64", Failed: true},
+		Meta: Meta{
+			Time: "2026-01-02T03:04:05Z", Started: "2026-01-02T03:00:00Z", GoVersion: "go1.26.8", Git: "abc-dirty",
+			Commit: "abcdef0123456789abcdef0123456789abcdef01", GOMAXPROCS: 2, NumCPU: 4, CPU: p.cpu, GOOS: "linux", GOARCH: "amd64",
+			Benchtime: "3x", Count: 5, Scale: "n=1k", ScaleBenchtime: "1x", Failed: true,
+		},
 		Results: aggregate(p.samples, targetIndex(knownTargets)),
 	}
 	path := filepath.Join(t.TempDir(), "results.json")
@@ -381,10 +387,30 @@ func TestJSONRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, field := range []string{`"benchmark"`, `"metric"`, `"unit"`, `"value"`, `"min"`, `"max"`, `"runs"`, `"target"`, `"better"`, `"time"`, `"go_version"`, `"git"`, `"gomaxprocs"`, `"cpu"`, `"results"`} {
+	for _, field := range []string{`"benchmark"`, `"metric"`, `"unit"`, `"value"`, `"min"`, `"max"`, `"runs"`, `"target"`, `"better"`, `"time"`, `"go_version"`, `"git"`, `"gomaxprocs"`, `"cpu"`, `"results"`,
+		`"started"`, `"commit"`, `"num_cpu"`, `"goos"`, `"goarch"`, `"benchtime"`, `"count"`, `"scale"`, `"scale_benchtime"`} {
 		if !bytes.Contains(raw, []byte(field)) {
 			t.Errorf("JSON lacks %s", field)
 		}
+	}
+}
+
+// A report written before the run's machine and knobs were recorded still
+// reads, with those fields empty.
+func TestReadOldReport(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "old.json")
+	old := `{"time":"2026-12-03T10:00:00Z","go_version":"go1.26.8","git":"9d9b26a","gomaxprocs":2,"cpu":"AMD EPYC 7B13","goos":"linux","goarch":"amd64",
+"results":[{"benchmark":"BenchmarkGetNodes10k","procs":2,"metric":"ns/op","unit":"ns","value":41000000,"min":41000000,"max":41000000,"runs":1,"target":50000000,"better":"lower"}]}`
+	if err := os.WriteFile(path, []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := readReport(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Git != "9d9b26a" || rep.Commit != "" || rep.NumCPU != 0 || rep.Benchtime != "" || len(rep.Results) != 1 {
+		t.Errorf("old report read as %+v", rep)
 	}
 }
 
@@ -500,7 +526,7 @@ func TestRunReport(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			path := filepath.Join(dir, "results.json")
-			args := []string{"report", "-json", path}
+			args := []string{"report", "-json", path, "-benchtime", "1x", "-count", "3", "-scale", "none", "-scale-benchtime", "2x"}
 			if tt.targets != "" {
 				tf := filepath.Join(dir, "targets.json")
 				if err := os.WriteFile(tf, []byte(tt.targets), 0o600); err != nil {
@@ -523,6 +549,18 @@ func TestRunReport(t *testing.T) {
 			}
 			if len(rep.Results) != tt.wantResults || rep.Time != "2026-01-02T03:04:05Z" || rep.Git != "v0.1.0-3-gabcdef0-dirty" {
 				t.Errorf("JSON: %d results (want %d), time %q, git %q", len(rep.Results), tt.wantResults, rep.Time, rep.Git)
+			}
+			wantMeta := Meta{
+				Time: "2026-01-02T03:04:05Z", Started: "2026-01-02T03:04:05Z",
+				Git: "v0.1.0-3-gabcdef0-dirty", Commit: "abcdef0123456789abcdef0123456789abcdef01",
+				NumCPU: 2, Benchtime: "1x", Count: 3, Scale: "none", ScaleBenchtime: "2x",
+			}
+			gotMeta := Meta{
+				Time: rep.Time, Started: rep.Started, Git: rep.Git, Commit: rep.Commit,
+				NumCPU: rep.NumCPU, Benchtime: rep.Benchtime, Count: rep.Count, Scale: rep.Scale, ScaleBenchtime: rep.ScaleBenchtime,
+			}
+			if gotMeta != wantMeta {
+				t.Errorf("JSON meta\n got %+v\nwant %+v", gotMeta, wantMeta)
 			}
 			if rep.Failed != (tt.status != 0 && tt.wantResults > 0) {
 				t.Errorf("JSON failed = %v", rep.Failed)
