@@ -16,6 +16,7 @@ PROTOC_GEN_GO_GRPC_VERSION    := v1.6.2
 PROTOC_GEN_CONNECT_GO_VERSION := v1.21.1
 GRPCURL_VERSION               := v1.9.4
 GOLANGCI_LINT_VERSION         := v2.15.0
+GOTESTSUM_VERSION             := v1.13.0
 TOOLS_CACHE ?= $(CURDIR)/.bin
 BUF                   := $(TOOLS_CACHE)/buf/$(BUF_VERSION)/buf
 PROTOC_GEN_GO         := $(TOOLS_CACHE)/protoc-gen-go/$(PROTOC_GEN_GO_VERSION)/protoc-gen-go
@@ -23,7 +24,8 @@ PROTOC_GEN_GO_GRPC    := $(TOOLS_CACHE)/protoc-gen-go-grpc/$(PROTOC_GEN_GO_GRPC_
 PROTOC_GEN_CONNECT_GO := $(TOOLS_CACHE)/protoc-gen-connect-go/$(PROTOC_GEN_CONNECT_GO_VERSION)/protoc-gen-connect-go
 GRPCURL               := $(TOOLS_CACHE)/grpcurl/$(GRPCURL_VERSION)/grpcurl
 GOLANGCI_LINT         := $(TOOLS_CACHE)/golangci-lint/$(GOLANGCI_LINT_VERSION)-$(shell go env GOVERSION)/golangci-lint
-TOOL_BINS := $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) $(GRPCURL) $(GOLANGCI_LINT)
+GOTESTSUM             := $(TOOLS_CACHE)/gotestsum/$(GOTESTSUM_VERSION)/gotestsum
+TOOL_BINS := $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) $(GRPCURL) $(GOLANGCI_LINT) $(GOTESTSUM)
 # buf finds its local plugins (buf.gen.yaml) on PATH.
 empty :=
 space := $(empty) $(empty)
@@ -85,6 +87,9 @@ $(GRPCURL):
 
 $(GOLANGCI_LINT):
 	$(call go_install,github.com/golangci/golangci-lint/v2/cmd/golangci-lint,$(GOLANGCI_LINT_VERSION))
+
+$(GOTESTSUM):
+	$(call go_install,gotest.tools/gotestsum,$(GOTESTSUM_VERSION))
 
 .PHONY: proto-deps
 proto-deps: ## link the third-party protos buf imports (protovalidate) from the Go module cache
@@ -212,14 +217,18 @@ test-e2e: test-e2e-process test-e2e-compose ## end-to-end tests: the process clu
 .PHONY: test-e2e-process
 # Each tier is its own go test, with its own timeout: together they take
 # about 20 minutes on 2 cores, and one timeout for both was the sum's.
-test-e2e-process: build $(GRPCURL) ## end-to-end tests on process clusters: TestE2E, recovery, upgrades, curiactl, the dashboard
-	go test -tags e2e -count=1 -timeout 25m -v -skip '^TestCompose$$' ./deploy/local/
+# gotestsum prints go test -v's output as it comes, then each failed test's
+# output again at the end (=== Failed): the reason a sub-test failed is
+# in the last lines of the log, not thousands of lines above them.
+E2E_TEST = $(GOTESTSUM) --format standard-verbose --hide-summary=skipped -- -tags e2e -count=1
+test-e2e-process: build $(GRPCURL) $(GOTESTSUM) ## end-to-end tests on process clusters: TestE2E, recovery, upgrades, curiactl, the dashboard
+	$(E2E_TEST) -timeout 25m -skip '^TestCompose$$' ./deploy/local/
 
 .PHONY: test-e2e-compose
-test-e2e-compose: build $(GRPCURL) ## end-to-end test of the compose cluster (skips without Docker)
+test-e2e-compose: build $(GRPCURL) $(GOTESTSUM) ## end-to-end test of the compose cluster (skips without Docker)
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; \
 	else echo "test-e2e-compose: no Docker: the compose cluster test will skip"; fi
-	go test -tags e2e -count=1 -timeout 20m -v -run '^TestCompose$$' ./deploy/local/
+	$(E2E_TEST) -timeout 20m -run '^TestCompose$$' ./deploy/local/
 
 .PHONY: test-faults
 # FAULT_SEED (a number or random), FAULT_DURATION (default 3m),
