@@ -12,10 +12,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
@@ -56,20 +58,57 @@ func dashboardScenario(t *testing.T, c *cluster) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	// click clicks what sel names. The pages re-render rows on live
-	// updates: when the element found was replaced before the click landed
-	// ("Could not find node with given id"), nothing was clicked, and it
-	// is found again.
+	// click clicks the element sel names, and clears the page's last
+	// answer (#result) first, so that the answer awaited after it
+	// (act) is this click's. The click is the element's own (the DOM's
+	// click(): what a mouse click on it does), not a mouse event at its
+	// coordinates: the pages re-render their rows on live updates, and a
+	// mouse event sent after a re-render moved the element lands on
+	// whatever is there then, which does nothing the test can see.
 	click := func(what, sel string) {
 		t.Helper()
+		js := fmt.Sprintf(`(e => { if (!e) return 'no element'; const r = document.getElementById('result'); r.className = ''; r.textContent = ''; e.click(); return 'clicked' })(document.querySelector(%q))`, sel)
 		proctest.Eventually(t, 30*time.Second, func() error {
-			cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
-			defer ccancel()
-			if err := chromedp.Do(cctx, chromedp.Click(chromedp.CSS(sel))); err != nil {
+			got, err := chromedp.Run(ctx, chromedp.Evaluate[string](js))
+			if err != nil {
 				return fmt.Errorf("%s: %w", what, err)
+			}
+			if got != "clicked" {
+				return fmt.Errorf("%s: %s matches %s", what, sel, got)
 			}
 			return nil
 		})
+	}
+	// act clicks the button sel names and waits for the page's answer
+	// (#result); it fails, with the answer's text, unless the answer's
+	// class is want ("ok" or "refused"). An answer of Unavailable or Aborted
+	// (the API says: retry; a membership change in flight is Aborted) is
+	// clicked again, as an operator would, twice at most.
+	act := func(what, sel, want string) string {
+		t.Helper()
+		var class, text string
+		for attempt := 1; ; attempt++ {
+			click(what, sel)
+			proctest.Eventually(t, 30*time.Second, func() error {
+				got, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(r => [r.className, r.textContent])(document.getElementById('result'))`))
+				if err != nil {
+					return err
+				}
+				if class, text = got[0], got[1]; class == "" {
+					return fmt.Errorf("%s: no answer on the page yet", what)
+				}
+				return nil
+			})
+			retry := strings.HasPrefix(text, codes.Unavailable.String()+": ") || strings.HasPrefix(text, codes.Aborted.String()+": ")
+			if attempt == 3 || !retry {
+				break
+			}
+			t.Logf("%s: the page answered %q; again", what, text)
+		}
+		if class != want {
+			t.Fatalf("%s: the page answered %s %q, want %s", what, class, text, want)
+		}
+		return text
 	}
 	// eval polls a JavaScript expression until it returns want.
 	eval := func(timeout time.Duration, expr, want string) {
@@ -118,8 +157,7 @@ func dashboardScenario(t *testing.T, c *cluster) {
 	do("open the nodes page", chromedp.Navigate(url+"/nodes"))
 	eval(time.Minute, membership(worker), "")
 	eval(5*time.Second, `window.curiaLoaded = 'once'`, "once")
-	click("give the worker ConsensusMember", fmt.Sprintf(`#nodes tr[data-node=%q] button[name="give-cm"]`, worker))
-	eval(30*time.Second, `document.getElementById('result').className`, "ok")
+	act("give the worker ConsensusMember", fmt.Sprintf(`#nodes tr[data-node=%q] button[name="give-cm"]`, worker), "ok")
 	// Learner, then voter: every state the row goes through, as the page
 	// shows it.
 	// Meanwhile /api/membership tells the learner's catch-up (when a poll
@@ -164,23 +202,29 @@ func dashboardScenario(t *testing.T, c *cluster) {
 
 	// Refused: deleting the bootstrap node, UP and with roles, without a
 	// bypass. The page shows what the API says.
-	_, apiErr := c.mgmt().DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: boot})
-	if apiErr == nil {
-		t.Fatal("DeleteNode of node-1 without bypass succeeded")
-	}
+	var apiErr error
+	proctest.Eventually(t, 30*time.Second, func() error { // the refusal, not a moment's UNAVAILABLE
+		_, apiErr = c.mgmt().DeleteNode(ctx, &curatorv1.DeleteNodeRequest{NodeId: boot})
+		if apiErr == nil {
+			t.Fatal("DeleteNode of node-1 without bypass succeeded")
+		}
+		if status.Code(apiErr) != codes.FailedPrecondition {
+			return apiErr
+		}
+		return nil
+	})
 	click("open deleting node-1", fmt.Sprintf(`#delete-%s summary`, boot))
 	click("confirm deleting node-1", fmt.Sprintf(`#delete-%s input[name="confirm"]`, boot))
-	click("delete node-1", fmt.Sprintf(`#delete-%s button[name="delete"]`, boot))
 	// The API's code and message, once each, as they are: no prefix of
 	// the page's own.
 	st := status.Convert(apiErr)
-	eval(30*time.Second, `document.getElementById('result').textContent`, st.Code().String()+": "+st.Message())
-	eval(5*time.Second, `document.getElementById('result').className`, "refused")
+	if got, want := act("delete node-1", fmt.Sprintf(`#delete-%s button[name="delete"]`, boot), "refused"), st.Code().String()+": "+st.Message(); got != want {
+		t.Fatalf("the page says %q, the API said %q", got, want)
+	}
 	shot("nodes-refused")
 
 	// Back as it was: the worker's role taken from the page, autopilot on.
-	click("take ConsensusMember from the worker", fmt.Sprintf(`#nodes tr[data-node=%q] button[name="take-cm"]`, worker))
-	eval(30*time.Second, `document.getElementById('result').className`, "ok")
+	act("take ConsensusMember from the worker", fmt.Sprintf(`#nodes tr[data-node=%q] button[name="take-cm"]`, worker), "ok")
 	eval(3*time.Minute, membership(worker), "")
 	setSize(t, c, 3)
 	c.eventuallyAgree()

@@ -19,7 +19,6 @@
 // leader_consensus_status.go, leader_audit.go, leader_leases.go (leases),
 // leader_snapshots.go and snapshot_take.go (etcd snapshots),
 // leader_snapshots_offsite.go (their copies in S3-compatible storage),
-// leader_defrag.go (etcd defragmentation and its NOSPACE alarm),
 // leader_maintenance.go (a node out of service for a while),
 // leader_reconcile.go (the reconciler's fenced role writes, the
 // Reconciliation service), watch.go (one etcd watch fanned out
@@ -35,7 +34,13 @@
 //
 // Internal packages own one job each and get only what it needs:
 // internal/roles (the role decision, pure: which roles a record gets, for
-// UpdateNodeRoles and the reconciler alike).
+// UpdateNodeRoles and the reconciler alike), internal/etcdmaint (etcd's
+// members observed, leadership moved off one, defragmentation and the
+// NOSPACE alarm). The components still in this package hold no *Service
+// either: the watch hub gets the etcd client, the heartbeat tracker the
+// client, the leadership and the hub's registry lookup, the snapshotter
+// the clients, the leadership and the audit write. Only the gRPC servers
+// (managementServer and the like) hold *Service: they are its API.
 package curator
 
 import (
@@ -54,12 +59,14 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/crl"
 	"curia.dev/platform/etcdpin"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
+	"curia.dev/services/curator/internal/etcdmaint"
 )
 
 // Config configures one curator replica.
@@ -110,8 +117,8 @@ type Config struct {
 	// (leader_snapshots.go).
 	Snapshots SnapshotConfig
 	// Defrag configures the leader's etcd defragmentation
-	// (leader_defrag.go).
-	Defrag DefragConfig
+	// (internal/etcdmaint).
+	Defrag etcdmaint.Config
 }
 
 // DefaultConfig returns the defaults.
@@ -129,7 +136,7 @@ func DefaultConfig() Config {
 		CertValidity:      30 * 24 * time.Hour,
 		Audit:             AuditRetention{MaxAge: 90 * 24 * time.Hour, MaxEvents: 100000, Every: 10 * time.Minute},
 		Snapshots:         SnapshotConfig{Interval: 10 * time.Minute, Keep: 24, MaxAge: 7 * 24 * time.Hour, ReuseWithin: 30 * time.Second, OffsiteKeep: 48},
-		Defrag:            DefragConfig{CheckInterval: 5 * time.Minute, Threshold: 0.5, MinWasted: 64 << 20},
+		Defrag:            etcdmaint.Config{CheckInterval: 5 * time.Minute, Threshold: 0.5, MinWasted: 64 << 20},
 	}
 }
 
@@ -260,7 +267,7 @@ type Service struct {
 	watch     *watchHub
 	crl       *crl.Watcher
 	snaps     *snapshotter
-	defrag    *defragmenter
+	defrag    *etcdmaint.Defragmenter
 	// beats is the current term's heartbeat tracker while this replica
 	// leads (heartbeat.go).
 	beats atomic.Pointer[beatTracker]
@@ -343,14 +350,24 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	s.crl = crl.New(s.trusted, log.With("part", "crl"))
 	s.lead = newLeadership(cli, sessionCli, creds, log, leaderValue{Name: cfg.Name, Address: cfg.Advertise}, cfg.SessionTTL, s.becameLeader)
 	s.consensus = newConsensusPool(cfg.Consensus, cli, creds)
-	s.watch = newWatchHub(s)
+	s.watch = newWatchHub(cli, cfg.Watch, log)
 	if s.snaps, err = newSnapshotter(s, cfg.Snapshots, log.With("part", "snapshots")); err != nil {
 		cli.Close()
 		sessionCli.Close()
 		memberCli.Close()
 		return nil, err
 	}
-	s.defrag = newDefragmenter(s, cfg.Defrag, log.With("part", "defrag"))
+	s.defrag = etcdmaint.New(cfg.Defrag, etcdmaint.Deps{
+		Observer: etcdmaint.Observer{Etcd: cli, Member: memberCli, Log: log.With("part", "etcd-maintenance")},
+		Leads: func() (int64, bool) {
+			_, term, ok := s.lead.ours()
+			return term, ok
+		},
+		Audit: func(ctx context.Context, action auditv1.AuditAction, why string) error {
+			_, err := s.lead.txn(ctx, nil, s.auditOp(ctx, action, "", truncate(why, 2048)))
+			return err
+		},
+	})
 	limit := newEnrolmentLimit(cfg.EnrolmentRate, cfg.EnrolmentBurst)
 	srv, err := rpc.NewServer(rpc.ServerConfig{
 		Credentials:        creds,
@@ -415,7 +432,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.snaps.off != nil {
 		g.AddReady("snapshots-offsite", s.snaps.off.run)
 	}
-	g.AddReady("defrag", s.defrag.run)
+	g.AddReady("defrag", s.defrag.Run)
 	g.AddReady("maintenance", s.expireMaintenance)
 	if s.cfg.ListenHTTP != "" {
 		hl, err := net.Listen("tcp", s.cfg.ListenHTTP)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -138,7 +139,13 @@ type beatEntry struct {
 // beatTracker is one term's record of every node's beats: in memory, written
 // to etcd in shards (see the top of this file).
 type beatTracker struct {
-	s       *Service
+	etcd *clientv3.Client
+	lead *leadership
+	log  *slog.Logger
+	// registered says whether a node is in the registry (the watch hub's
+	// view).
+	registered func(id string) bool
+
 	term    int64
 	timeout time.Duration
 	cancel  context.CancelFunc
@@ -165,7 +172,10 @@ func (s *Service) beatsLead(ctx context.Context, term int64) error {
 		old.stop()
 	}
 	tctx, cancel := context.WithCancel(ctx)
-	t := &beatTracker{s: s, term: term, timeout: s.cfg.HeartbeatTimeout, cancel: cancel, wake: make(chan struct{}, 1), nodes: map[string]*beatEntry{}}
+	t := &beatTracker{
+		etcd: s.etcd, lead: s.lead, log: s.log, registered: s.watch.exists,
+		term: term, timeout: s.cfg.HeartbeatTimeout, cancel: cancel, wake: make(chan struct{}, 1), nodes: map[string]*beatEntry{},
+	}
 	if err := t.load(tctx); err != nil {
 		cancel()
 		return err
@@ -179,7 +189,7 @@ func (s *Service) beatsLead(ctx context.Context, term int64) error {
 // HEALTHY node gets one full timeout from now to beat again.
 func (t *beatTracker) load(ctx context.Context) error {
 	now := time.Now()
-	resp, err := t.s.etcd.Get(ctx, keys.HeartbeatShardsPrefix, clientv3.WithPrefix())
+	resp, err := t.etcd.Get(ctx, keys.HeartbeatShardsPrefix, clientv3.WithPrefix())
 	if err != nil {
 		return fmt.Errorf("%w: read the heartbeat shards: %v", errUnavailable, err)
 	}
@@ -188,7 +198,7 @@ func (t *beatTracker) load(ctx context.Context) error {
 	for _, kv := range resp.Kvs {
 		i, err := strconv.Atoi(strings.TrimPrefix(string(kv.Key), keys.HeartbeatShardsPrefix))
 		if err != nil || i < 0 || i > 1<<20 {
-			t.s.log.Warn("heartbeat shard with an unexpected key; ignored", "key", string(kv.Key))
+			t.log.Warn("heartbeat shard with an unexpected key; ignored", "key", string(kv.Key))
 			continue
 		}
 		for len(t.shards) <= i {
@@ -207,7 +217,7 @@ func (t *beatTracker) load(ctx context.Context) error {
 	// Older curators' per-node keys, read once.
 	legacy := map[string]heartbeatRecord{}
 	for _, prefix := range []string{keys.HeartbeatsPrefix, keys.HeartbeatsSeenPrefix} {
-		lresp, err := t.s.etcd.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision))
+		lresp, err := t.etcd.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision))
 		if err != nil {
 			return fmt.Errorf("%w: read the per-node heartbeat keys: %v", errUnavailable, err)
 		}
@@ -230,10 +240,10 @@ func (t *beatTracker) load(ctx context.Context) error {
 		t.dirty[i], t.changed[i] = true, true
 	}
 	if len(legacy) > 0 {
-		t.s.log.Info("heartbeat keys of older curators moved into the shards", "nodes", len(legacy))
+		t.log.Info("heartbeat keys of older curators moved into the shards", "nodes", len(legacy))
 		t.wakeUp()
 	}
-	t.s.log.Info("heartbeats loaded", "term", t.term, "nodes", len(t.nodes), "shards", len(t.shards))
+	t.log.Info("heartbeats loaded", "term", t.term, "nodes", len(t.nodes), "shards", len(t.shards))
 	return nil
 }
 
@@ -304,7 +314,7 @@ func (t *beatTracker) expire(id string) {
 	e.timedOut = true
 	t.dirty[e.shard], t.changed[e.shard] = true, true
 	t.wakeUp()
-	t.s.log.Info("node heartbeat timed out", "node", id, "last_heartbeat", e.last)
+	t.log.Info("node heartbeat timed out", "node", id, "last_heartbeat", e.last)
 }
 
 // wakeUp asks run for a write now (coalesced).
@@ -350,16 +360,16 @@ func (t *beatTracker) run(ctx context.Context) {
 		switch {
 		case err == nil:
 		case errors.Is(err, errNotLeader):
-			t.s.log.Info("heartbeat writes stop: the term ended", "term", t.term)
+			t.log.Info("heartbeat writes stop: the term ended", "term", t.term)
 			return
 		default:
 			if ctx.Err() != nil {
 				return
 			}
-			t.s.log.Warn("write heartbeat shards", "term", t.term, "err", err)
+			t.log.Warn("write heartbeat shards", "term", t.term, "err", err)
 			retry = time.After(heartbeatRetry)
 		}
-		if _, term, ok := t.s.lead.ours(); !ok || term != t.term {
+		if _, term, ok := t.lead.ours(); !ok || term != t.term {
 			return
 		}
 	}
@@ -401,7 +411,7 @@ func (t *beatTracker) flush(ctx context.Context, periodic bool) error {
 		for _, p := range b {
 			ops = append(ops, clientv3.OpPut(keys.HeartbeatShard(p.i), p.v))
 		}
-		if _, err := t.s.lead.txn(ctx, nil, ops...); err != nil {
+		if _, err := t.lead.txn(ctx, nil, ops...); err != nil {
 			t.redo(slices.Concat(batches[k:]...), legacy)
 			return err
 		}
@@ -413,7 +423,7 @@ func (t *beatTracker) flush(ctx context.Context, periodic bool) error {
 		for _, key := range legacy[:k] {
 			ops = append(ops, clientv3.OpDelete(key))
 		}
-		if _, err := t.s.lead.txn(ctx, nil, ops...); err != nil {
+		if _, err := t.lead.txn(ctx, nil, ops...); err != nil {
 			t.redo(nil, legacy)
 			return err
 		}
@@ -442,7 +452,7 @@ func (t *beatTracker) redo(puts []shardPut, legacy []string) {
 // (deleted: ids are never reused), as the hub sees the registry.
 func (t *beatTracker) pruneLocked() {
 	for id, e := range t.nodes {
-		if e.timedOut && !t.s.watch.exists(id) {
+		if e.timedOut && !t.registered(id) {
 			delete(t.nodes, id)
 			delete(t.shards[e.shard], id)
 			t.dirty[e.shard] = true

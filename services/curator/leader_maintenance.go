@@ -14,6 +14,7 @@ import (
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/run"
+	"curia.dev/services/curator/internal/etcdmaint"
 )
 
 // Maintenance takes one node out of service for a bounded time: a restart,
@@ -130,32 +131,32 @@ func (s *Service) startMaintenance(ctx context.Context, req *curatorv1.StartNode
 // if it has one, and moves etcd leadership away from it; it returns the
 // member leadership moved to (0: none) and what it found, in words.
 func (s *Service) clearForMaintenance(ctx context.Context, id string) (uint64, string, error) {
-	o, err := s.defrag.observeEtcd(ctx)
+	o, err := s.defrag.Observe(ctx)
 	if err != nil {
 		return 0, "", err
 	}
-	var self *etcdMember
+	var self *etcdmaint.Member
 	voters, answered := 0, 0
-	for i, m := range o.members {
-		if m.name == id {
-			self = &o.members[i]
+	for i, m := range o.Members {
+		if m.Name == id {
+			self = &o.Members[i]
 		}
-		if !m.learner {
+		if !m.Learner {
 			voters++
-			if m.answered {
+			if m.Answered {
 				answered++
 			}
 		}
 	}
-	if self == nil || self.learner {
+	if self == nil || self.Learner {
 		return 0, "its node has no etcd voter", nil
 	}
-	for _, m := range o.members {
-		if m.learner {
-			return 0, "", errMaintenance("learner", "learner %x (node %s) is catching up: node %s's voter may go once it is promoted or gone", m.id, m.name, id)
+	for _, m := range o.Members {
+		if m.Learner {
+			return 0, "", errMaintenance("learner", "learner %x (node %s) is catching up: node %s's voter may go once it is promoted or gone", m.ID, m.Name, id)
 		}
 	}
-	if o.pending {
+	if o.Pending {
 		return 0, "", rpcerr.RetryAfter(errMaintenance("change_pending", "an etcd membership change is pending: node %s's voter may go once it finished", id), time.Second)
 	}
 	// Losing this voter leaves answered−1 of voters: the quorum needs
@@ -163,14 +164,14 @@ func (s *Service) clearForMaintenance(ctx context.Context, id string) (uint64, s
 	if t := answered - (voters/2 + 1); t < 1 {
 		return 0, "", errMaintenance("failure_tolerance", "%d of %d voters answer, so the failure tolerance is %d: taking node %s's voter down would lose the quorum; bring the others back first", answered, voters, t, id)
 	}
-	leader, why := o.leader()
+	leader, why := o.Leader()
 	if leader == 0 {
 		return 0, "", errMaintenance("no_leader", "etcd has no leader the members agree on (%s)", why)
 	}
-	if leader != self.id {
-		return 0, fmt.Sprintf("its voter %x does not lead etcd (%x does); failure tolerance %d of %d voters", self.id, leader, answered-(voters/2+1), voters), nil
+	if leader != self.ID {
+		return 0, fmt.Sprintf("its voter %x does not lead etcd (%x does); failure tolerance %d of %d voters", self.ID, leader, answered-(voters/2+1), voters), nil
 	}
-	to, err := s.defrag.moveLeader(ctx, o, leader)
+	to, err := s.defrag.MoveLeader(ctx, o, leader)
 	if err != nil {
 		return 0, "", fmt.Errorf("move etcd leadership away from node %s's voter %x: %w", id, leader, err)
 	}

@@ -351,7 +351,7 @@ func (x *managementServer) GetClusterInfo(ctx context.Context, _ *curatorv1.GetC
 		Term:            cur.Term,
 		NodesByState:    map[string]int64{},
 		Snapshots:       s.snaps.status(),
-		EtcdMaintenance: s.defrag.status(),
+		EtcdMaintenance: s.defrag.Status(),
 	}
 	err := s.eachNode(ctx, func(n *curatorv1.Node) error {
 		info.NodesByState[n.State.String()]++

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -119,7 +120,15 @@ const (
 
 // snapshotter takes the leader's snapshots and serves the directory.
 type snapshotter struct {
-	s        *Service
+	// etcd is the cluster's client, member calls one member by its
+	// endpoint; lead is this replica's leadership (term-guarded writes).
+	etcd, member *clientv3.Client
+	lead         *leadership
+	// cluster and name: the cluster's, and this replica's (TakenBy).
+	cluster, name string
+	// auditOp is an audit event's write (Service.auditOp).
+	auditOp func(ctx context.Context, action auditv1.AuditAction, nodeID, reason string) clientv3.Op
+
 	cfg      SnapshotConfig
 	dir      snapshots.Dir
 	log      *slog.Logger
@@ -139,7 +148,8 @@ type snapshotter struct {
 
 func newSnapshotter(s *Service, cfg SnapshotConfig, log *slog.Logger) (*snapshotter, error) {
 	sn := &snapshotter{
-		s: s, cfg: cfg, dir: snapshots.Dir(cfg.Dir), log: log, one: make(chan struct{}, 1),
+		etcd: s.etcd, member: s.memberEtcd, lead: s.lead, cluster: s.cfg.Cluster, name: s.cfg.Name, auditOp: s.auditOp,
+		cfg: cfg, dir: snapshots.Dir(cfg.Dir), log: log, one: make(chan struct{}, 1),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "curia_curator_snapshot_failures_total", Help: "etcd snapshots this replica failed to take (read, verify or write), while it led.",
 		}),
@@ -162,7 +172,7 @@ func newSnapshotter(s *Service, cfg SnapshotConfig, log *slog.Logger) (*snapshot
 // on says whether snapshots are on, and if not, why not.
 func (sn *snapshotter) on() error {
 	if sn.cfg.Dir == "" {
-		return fmt.Errorf("%w: the curator leader (%s) runs without --snapshot-dir: give every curator the same --snapshot-dir (a directory all of them reach, e.g. one volume) to take snapshots", rpcerr.SnapshotsOff, sn.s.cfg.Name)
+		return fmt.Errorf("%w: the curator leader (%s) runs without --snapshot-dir: give every curator the same --snapshot-dir (a directory all of them reach, e.g. one volume) to take snapshots", rpcerr.SnapshotsOff, sn.name)
 	}
 	return nil
 }
@@ -184,7 +194,7 @@ func (sn *snapshotter) run(ctx context.Context) error {
 		case <-t.C:
 		}
 		now := time.Now()
-		_, cur, leads := sn.s.lead.ours()
+		_, cur, leads := sn.lead.ours()
 		if !leads {
 			term = 0
 			if now.Sub(refreshed) > followerRefresh {
@@ -326,7 +336,7 @@ func (sn *snapshotter) audit(ctx context.Context, req snapshotRequest, md snapsh
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), snapshotAuditTimeout)
 	defer cancel()
-	if _, err := sn.s.lead.txn(actx, nil, sn.s.auditOp(actx, auditv1.AuditAction_AUDIT_ACTION_SNAPSHOT, "", truncate(why, 2048))); err != nil {
+	if _, err := sn.lead.txn(actx, nil, sn.auditOp(actx, auditv1.AuditAction_AUDIT_ACTION_SNAPSHOT, "", truncate(why, 2048))); err != nil {
 		return fmt.Errorf("record snapshot %s in the audit log: %w", md.Name, err)
 	}
 	return nil
@@ -341,7 +351,7 @@ func (sn *snapshotter) prune(now time.Time) {
 		return
 	}
 	for _, md := range snapshots.Expired(list, sn.cfg.Keep, sn.cfg.MaxAge, now) {
-		if _, _, ok := sn.s.lead.ours(); !ok {
+		if _, _, ok := sn.lead.ours(); !ok {
 			return
 		}
 		if err := sn.dir.Remove(md.Name); err != nil {
@@ -355,7 +365,7 @@ func (sn *snapshotter) prune(now time.Time) {
 		sn.log.Warn("look for leftovers in the snapshot directory", "err", err)
 	}
 	for _, f := range left {
-		if _, _, ok := sn.s.lead.ours(); !ok {
+		if _, _, ok := sn.lead.ours(); !ok {
 			return
 		}
 		if err := os.Remove(filepath.Join(sn.cfg.Dir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {

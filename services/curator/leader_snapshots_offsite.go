@@ -100,7 +100,7 @@ func (o *offsiter) run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		_, cur, leads := o.sn.s.lead.ours()
+		_, cur, leads := o.sn.lead.ours()
 		if !leads {
 			term = 0
 			continue
@@ -111,7 +111,7 @@ func (o *offsiter) run(ctx context.Context) error {
 			o.list(ctx)
 		}
 		n := o.sn.newestGood()
-		if n == nil || n.TakenBy != o.sn.s.cfg.Name || n.Name == o.copiedName() || time.Now().Before(retryAt) {
+		if n == nil || n.TakenBy != o.sn.name || n.Name == o.copiedName() || time.Now().Before(retryAt) {
 			continue
 		}
 		if err := o.copy(ctx, *n); err != nil {

@@ -53,7 +53,7 @@ const snapshotStatusTimeout = 5 * time.Second
 // snapshot takes, verifies and writes one snapshot (the file comment),
 // then applies the retention.
 func (sn *snapshotter) snapshot(ctx context.Context, req snapshotRequest) (snapshots.Metadata, error) {
-	if _, _, ok := sn.s.lead.ours(); !ok {
+	if _, _, ok := sn.lead.ours(); !ok {
 		return snapshots.Metadata{}, errNotLeader
 	}
 	failpoint.Hold("before-snapshot")
@@ -96,9 +96,9 @@ func (sn *snapshotter) snapshot(ctx context.Context, req snapshotRequest) (snaps
 		Size: size, SHA256: hex.EncodeToString(sum),
 		EtcdHash: st.Hash, TotalKeys: st.TotalKey, StorageVersion: st.Version,
 		Trigger: req.trigger, Reason: req.reason, RequestedBy: req.requestedBy,
-		TakenBy: sn.s.cfg.Name, Cluster: sn.s.cfg.Cluster,
+		TakenBy: sn.name, Cluster: sn.cluster,
 	}
-	if _, _, ok := sn.s.lead.ours(); !ok {
+	if _, _, ok := sn.lead.ours(); !ok {
 		return snapshots.Metadata{}, fmt.Errorf("%w: leadership moved while the snapshot was taken; it is dropped", errNotLeader)
 	}
 	if same, err := sn.dir.Read(md.Name); err == nil {
@@ -127,11 +127,11 @@ func (sn *snapshotter) fsError(what string, err error) error {
 // members is etcd's member list; a learner that never started is named
 // by its joining record.
 func (sn *snapshotter) members(ctx context.Context) ([]snapshots.Member, error) {
-	list, err := sn.s.etcd.MemberList(ctx)
+	list, err := sn.etcd.MemberList(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: list etcd members: %v", errUnavailable, err)
 	}
-	joining, err := sn.s.etcd.Get(ctx, keys.MembershipJoining, clientv3.WithPrefix())
+	joining, err := sn.etcd.Get(ctx, keys.MembershipJoining, clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("%w: read the joining records: %v", errUnavailable, err)
 	}
@@ -157,9 +157,9 @@ func (sn *snapshotter) members(ctx context.Context) ([]snapshots.Member, error) 
 func (sn *snapshotter) source(ctx context.Context, members []snapshots.Member) (snapshotSource, error) {
 	var leader *snapshotSource
 	var last error
-	for _, ep := range sn.s.etcd.Endpoints() {
+	for _, ep := range sn.etcd.Endpoints() {
 		sctx, cancel := context.WithTimeout(ctx, snapshotStatusTimeout)
-		st, err := sn.s.memberEtcd.Status(sctx, ep)
+		st, err := sn.member.Status(sctx, ep)
 		cancel()
 		if err != nil {
 			last = err
@@ -179,14 +179,14 @@ func (sn *snapshotter) source(ctx context.Context, members []snapshots.Member) (
 	if leader != nil {
 		return *leader, nil
 	}
-	return snapshotSource{}, fmt.Errorf("%w: no etcd member to read a snapshot from answered (endpoints %v): %v", errUnavailable, sn.s.etcd.Endpoints(), last)
+	return snapshotSource{}, fmt.Errorf("%w: no etcd member to read a snapshot from answered (endpoints %v): %v", errUnavailable, sn.etcd.Endpoints(), last)
 }
 
 // memberRevision is the revision of the member at endpoint, now.
 func (sn *snapshotter) memberRevision(ctx context.Context, endpoint string) (int64, error) {
 	sctx, cancel := context.WithTimeout(ctx, snapshotStatusTimeout)
 	defer cancel()
-	st, err := sn.s.memberEtcd.Status(sctx, endpoint)
+	st, err := sn.member.Status(sctx, endpoint)
 	if err != nil {
 		return 0, fmt.Errorf("%w: status of etcd member %s after its snapshot: %v", errUnavailable, endpoint, err)
 	}
@@ -198,7 +198,7 @@ func (sn *snapshotter) memberRevision(ctx context.Context, endpoint string) (int
 // the whole file and its size. The stream ends with the sha256 of what came
 // before: it must match.
 func (sn *snapshotter) download(ctx context.Context, endpoint string) (path string, sum []byte, size int64, err error) {
-	cc, err := sn.s.memberEtcd.Dial(endpoint)
+	cc, err := sn.member.Dial(endpoint)
 	if err != nil {
 		return "", nil, 0, fmt.Errorf("%w: dial etcd member %s: %v", errUnavailable, endpoint, err)
 	}

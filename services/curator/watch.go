@@ -230,8 +230,8 @@ func (r *batchRing) reset() {
 // watchHub holds this replica's view of the nodes, kept current by one etcd
 // watch, and serves every Watch stream from it.
 type watchHub struct {
-	s   *Service
-	log *slog.Logger
+	etcd *clientv3.Client
+	log  *slog.Logger
 
 	mu sync.RWMutex
 	// ready is set by the first snapshot.
@@ -288,14 +288,14 @@ type watchHub struct {
 	onLoad func()
 }
 
-func newWatchHub(s *Service) *watchHub {
-	history := s.cfg.Watch.History
+func newWatchHub(etcd *clientv3.Client, cfg WatchConfig, log *slog.Logger) *watchHub {
+	history := cfg.History
 	if history <= 0 {
 		history = defaultWatchHistory
 	}
 	h := &watchHub{
-		s:       s,
-		log:     s.log.With("part", "watch"),
+		etcd:    etcd,
+		log:     log.With("part", "watch"),
 		nodes:   map[string]*curatorv1.Node{},
 		health:  map[string]heartbeatRecord{},
 		shards:  map[string][]string{},
@@ -311,7 +311,7 @@ func newWatchHub(s *Service) *watchHub {
 	}
 	h.etcdRevision = func(ctx context.Context) (int64, error) {
 		// Any key's read says; this one never exists, so it reads nothing.
-		resp, err := s.etcd.Get(ctx, keys.Prefix)
+		resp, err := etcd.Get(ctx, keys.Prefix)
 		if err != nil {
 			return 0, fmt.Errorf("read etcd's revision: %w", err)
 		}
@@ -373,7 +373,7 @@ func (e *watchCompacted) Error() string {
 // snapshot.
 func (h *watchHub) load(ctx context.Context) error {
 	nodes := map[string]*curatorv1.Node{}
-	rev, err := scanRange(ctx, h.s.etcd, keys.NodesPrefix, 0, func(kv *mvccpb.KeyValue) error {
+	rev, err := scanRange(ctx, h.etcd, keys.NodesPrefix, 0, func(kv *mvccpb.KeyValue) error {
 		n := h.decode(string(kv.Key), kv.Value, kv.ModRevision)
 		nodes[n.Id] = n
 		return nil
@@ -383,7 +383,7 @@ func (h *watchHub) load(ctx context.Context) error {
 	}
 	health := map[string]heartbeatRecord{}
 	for _, prefix := range []string{keys.HeartbeatsPrefix, keys.HeartbeatsSeenPrefix} {
-		_, err := scanRange(ctx, h.s.etcd, prefix, rev, func(kv *mvccpb.KeyValue) error {
+		_, err := scanRange(ctx, h.etcd, prefix, rev, func(kv *mvccpb.KeyValue) error {
 			id := strings.TrimPrefix(string(kv.Key), prefix)
 			health[id] = health[id].with(string(kv.Key), kv.Value, false)
 			return nil
@@ -393,7 +393,7 @@ func (h *watchHub) load(ctx context.Context) error {
 		}
 	}
 	shards := map[string][]string{}
-	_, err = scanRange(ctx, h.s.etcd, keys.HeartbeatShardsPrefix, rev, func(kv *mvccpb.KeyValue) error {
+	_, err = scanRange(ctx, h.etcd, keys.HeartbeatShardsPrefix, rev, func(kv *mvccpb.KeyValue) error {
 		shardInto(health, shards, string(kv.Key), kv.Value, false)
 		return nil
 	})
@@ -482,14 +482,14 @@ func (h *watchHub) follow(ctx context.Context) (progressed bool, err error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(metadata.AppendToOutgoingContext(ctx, "curia-watch", "nodes")))
 	defer cancel()
 	from := h.revision() + 1
-	wch := h.s.etcd.Watch(wctx, keys.Prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithProgressNotify())
+	wch := h.etcd.Watch(wctx, keys.Prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithProgressNotify())
 	h.log.Debug("watching nodes", "from", from)
 	for {
 		select {
 		case <-ctx.Done():
 			return progressed, nil
 		case <-h.nudge:
-			if err := h.s.etcd.RequestProgress(wctx); err != nil {
+			if err := h.etcd.RequestProgress(wctx); err != nil {
 				h.log.Debug("request watch progress", "err", err)
 			}
 		case wr, ok := <-wch:

@@ -35,8 +35,7 @@ import (
 
 // watchTestHub is a hub with no etcd behind it; etcd is at etcdRev.
 func watchTestHub(history int, etcdRev int64) *watchHub {
-	s := &Service{log: slog.New(slog.DiscardHandler), cfg: Config{Watch: WatchConfig{History: history}}}
-	h := newWatchHub(s)
+	h := newWatchHub(nil, WatchConfig{History: history}, slog.New(slog.DiscardHandler))
 	h.etcdRevision = func(context.Context) (int64, error) { return etcdRev, nil }
 	return h
 }
@@ -714,8 +713,7 @@ func TestWatchHubEtcd(t *testing.T) {
 	cli := cc.Etcd(voters[0].ClientURL)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s := &Service{log: slog.New(slog.DiscardHandler), etcd: cli}
-	h := newWatchHub(s)
+	h := newWatchHub(cli, WatchConfig{}, slog.New(slog.DiscardHandler))
 	put := func(c, version string) int64 {
 		t.Helper()
 		v := wput(0, c, version)
@@ -825,7 +823,6 @@ func TestWatchHubEtcdMinRevision(t *testing.T) {
 	cli := cc.Etcd(voters[0].ClientURL)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s := &Service{log: slog.New(slog.DiscardHandler), etcd: cli}
 	put := func(c, version string) int64 {
 		t.Helper()
 		v := wput(0, c, version)
@@ -838,7 +835,7 @@ func TestWatchHubEtcdMinRevision(t *testing.T) {
 	// lagging is a hub that loaded the nodes and follows nothing.
 	lagging := func() *watchHub {
 		t.Helper()
-		h := newWatchHub(s)
+		h := newWatchHub(cli, WatchConfig{}, slog.New(slog.DiscardHandler))
 		if err := h.load(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -924,8 +921,7 @@ func TestWatchHubEtcdUnreadable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	errs := &errorCount{}
-	s := &Service{log: slog.New(errs), etcd: cli}
-	h := newWatchHub(s)
+	h := newWatchHub(cli, WatchConfig{}, slog.New(errs))
 	putRaw := func(c string, value []byte) int64 {
 		t.Helper()
 		resp, err := cli.Put(ctx, keys.Node(wid(c)), string(value))

@@ -242,11 +242,17 @@ func (c *Cluster) Leader() *Curator {
 	return leader
 }
 
-// Serving waits until cur answers (leader or follower).
+// Serving waits until cur answers and knows the leader (it leads, or it
+// is a follower that can forward): a follower that answers before it
+// learned the leader refuses what it would forward (UNAVAILABLE, no
+// curator leader is elected yet).
 func (c *Cluster) Serving(cur *Curator) {
 	c.t.Helper()
 	proctest.Eventually(c.t, time.Minute, func() error {
-		_, err := c.currentLeader(cur)
+		resp, err := c.currentLeader(cur)
+		if err == nil && resp.GetLeaderAddress() == "" {
+			err = fmt.Errorf("curator %s knows no leader yet", resp.GetThisName())
+		}
 		return err
 	})
 }

@@ -1,4 +1,13 @@
-package curator
+// Package etcdmaint keeps etcd's members serviceable: it observes them
+// (every member's status, the alarms, the pending membership change),
+// moves etcd's leadership off a member that is about to go, and
+// defragments the members when it pays or when the NOSPACE alarm is
+// raised. The curator's leader runs it; maintenance (a node out of service
+// for a while) uses its observation and its leadership move.
+//
+// Files: observe.go (Observation, Observer: statuses and MoveLeader),
+// defrag.go (Config, the plan, the Defragmenter and its NOSPACE recovery).
+package etcdmaint
 
 import (
 	"cmp"
@@ -42,8 +51,8 @@ import (
 // compaction, a member that writes nothing shows its old figure until it
 // does (a live cluster writes all the time).
 //
-// Both runs observe (observeEtcd: every member's status, the alarms, the
-// pending membership change record), plan (planDefrag, pure) and apply
+// Both runs observe (Observer.Observe: every member's status, the alarms,
+// the pending membership change record), plan (planDefrag, pure) and apply
 // (defragment): followers first, the etcd leader last, after its
 // leadership moved to a caught-up voter (MoveLeader), each member answering
 // and caught up again before the next. Healthy means every voter answers
@@ -51,8 +60,8 @@ import (
 // (keys.MembershipPending, as the consensus service writes it); it never
 // asks for a write, which NOSPACE refuses.
 
-// DefragConfig configures the leader's defragmentation.
-type DefragConfig struct {
+// Config configures the leader's defragmentation.
+type Config struct {
 	// CheckInterval is how often the leader looks whether defragmentation
 	// pays; 0: never on a schedule (NOSPACE is still handled).
 	CheckInterval time.Duration
@@ -63,14 +72,14 @@ type DefragConfig struct {
 }
 
 // AddFlags registers the defragmentation flags.
-func (c *DefragConfig) AddFlags(fs *flag.FlagSet) {
+func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.CheckInterval, "defrag-check-interval", c.CheckInterval, "how often the leader looks whether defragmenting etcd's members pays (0: never on a schedule; NOSPACE is still handled)")
 	fs.Float64Var(&c.Threshold, "defrag-threshold", c.Threshold, "a member is defragmented when this share of its database is free pages ((db size - in use) / db size) ...")
 	fs.Int64Var(&c.MinWasted, "defrag-min-wasted-bytes", c.MinWasted, "... and those free pages are at least this many bytes (small databases are left alone)")
 }
 
 // Validate checks the defragmentation flags.
-func (c *DefragConfig) Validate() error {
+func (c *Config) Validate() error {
 	if c.CheckInterval != 0 && c.CheckInterval < time.Second {
 		return fmt.Errorf("--defrag-check-interval %v: 0 (no schedule) or at least 1s", c.CheckInterval)
 	}
@@ -83,16 +92,16 @@ func (c *DefragConfig) Validate() error {
 const (
 	// defragTick is how often the leader reads etcd's alarms.
 	defragTick = time.Second
-	// defragStatusTimeout bounds each member's status call.
-	defragStatusTimeout = 2 * time.Second
+	// statusTimeout bounds each member's status call.
+	statusTimeout = 2 * time.Second
 	// defragCallTimeout bounds one member's defragmentation: it rewrites
 	// the member's whole database, during which that member serves no
 	// read or write (its clients wait, or go to other members).
 	defragCallTimeout = 5 * time.Minute
-	// defragCatchUpTimeout bounds the wait for a defragmented member to
+	// catchUpTimeout bounds the wait for a defragmented member to
 	// answer and apply what the etcd leader committed meanwhile, and for a
 	// leadership move to show.
-	defragCatchUpTimeout = 30 * time.Second
+	catchUpTimeout = 30 * time.Second
 	// moveLeaderMaxLag: a voter this many entries behind the etcd leader,
 	// as their statuses read at about the same time, is caught up enough
 	// to take its leadership (etcd's transfer waits for it to match the
@@ -111,84 +120,13 @@ const (
 	triggerNoSpace    = "NOSPACE"
 )
 
-// etcdMember is one member as a run observed it.
-type etcdMember struct {
-	id       uint64
-	name     string
-	endpoint string // its first client URL
-	learner  bool
-	// answered: its status came back; the rest is that status.
-	answered     bool
-	leaderID     uint64 // the etcd leader it names
-	dbSize       int64
-	dbInUse      int64
-	quota        int64
-	raftIndex    uint64 // committed
-	appliedIndex uint64
-}
-
-func (m etcdMember) wasted() int64 { return m.dbSize - m.dbInUse }
-
-func (m etcdMember) fragmentation() float64 {
-	if m.dbSize <= 0 {
-		return 0
-	}
-	return float64(m.wasted()) / float64(m.dbSize)
-}
-
-// etcdObservation is what a run plans from.
-type etcdObservation struct {
-	members []etcdMember
-	// pending: a membership change record exists.
-	pending bool
-	alarms  []*etcdserverpb.AlarmMember
-}
-
-// leader is the etcd leader the members agree on (0: none, or they
-// disagree), and why not when there is none.
-func (o etcdObservation) leader() (uint64, string) {
-	var leader uint64
-	for _, m := range o.members {
-		if !m.answered {
-			continue
-		}
-		if m.leaderID == 0 {
-			return 0, fmt.Sprintf("member %x knows no leader", m.id)
-		}
-		if leader != 0 && m.leaderID != leader {
-			return 0, fmt.Sprintf("members name different leaders (%x, %x)", leader, m.leaderID)
-		}
-		leader = m.leaderID
-	}
-	if leader == 0 {
-		return 0, "no member answered"
-	}
-	return leader, ""
-}
-
-// unhealthy says why the cluster is not healthy enough to defragment a
-// member ("" when it is): a voter does not answer, there is no leader, or
-// a membership change is pending.
-func (o etcdObservation) unhealthy() string {
-	if o.pending {
-		return "a membership change is pending"
-	}
-	for _, m := range o.members {
-		if !m.learner && !m.answered {
-			return fmt.Sprintf("voter %x (%s) does not answer", m.id, m.name)
-		}
-	}
-	_, why := o.leader()
-	return why
-}
-
-// defragPlan is what a run does.
-type defragPlan struct {
+// Plan is what a run does.
+type Plan struct {
 	// skip says why nothing is done ("" when something is).
 	skip string
 	// order is the members to defragment, in order: followers first, the
-	// etcd leader last (its leadership moved first: moveLeader).
-	order      []etcdMember
+	// etcd leader last (its leadership moved first: MoveLeader).
+	order      []Member
 	moveLeader bool
 }
 
@@ -196,28 +134,28 @@ type defragPlan struct {
 // that answers, else those past the threshold and the floor; followers
 // (learners among them) first, by most wasted, then the etcd leader. Nothing
 // while the cluster is unhealthy.
-func planDefrag(o etcdObservation, cfg DefragConfig, trigger string) defragPlan {
-	if why := o.unhealthy(); why != "" {
-		return defragPlan{skip: why}
+func planDefrag(o Observation, cfg Config, trigger string) Plan {
+	if why := o.Unhealthy(); why != "" {
+		return Plan{skip: why}
 	}
-	leader, _ := o.leader()
-	var followers []etcdMember
-	var last *etcdMember
-	for _, m := range o.members {
-		if !m.answered {
+	leader, _ := o.Leader()
+	var followers []Member
+	var last *Member
+	for _, m := range o.Members {
+		if !m.Answered {
 			continue // a learner that does not answer
 		}
 		if trigger != triggerNoSpace && (m.fragmentation() < cfg.Threshold || m.wasted() < cfg.MinWasted) {
 			continue
 		}
-		if m.id == leader {
+		if m.ID == leader {
 			last = &m
 			continue
 		}
 		followers = append(followers, m)
 	}
-	slices.SortStableFunc(followers, func(a, b etcdMember) int { return cmp.Compare(b.wasted(), a.wasted()) })
-	p := defragPlan{order: followers}
+	slices.SortStableFunc(followers, func(a, b Member) int { return cmp.Compare(b.wasted(), a.wasted()) })
+	p := Plan{order: followers}
 	if last != nil {
 		p.order = append(p.order, *last)
 		p.moveLeader = true
@@ -228,11 +166,13 @@ func planDefrag(o etcdObservation, cfg DefragConfig, trigger string) defragPlan 
 	return p
 }
 
-// defragmenter runs the leader's defragmentation and watches the alarms.
-type defragmenter struct {
-	s   *Service
-	cfg DefragConfig
-	log *slog.Logger
+// Defragmenter runs the leader's defragmentation and watches the alarms.
+type Defragmenter struct {
+	Observer
+	cfg   Config
+	log   *slog.Logger
+	leads func() (term int64, ok bool)
+	audit func(ctx context.Context, action auditv1.AuditAction, why string) error
 
 	alarmsGauge  *prometheus.GaugeVec
 	lastDefrag   *prometheus.GaugeVec
@@ -245,9 +185,20 @@ type defragmenter struct {
 	lastRun *curatorv1.EtcdMaintenanceStatus // the last run's fields only
 }
 
-func newDefragmenter(s *Service, cfg DefragConfig, log *slog.Logger) *defragmenter {
-	return &defragmenter{
-		s: s, cfg: cfg, log: log,
+// Deps is what a Defragmenter needs of the curator.
+type Deps struct {
+	Observer
+	// Leads says whether this replica leads, and in which term.
+	Leads func() (term int64, ok bool)
+	// Audit records an event in the audit log, fenced by the leader's
+	// term.
+	Audit func(ctx context.Context, action auditv1.AuditAction, why string) error
+}
+
+// New is a Defragmenter of cfg; it acts once Run runs.
+func New(cfg Config, deps Deps) *Defragmenter {
+	return &Defragmenter{
+		Observer: deps.Observer, cfg: cfg, log: deps.Log, leads: deps.Leads, audit: deps.Audit,
 		alarmsGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "curia_curator_etcd_alarms", Help: "etcd members with each active alarm (NOSPACE, CORRUPT), as the leader last read them.",
 		}, []string{"alarm"}),
@@ -266,8 +217,8 @@ func newDefragmenter(s *Service, cfg DefragConfig, log *slog.Logger) *defragment
 	}
 }
 
-// run is the schedule, on every replica; it acts while this replica leads.
-func (d *defragmenter) run(ctx context.Context) error {
+// Run is the schedule, on every replica; it acts while this replica leads.
+func (d *Defragmenter) Run(ctx context.Context) error {
 	for _, a := range []string{etcdserverpb.AlarmType_NOSPACE.String(), etcdserverpb.AlarmType_CORRUPT.String()} {
 		d.alarmsGauge.WithLabelValues(a).Set(0)
 	}
@@ -281,7 +232,7 @@ func (d *defragmenter) run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		_, cur, leads := d.s.lead.ours()
+		cur, leads := d.leads()
 		if !leads {
 			term = 0
 			continue
@@ -309,10 +260,10 @@ func (d *defragmenter) run(ctx context.Context) error {
 
 // readAlarms reads etcd's alarms into the status and the metrics, and says
 // whether NOSPACE is raised.
-func (d *defragmenter) readAlarms(ctx context.Context) (bool, error) {
-	actx, cancel := context.WithTimeout(ctx, defragStatusTimeout)
+func (d *Defragmenter) readAlarms(ctx context.Context) (bool, error) {
+	actx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
-	resp, err := d.s.etcd.AlarmList(actx)
+	resp, err := d.Etcd.AlarmList(actx)
 	if err != nil {
 		return false, fmt.Errorf("list etcd alarms: %w", err)
 	}
@@ -333,66 +284,22 @@ func (d *defragmenter) readAlarms(ctx context.Context) (bool, error) {
 	return nospace, nil
 }
 
-// observeEtcd reads every member's status, the pending membership change
-// record and the alarms.
-func (d *defragmenter) observeEtcd(ctx context.Context) (etcdObservation, error) {
-	lctx, cancel := context.WithTimeout(ctx, defragStatusTimeout)
-	defer cancel()
-	list, err := d.s.etcd.MemberList(lctx)
-	if err != nil {
-		return etcdObservation{}, fmt.Errorf("list etcd members: %w", err)
-	}
-	pending, err := d.s.etcd.Get(lctx, keys.MembershipPending, clientv3.WithCountOnly())
-	if err != nil {
-		return etcdObservation{}, fmt.Errorf("read the pending membership change: %w", err)
-	}
-	alarms, err := d.s.etcd.AlarmList(lctx)
-	if err != nil {
-		return etcdObservation{}, fmt.Errorf("list etcd alarms: %w", err)
-	}
-	o := etcdObservation{pending: pending.Count > 0, alarms: alarms.Alarms, members: make([]etcdMember, len(list.Members))}
-	var wg sync.WaitGroup
-	for i, lm := range list.Members {
-		o.members[i] = etcdMember{id: lm.ID, name: lm.Name, learner: lm.IsLearner}
-		if len(lm.ClientURLs) > 0 {
-			o.members[i].endpoint = lm.ClientURLs[0]
-			wg.Go(func() { d.memberStatus(ctx, &o.members[i]) })
-		}
-	}
-	wg.Wait()
-	return o, nil
-}
-
-// memberStatus fills in m's status, if it answers.
-func (d *defragmenter) memberStatus(ctx context.Context, m *etcdMember) {
-	sctx, cancel := context.WithTimeout(ctx, defragStatusTimeout)
-	defer cancel()
-	st, err := d.s.memberEtcd.Status(sctx, m.endpoint)
-	if err != nil {
-		m.answered = false
-		return
-	}
-	m.answered, m.leaderID = true, st.Leader
-	m.dbSize, m.dbInUse, m.quota = st.DbSize, st.DbSizeInUse, st.DbSizeQuota
-	m.raftIndex, m.appliedIndex = st.RaftIndex, st.RaftAppliedIndex
-}
-
 // defragIfFragmented is the scheduled run.
-func (d *defragmenter) defragIfFragmented(ctx context.Context) {
+func (d *Defragmenter) defragIfFragmented(ctx context.Context) {
 	failpoint.Hold("before-defrag-check")
-	o, err := d.observeEtcd(ctx)
+	o, err := d.Observe(ctx)
 	if err != nil {
 		d.log.Warn("defragmentation check: observe etcd", "err", err)
 		return
 	}
 	p := planDefrag(o, d.cfg, triggerFragmented)
 	if p.skip != "" {
-		if o.unhealthy() != "" {
+		if o.Unhealthy() != "" {
 			d.log.Info("defragmentation check skipped: the cluster is not healthy", "why", p.skip)
 		} else {
 			var sizes []string
-			for _, m := range o.members {
-				sizes = append(sizes, fmt.Sprintf("%x: %d of %d in use", m.id, m.dbInUse, m.dbSize))
+			for _, m := range o.Members {
+				sizes = append(sizes, fmt.Sprintf("%x: %d of %d in use", m.ID, m.DBInUse, m.DBSize))
 			}
 			d.log.Debug("no defragmentation", "why", p.skip, "sizes", sizes)
 		}
@@ -406,7 +313,7 @@ func (d *defragmenter) defragIfFragmented(ctx context.Context) {
 // recoverNoSpace is the NOSPACE run: compact to the current revision,
 // defragment every member, and disarm once every member's database fits
 // its quota. It says whether the alarm was disarmed.
-func (d *defragmenter) recoverNoSpace(ctx context.Context) bool {
+func (d *Defragmenter) recoverNoSpace(ctx context.Context) bool {
 	failpoint.Hold("before-nospace-recovery")
 	d.log.Warn("etcd NOSPACE alarm raised: compacting, defragmenting, then disarming")
 	start := time.Now()
@@ -429,7 +336,7 @@ func (d *defragmenter) recoverNoSpace(ctx context.Context) bool {
 		d.noteRun(triggerNoSpace, start, "compaction failed: "+err.Error(), false, steps)
 		return false
 	}
-	o, err := d.observeEtcd(ctx)
+	o, err := d.Observe(ctx)
 	if step("observe", err) != nil {
 		d.noteRun(triggerNoSpace, start, "observe etcd: "+err.Error(), false, steps)
 		return false
@@ -445,27 +352,27 @@ func (d *defragmenter) recoverNoSpace(ctx context.Context) bool {
 		d.noteRun(triggerNoSpace, start, fmt.Sprintf("compacted to revision %d, %s", rev, summary), false, steps)
 		return false
 	}
-	after, err := d.observeEtcd(ctx)
+	after, err := d.Observe(ctx)
 	if err != nil {
 		_ = step("disarm", err) // logged and counted
 		d.noteRun(triggerNoSpace, start, "observe etcd before the disarm: "+err.Error(), false, steps)
 		return false
 	}
-	for _, m := range after.members {
-		if m.answered && m.quota > 0 && m.dbSize >= m.quota {
-			d.log.Warn("NOSPACE: a database is still over its quota; the alarm stays until data is deleted", "member", fmt.Sprintf("%x", m.id), "db_size", m.dbSize, "quota", m.quota)
+	for _, m := range after.Members {
+		if m.Answered && m.Quota > 0 && m.DBSize >= m.Quota {
+			d.log.Warn("NOSPACE: a database is still over its quota; the alarm stays until data is deleted", "member", fmt.Sprintf("%x", m.ID), "db_size", m.DBSize, "quota", m.Quota)
 			d.nospaceSteps.WithLabelValues("disarm", "waiting").Inc()
-			d.noteRun(triggerNoSpace, start, fmt.Sprintf("compacted to revision %d, %s; member %x is still %d bytes of its %d quota: delete data", rev, summary, m.id, m.dbSize, m.quota), false, steps)
+			d.noteRun(triggerNoSpace, start, fmt.Sprintf("compacted to revision %d, %s; member %x is still %d bytes of its %d quota: delete data", rev, summary, m.ID, m.DBSize, m.Quota), false, steps)
 			return false
 		}
 	}
 	var disarmErr error
-	for _, a := range after.alarms {
+	for _, a := range after.Alarms {
 		if a.Alarm != etcdserverpb.AlarmType_NOSPACE {
 			continue
 		}
-		dctx, cancel := context.WithTimeout(ctx, defragStatusTimeout)
-		_, err := d.s.etcd.AlarmDisarm(dctx, &clientv3.AlarmMember{MemberID: a.MemberID, Alarm: a.Alarm})
+		dctx, cancel := context.WithTimeout(ctx, statusTimeout)
+		_, err := d.Etcd.AlarmDisarm(dctx, &clientv3.AlarmMember{MemberID: a.MemberID, Alarm: a.Alarm})
 		cancel()
 		if err != nil {
 			disarmErr = errors.Join(disarmErr, fmt.Errorf("disarm NOSPACE of member %x: %w", a.MemberID, err))
@@ -483,7 +390,7 @@ func (d *defragmenter) recoverNoSpace(ctx context.Context) bool {
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), defragAuditTimeout)
 	defer cancel()
-	if _, err := d.s.lead.txn(actx, nil, d.s.auditOp(actx, auditv1.AuditAction_AUDIT_ACTION_ETCD_NOSPACE_RECOVERED, "", truncate(outcome, 2048))); err != nil {
+	if err := d.audit(actx, auditv1.AuditAction_AUDIT_ACTION_ETCD_NOSPACE_RECOVERED, outcome); err != nil {
 		d.log.Warn("record the NOSPACE recovery in the audit log", "err", err)
 	}
 	return true
@@ -498,13 +405,13 @@ func boolErr(ok bool, why string) error {
 
 // compact compacts etcd's history to its current revision (physically:
 // the call returns once the members freed the pages).
-func (d *defragmenter) compact(ctx context.Context) (int64, error) {
-	resp, err := d.s.etcd.Get(ctx, keys.MembershipPending, clientv3.WithCountOnly())
+func (d *Defragmenter) compact(ctx context.Context) (int64, error) {
+	resp, err := d.Etcd.Get(ctx, keys.MembershipPending, clientv3.WithCountOnly())
 	if err != nil {
 		return 0, fmt.Errorf("read the current revision: %w", err)
 	}
 	rev := resp.Header.Revision
-	if _, err := d.s.etcd.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+	if _, err := d.Etcd.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
 		return 0, fmt.Errorf("compact to revision %d: %w", rev, err)
 	}
 	return rev, nil
@@ -513,7 +420,7 @@ func (d *defragmenter) compact(ctx context.Context) (int64, error) {
 // execute defragments the plan's members in its order, each only while
 // the cluster is healthy, and returns a summary, the steps it took and
 // whether every member was defragmented.
-func (d *defragmenter) execute(ctx context.Context, trigger string, p defragPlan) (string, []string, bool) {
+func (d *Defragmenter) execute(ctx context.Context, trigger string, p Plan) (string, []string, bool) {
 	var steps []string
 	var reclaimed int64
 	done := 0
@@ -528,36 +435,36 @@ func (d *defragmenter) execute(ctx context.Context, trigger string, p defragPlan
 	order, moveLeader := p.order, p.moveLeader
 	if failpoint.Mutated(failpoint.NoDefragOrder) {
 		order = slices.Clone(order)
-		slices.SortFunc(order, func(a, b etcdMember) int { return cmp.Compare(a.id, b.id) })
+		slices.SortFunc(order, func(a, b Member) int { return cmp.Compare(a.ID, b.ID) })
 		moveLeader = false
 	}
 	for _, m := range order {
-		if _, _, ok := d.s.lead.ours(); !ok {
+		if _, ok := d.leads(); !ok {
 			return finish("this replica no longer leads", false)
 		}
-		o, err := d.observeEtcd(ctx)
+		o, err := d.Observe(ctx)
 		if err != nil {
 			return finish(err.Error(), false)
 		}
-		if why := o.unhealthy(); why != "" {
+		if why := o.Unhealthy(); why != "" {
 			return finish(why, false)
 		}
-		leader, _ := o.leader()
-		if m.id == leader && moveLeader {
-			to, err := d.moveLeader(ctx, o, leader)
+		leader, _ := o.Leader()
+		if m.ID == leader && moveLeader {
+			to, err := d.MoveLeader(ctx, o, leader)
 			if err != nil {
 				d.failures.Inc()
 				return finish(err.Error(), false)
 			}
 			steps = append(steps, fmt.Sprintf("move-leader %x %x", leader, to))
-			if o, err = d.observeEtcd(ctx); err != nil {
+			if o, err = d.Observe(ctx); err != nil {
 				return finish(err.Error(), false)
 			}
 		}
-		before := m.dbSize
-		for _, cur := range o.members {
-			if cur.id == m.id {
-				before = cur.dbSize
+		before := m.DBSize
+		for _, cur := range o.Members {
+			if cur.ID == m.ID {
+				before = cur.DBSize
 			}
 		}
 		after, err := d.defragment(ctx, m)
@@ -566,53 +473,14 @@ func (d *defragmenter) execute(ctx context.Context, trigger string, p defragPlan
 			return finish(err.Error(), false)
 		}
 		done++
-		steps = append(steps, fmt.Sprintf("defragment %x", m.id))
+		steps = append(steps, fmt.Sprintf("defragment %x", m.ID))
 		reclaimed += max(before-after, 0)
 		d.reclaimed.Add(float64(max(before-after, 0)))
-		d.lastDefrag.WithLabelValues(fmt.Sprintf("%x", m.id)).Set(float64(time.Now().UnixNano()) / 1e9)
-		d.log.Info("etcd member defragmented", "member", fmt.Sprintf("%x", m.id), "name", m.name, "trigger", trigger,
+		d.lastDefrag.WithLabelValues(fmt.Sprintf("%x", m.ID)).Set(float64(time.Now().UnixNano()) / 1e9)
+		d.log.Info("etcd member defragmented", "member", fmt.Sprintf("%x", m.ID), "name", m.Name, "trigger", trigger,
 			"db_size_before", before, "db_size_after", after)
 	}
 	return finish("", true)
-}
-
-// moveLeader moves etcd's leadership from leader to the caught-up voter
-// (moveLeaderMaxLag) that applied the most, and waits until the members
-// follow it.
-func (d *defragmenter) moveLeader(ctx context.Context, o etcdObservation, leader uint64) (uint64, error) {
-	var from etcdMember
-	for _, m := range o.members {
-		if m.id == leader {
-			from = m
-		}
-	}
-	var to *etcdMember
-	for _, m := range o.members {
-		if m.id == leader || m.learner || !m.answered || m.appliedIndex+moveLeaderMaxLag < from.appliedIndex {
-			continue
-		}
-		if to == nil || m.appliedIndex > to.appliedIndex {
-			to = &m
-		}
-	}
-	if to == nil {
-		return 0, fmt.Errorf("no caught-up voter to move etcd leadership to from %x", leader)
-	}
-	cc, err := d.s.memberEtcd.Dial(from.endpoint)
-	if err != nil {
-		return 0, fmt.Errorf("dial etcd leader %x: %w", leader, err)
-	}
-	defer cc.Close()
-	mctx, cancel := context.WithTimeout(ctx, defragCatchUpTimeout)
-	defer cancel()
-	if _, err := etcdserverpb.NewMaintenanceClient(cc).MoveLeader(mctx, &etcdserverpb.MoveLeaderRequest{TargetID: to.id}); err != nil {
-		return 0, fmt.Errorf("move etcd leadership from %x to %x: %w", leader, to.id, err)
-	}
-	d.log.Info("etcd leadership moved before defragmenting the leader", "from", fmt.Sprintf("%x", leader), "to", fmt.Sprintf("%x", to.id))
-	return to.id, d.until(mctx, func(o etcdObservation) bool {
-		l, _ := o.leader()
-		return l != 0 && l != leader && o.unhealthy() == ""
-	})
 }
 
 // defragment defragments one member, bounded by defragCallTimeout, and
@@ -623,60 +491,40 @@ func (d *defragmenter) moveLeader(ctx context.Context, o etcdObservation, leader
 // its clients (this curator's among them, when it is one of the client's
 // endpoints) wait for it. That is why members go one at a time, and only
 // while every other voter answers.
-func (d *defragmenter) defragment(ctx context.Context, m etcdMember) (int64, error) {
+func (d *Defragmenter) defragment(ctx context.Context, m Member) (int64, error) {
 	dctx, cancel := context.WithTimeout(ctx, defragCallTimeout)
-	_, err := d.s.memberEtcd.Defragment(dctx, m.endpoint)
+	_, err := d.Member.Defragment(dctx, m.Endpoint)
 	cancel()
 	if err != nil {
-		return 0, fmt.Errorf("defragment etcd member %x (%s): %w", m.id, m.endpoint, err)
+		return 0, fmt.Errorf("defragment etcd member %x (%s): %w", m.ID, m.Endpoint, err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, defragCatchUpTimeout)
+	wctx, cancel := context.WithTimeout(ctx, catchUpTimeout)
 	defer cancel()
 	var target uint64
 	var size int64
-	err = d.until(wctx, func(o etcdObservation) bool {
-		leader, _ := o.leader()
-		for _, cur := range o.members {
-			if cur.id == leader && target == 0 {
-				target = cur.raftIndex
+	err = d.until(wctx, func(o Observation) bool {
+		leader, _ := o.Leader()
+		for _, cur := range o.Members {
+			if cur.ID == leader && target == 0 {
+				target = cur.RaftIndex
 			}
 		}
-		for _, cur := range o.members {
-			if cur.id == m.id && cur.answered && target != 0 && cur.appliedIndex >= target {
-				size = cur.dbSize
+		for _, cur := range o.Members {
+			if cur.ID == m.ID && cur.Answered && target != 0 && cur.AppliedIndex >= target {
+				size = cur.DBSize
 				return true
 			}
 		}
 		return false
 	})
 	if err != nil {
-		return 0, fmt.Errorf("etcd member %x after its defragmentation: %w", m.id, err)
+		return 0, fmt.Errorf("etcd member %x after its defragmentation: %w", m.ID, err)
 	}
 	return size, nil
 }
 
-// until observes etcd until cond holds or ctx ends.
-func (d *defragmenter) until(ctx context.Context, cond func(etcdObservation) bool) error {
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		o, err := d.observeEtcd(ctx)
-		if err == nil && cond(o) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			if err != nil {
-				return fmt.Errorf("not within %v: %w (last: %w)", defragCatchUpTimeout, ctx.Err(), err)
-			}
-			return fmt.Errorf("not within %v: %w", defragCatchUpTimeout, ctx.Err())
-		case <-t.C:
-		}
-	}
-}
-
 // noteRun records how a run ended, for the status.
-func (d *defragmenter) noteRun(trigger string, start time.Time, outcome string, ok bool, steps []string) {
+func (d *Defragmenter) noteRun(trigger string, start time.Time, outcome string, ok bool, steps []string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.lastRun = &curatorv1.EtcdMaintenanceStatus{
@@ -685,8 +533,8 @@ func (d *defragmenter) noteRun(trigger string, start time.Time, outcome string, 
 	}
 }
 
-// status is the etcd maintenance part of GetClusterInfo.
-func (d *defragmenter) status() *curatorv1.EtcdMaintenanceStatus {
+// Status is the etcd maintenance part of GetClusterInfo.
+func (d *Defragmenter) Status() *curatorv1.EtcdMaintenanceStatus {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := &curatorv1.EtcdMaintenanceStatus{}
@@ -705,7 +553,7 @@ func cloneRun(r *curatorv1.EtcdMaintenanceStatus) *curatorv1.EtcdMaintenanceStat
 	}
 }
 
-// metrics are the defragmentation's metrics.
-func (d *defragmenter) metrics() []prometheus.Collector {
+// Metrics are the defragmentation's metrics.
+func (d *Defragmenter) Metrics() []prometheus.Collector {
 	return []prometheus.Collector{d.alarmsGauge, d.lastDefrag, d.reclaimed, d.failures, d.nospaceSteps}
 }
