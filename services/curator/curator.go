@@ -16,7 +16,7 @@
 // (roles, delete, cluster info), leader_nodes.go and filter.go (GetNodes
 // and ListNodes' pages, with CEL filters), heartbeat.go (heartbeats and
 // health, in shards),
-// leader_consensus_status.go, leader_audit.go, leader_leases.go (leases),
+// leader_consensus_status.go, leader_audit.go,
 // leader_snapshots.go and snapshot_take.go (etcd snapshots),
 // leader_snapshots_offsite.go (their copies in S3-compatible storage),
 // leader_maintenance.go (a node out of service for a while),
@@ -36,11 +36,13 @@
 // internal/roles (the role decision, pure: which roles a record gets, for
 // UpdateNodeRoles and the reconciler alike), internal/etcdmaint (etcd's
 // members observed, leadership moved off one, defragmentation and the
-// NOSPACE alarm). The components still in this package hold no *Service
-// either: the watch hub gets the etcd client, the heartbeat tracker the
-// client, the leadership and the hub's registry lookup, the snapshotter
-// the clients, the leadership and the audit write. Only the gRPC servers
-// (managementServer and the like) hold *Service: they are its API.
+// NOSPACE alarm), internal/leases (named leases and the fence they give:
+// the Leases service). The components still in this package hold no
+// *Service either: the watch hub gets the etcd client, the heartbeat
+// tracker the client, the leadership and the hub's registry lookup, the
+// snapshotter the clients, the leadership and the audit write. Only the
+// gRPC servers (managementServer and the like) hold *Service: they are its
+// API.
 package curator
 
 import (
@@ -67,6 +69,7 @@ import (
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
 	"curia.dev/services/curator/internal/etcdmaint"
+	"curia.dev/services/curator/internal/leases"
 )
 
 // Config configures one curator replica.
@@ -387,7 +390,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	}
 	curatorv1.RegisterCuratorServer(srv.GRPC(), &curatorServer{s: s})
 	curatorv1.RegisterManagementServer(srv.GRPC(), &managementServer{s: s})
-	curatorv1.RegisterLeasesServer(srv.GRPC(), &leasesServer{etcd: cli, lead: s.lead, log: log.With("part", "leases")})
+	curatorv1.RegisterLeasesServer(srv.GRPC(), leases.New(cli, s.lead, log.With("part", "leases")))
 	curatorv1.RegisterReconciliationServer(srv.GRPC(), &reconciliationServer{s: s})
 	s.rpc = srv
 	if err := s.registerMetrics(srv.Registry()); err != nil {

@@ -23,6 +23,7 @@ import (
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/run"
+	"curia.dev/services/curator/internal/leases"
 )
 
 // electionPrefix is the election's prefix without the trailing slash that
@@ -163,6 +164,14 @@ func (l *leadership) ours() (key string, term int64, ok bool) {
 	return l.key, l.term, l.term != 0
 }
 
+// Ours and Txn are ours and txn for the internal packages (the
+// leases.Leadership they are given).
+func (l *leadership) Ours() (key string, term int64, ok bool) { return l.ours() }
+
+func (l *leadership) Txn(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	return l.txn(ctx, cmps, ops...)
+}
+
 // fence is the leader's fence: [leader key @ term].
 func (l *leadership) fence() (fence.Fence, error) {
 	key, term, ok := l.ours()
@@ -277,7 +286,7 @@ func (s *Service) becameLeader(ctx context.Context, term int64) {
 		s.log.Warn("load the heartbeats", "term", term, "err", err)
 		run.Sleep(ctx, heartbeatRetry)
 	}
-	if err := s.dropOldTermLeases(ctx, term); err != nil {
+	if err := leases.DropOldTerm(ctx, s.etcd, s.lead, s.log, term); err != nil {
 		s.log.Warn("drop old-term leases", "term", term, "err", err)
 	}
 	if err := s.resignCRL(ctx); err != nil {

@@ -2,7 +2,7 @@ package curator
 
 // The reconciler's fenced role writes (curia.curator.v1.Reconciliation,
 // DESIGN §4). Each is one etcd txn that checks the reconciler's lease fence
-// (leader_leases.go grants it), the membership epoch it planned from, the
+// (internal/leases grants it), the membership epoch it planned from, the
 // node's revision it read and this leader's term, and writes the node, the
 // member certificate's revocation if the role goes, and the audit event:
 //
@@ -26,6 +26,7 @@ import (
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpcerr"
+	"curia.dev/services/curator/internal/leases"
 	"curia.dev/services/curator/internal/roles"
 )
 
@@ -55,7 +56,7 @@ func (x *reconciliationServer) ReconcileNodeRoles(ctx context.Context, req *cura
 func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *curatorv1.ReconcileNodeRolesRequest) (*curatorv1.Node, error) {
 	s := x.s
 	f := fence.FromProto(req.GetFence())
-	leaderCond, _, err := leaseFenceShape(f, reconcilerLeaseName)
+	leaderCond, _, err := leases.FenceShape(f, leases.Reconciler)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +84,7 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 		return nil, errNotLeader
 	}
 	if leaderCond.Key != leaderKey || leaderCond.CreateRevision != term {
-		return nil, staleLeader("fence from term %d; the leader is at term %d: re-acquire the lease", leaderCond.CreateRevision, term)
+		return nil, leases.StaleLeader("fence from term %d; the leader is at term %d: re-acquire the lease", leaderCond.CreateRevision, term)
 	}
 	// The fence (leader key and term, the lease granted by that term,
 	// the epoch) is checked by fence.Apply; besides it, the node must be as

@@ -1,7 +1,7 @@
-package curator
-
-// Named leases (DESIGN §4). The reconciler's fenced role writes, which
-// these leases fence, are leader_reconcile.go.
+// Package leases is the curator's named leases (DESIGN §4): the
+// Leases service the reconciler acquires its lease from, and the fence the
+// lease gives. The reconciler's fenced role writes, which these leases
+// fence, are the curator's leader_reconcile.go.
 //
 // A lease is the record keys.Lease(name) = leaseRecord (JSON), bound to an
 // etcd lease of the holder's TTL and created by the leader in a txn guarded
@@ -40,6 +40,9 @@ package curator
 // Keep-alives do not rewrite the record: the etcd lease is the truth about
 // expiry, the record's revisions stay put (the fence pins them) and a
 // keep-alive costs no write.
+//
+// Files: leases.go (the service, the records, the fence's shape).
+package leases
 
 import (
 	"context"
@@ -59,18 +62,32 @@ import (
 	"curia.dev/platform/rpcerr"
 )
 
-// leasesServer implements curia.curator.v1.Leases. The policy admits only
-// the reconciler; followers forward to the leader.
-type leasesServer struct {
+// Leadership is the curator leader's term, and its writes guarded by it.
+type Leadership interface {
+	// Ours is the leader key and term while this replica leads.
+	Ours() (key string, term int64, ok bool)
+	// Txn runs ops in a transaction guarded by this replica's term, plus
+	// cmps: a lost term is rpcerr.NotLeader, failed cmps rpcerr.Conflict.
+	Txn(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error)
+}
+
+// Server implements curia.curator.v1.Leases. The policy admits only the
+// reconciler; followers forward to the leader.
+type Server struct {
 	curatorv1.UnimplementedLeasesServer
 	etcd *clientv3.Client
-	lead *leadership // grants and writes only while this replica leads
+	lead Leadership // grants and writes only while this replica leads
 	log  *slog.Logger
 }
 
+// New is the Leases service of a replica whose leadership is lead.
+func New(etcd *clientv3.Client, lead Leadership, log *slog.Logger) *Server {
+	return &Server{etcd: etcd, lead: lead, log: log}
+}
+
 const (
-	// reconcilerLeaseName is the lease that fences the reconciler's writes.
-	reconcilerLeaseName = keys.ReconcilerLease
+	// Reconciler is the lease that fences the reconciler's writes.
+	Reconciler = keys.ReconcilerLease
 	// acquireAttempts bounds how often Acquire decides again when the
 	// record changed under it (a concurrent Acquire, an expiry).
 	acquireAttempts = 5
@@ -95,7 +112,7 @@ type leaseClaim struct {
 	rev          int64           // create revision of keys.Lease(name)
 }
 
-func (x *leasesServer) Acquire(ctx context.Context, req *curatorv1.AcquireRequest) (*curatorv1.AcquireResponse, error) {
+func (x *Server) Acquire(ctx context.Context, req *curatorv1.AcquireRequest) (*curatorv1.AcquireResponse, error) {
 	l, err := x.acquire(ctx, req.GetName(), req.GetHolder(), req.GetTtlSeconds())
 	if err != nil {
 		return nil, err
@@ -108,12 +125,12 @@ func (x *leasesServer) Acquire(ctx context.Context, req *curatorv1.AcquireReques
 // record of an older term, or one that expired, is replaced. The name (a
 // DNS label, so a plain etcd key segment), the holder and the TTL (2..60s)
 // are AcquireRequest's contract.
-func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int64) (*curatorv1.Lease, error) {
+func (x *Server) acquire(ctx context.Context, name, holder string, ttl int64) (*curatorv1.Lease, error) {
 	key := keys.Lease(name)
 	for range acquireAttempts {
-		leaderKey, term, ok := x.lead.ours()
+		leaderKey, term, ok := x.lead.Ours()
 		if !ok {
-			return nil, errNotLeader
+			return nil, rpcerr.NotLeader
 		}
 		cur, err := x.read(ctx, name)
 		if err != nil {
@@ -124,10 +141,10 @@ func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int
 			case cur.rec.Term > term:
 				// Only a later leader writes a later term, and it leads
 				// only after our key is gone: confirm, and step down.
-				if _, err := x.lead.txn(ctx, nil); err != nil {
+				if _, err := x.lead.Txn(ctx, nil); err != nil {
 					return nil, err
 				}
-				return nil, fmt.Errorf("%w: lease %s was granted in term %d, after this replica's term %d", errConflict, name, cur.rec.Term, term)
+				return nil, fmt.Errorf("%w: lease %s was granted in term %d, after this replica's term %d", rpcerr.Conflict, name, cur.rec.Term, term)
 			case cur.rec.Term == term && cur.rec.Holder == holder:
 				// Idempotent: the caller's own lease, kept alive.
 				start := time.Now()
@@ -151,8 +168,8 @@ func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int
 			// A record of an older term (or unreadable, term 0), or an
 			// expired one: delete it, pinned to the revision read, then
 			// grant afresh.
-			_, err := x.lead.txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", cur.createRev)}, clientv3.OpDelete(key))
-			if errors.Is(err, errConflict) {
+			_, err := x.lead.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", cur.createRev)}, clientv3.OpDelete(key))
+			if errors.Is(err, rpcerr.Conflict) {
 				continue
 			}
 			if err != nil {
@@ -174,12 +191,12 @@ func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int
 			x.revoke(g.ID)
 			return nil, fmt.Errorf("encode lease record: %w", err)
 		}
-		resp, err := x.lead.txn(ctx,
+		resp, err := x.lead.Txn(ctx,
 			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
 			clientv3.OpPut(key, string(val), clientv3.WithLease(g.ID)))
 		if err != nil {
 			x.revoke(g.ID)
-			if errors.Is(err, errConflict) {
+			if errors.Is(err, rpcerr.Conflict) {
 				continue // someone acquired it meanwhile: decide again
 			}
 			return nil, err
@@ -188,10 +205,10 @@ func (x *leasesServer) acquire(ctx context.Context, name, holder string, ttl int
 		x.log.Info("lease granted", "lease", name, "holder", holder, "term", term, "revision", got.createRev, "ttl", g.TTL)
 		return got.proto(name, leaderKey, start.Add(time.Duration(g.TTL)*time.Second)), nil
 	}
-	return nil, fmt.Errorf("%w: lease %s changed under every attempt; retry", errConflict, name)
+	return nil, fmt.Errorf("%w: lease %s changed under every attempt; retry", rpcerr.Conflict, name)
 }
 
-func (x *leasesServer) KeepAlive(ctx context.Context, req *curatorv1.KeepAliveRequest) (*curatorv1.KeepAliveResponse, error) {
+func (x *Server) KeepAlive(ctx context.Context, req *curatorv1.KeepAliveRequest) (*curatorv1.KeepAliveResponse, error) {
 	l, err := x.keepAlive(ctx, req.GetLease())
 	if err != nil {
 		return nil, err
@@ -201,14 +218,14 @@ func (x *leasesServer) KeepAlive(ctx context.Context, req *curatorv1.KeepAliveRe
 
 // keepAlive extends the caller's lease if it is still the stored one and
 // was granted in this leader's term; anything else is stale (Aborted).
-func (x *leasesServer) keepAlive(ctx context.Context, l *curatorv1.Lease) (*curatorv1.Lease, error) {
+func (x *Server) keepAlive(ctx context.Context, l *curatorv1.Lease) (*curatorv1.Lease, error) {
 	c, err := parseLeaseClaim(l)
 	if err != nil {
 		return nil, err
 	}
-	leaderKey, term, ok := x.lead.ours()
+	leaderKey, term, ok := x.lead.Ours()
 	if !ok {
-		return nil, errNotLeader
+		return nil, rpcerr.NotLeader
 	}
 	if c.leader.Key != leaderKey || c.leader.CreateRevision != term {
 		return nil, staleLease("lease %s was granted in term %d, the leader's term is %d: acquire again", c.name, c.leader.CreateRevision, term)
@@ -231,7 +248,7 @@ func (x *leasesServer) keepAlive(ctx context.Context, l *curatorv1.Lease) (*cura
 	return cur.proto(c.name, leaderKey, start.Add(time.Duration(ka.TTL)*time.Second)), nil
 }
 
-func (x *leasesServer) Release(ctx context.Context, req *curatorv1.ReleaseRequest) (*curatorv1.ReleaseResponse, error) {
+func (x *Server) Release(ctx context.Context, req *curatorv1.ReleaseRequest) (*curatorv1.ReleaseResponse, error) {
 	if err := x.release(ctx, req.GetLease()); err != nil {
 		return nil, err
 	}
@@ -241,7 +258,7 @@ func (x *leasesServer) Release(ctx context.Context, req *curatorv1.ReleaseReques
 // release deletes the caller's lease record (and revokes its etcd lease)
 // if it is still the caller's. A lease that is gone, or held by someone
 // else by now, is released already: success, nothing touched.
-func (x *leasesServer) release(ctx context.Context, l *curatorv1.Lease) error {
+func (x *Server) release(ctx context.Context, l *curatorv1.Lease) error {
 	c, err := parseLeaseClaim(l)
 	if err != nil {
 		return err
@@ -254,8 +271,8 @@ func (x *leasesServer) release(ctx context.Context, l *curatorv1.Lease) error {
 		return nil
 	}
 	key := keys.Lease(c.name)
-	_, err = x.lead.txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", c.rev)}, clientv3.OpDelete(key))
-	if errors.Is(err, errConflict) {
+	_, err = x.lead.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", c.rev)}, clientv3.OpDelete(key))
+	if errors.Is(err, rpcerr.Conflict) {
 		return nil // expired or replaced meanwhile
 	}
 	if err != nil {
@@ -269,7 +286,7 @@ func (x *leasesServer) release(ctx context.Context, l *curatorv1.Lease) error {
 // read returns the stored lease record, nil if there is none. An
 // unreadable record reads as one of term 0: stale, and replaced by the next
 // Acquire.
-func (x *leasesServer) read(ctx context.Context, name string) (*storedLease, error) {
+func (x *Server) read(ctx context.Context, name string) (*storedLease, error) {
 	resp, err := x.etcd.Get(ctx, keys.Lease(name))
 	if err != nil {
 		return nil, fmt.Errorf("read lease %s: %w", name, err)
@@ -290,7 +307,7 @@ func (x *leasesServer) read(ctx context.Context, name string) (*storedLease, err
 // whether it still exists. etcd truncates: 0 means less than a second left
 // (or expired a moment ago and not revoked yet), so a lease at 0 still
 // counts as held; only a lease etcd no longer knows (TTL -1) is gone.
-func (x *leasesServer) remaining(ctx context.Context, id clientv3.LeaseID) (left time.Duration, alive bool, err error) {
+func (x *Server) remaining(ctx context.Context, id clientv3.LeaseID) (left time.Duration, alive bool, err error) {
 	if id == clientv3.NoLease {
 		return 0, false, nil
 	}
@@ -306,7 +323,7 @@ func (x *leasesServer) remaining(ctx context.Context, id clientv3.LeaseID) (left
 
 // revoke drops an etcd lease whose record is deleted or was never written.
 // Only clean-up: the lease expires on its own otherwise.
-func (x *leasesServer) revoke(id clientv3.LeaseID) {
+func (x *Server) revoke(id clientv3.LeaseID) {
 	if id == clientv3.NoLease {
 		return
 	}
@@ -353,22 +370,22 @@ func (sl *storedLease) proto(name, leaderKey string, expires time.Time) *curator
 // and its name and holder, are the requests' contract.
 func parseLeaseClaim(l *curatorv1.Lease) (leaseClaim, error) {
 	c := leaseClaim{name: l.GetName(), holder: l.GetHolder()}
-	leader, lease, err := leaseFenceShape(fence.FromProto(l.GetFence()), c.name)
+	leader, lease, err := FenceShape(fence.FromProto(l.GetFence()), c.name)
 	if err != nil {
 		return c, err
 	}
 	if l.GetTerm() != leader.CreateRevision {
-		return c, fmt.Errorf("%w: lease term %d disagrees with its fence (leader key @ %d)", errBadRequest, l.GetTerm(), leader.CreateRevision)
+		return c, fmt.Errorf("%w: lease term %d disagrees with its fence (leader key @ %d)", rpcerr.Invalid, l.GetTerm(), leader.CreateRevision)
 	}
 	c.leader, c.rev = leader, lease.CreateRevision
 	return c, nil
 }
 
-// leaseFenceShape checks that f is exactly [a leader key, leases/<name>]
+// FenceShape checks that f is exactly [a leader key, leases/<name>]
 // and returns the two conditions.
-func leaseFenceShape(f fence.Fence, name string) (leader, lease fence.Condition, err error) {
+func FenceShape(f fence.Fence, name string) (leader, lease fence.Condition, err error) {
 	if err := f.Validate(keys.LeaderElection, keys.LeasesPrefix); err != nil {
-		return leader, lease, fmt.Errorf("%w: %v", errBadRequest, err)
+		return leader, lease, fmt.Errorf("%w: %v", rpcerr.Invalid, err)
 	}
 	var nLeader, nLease int
 	for _, c := range f.Conditions {
@@ -381,7 +398,7 @@ func leaseFenceShape(f fence.Fence, name string) (leader, lease fence.Condition,
 	}
 	if nLeader != 1 || nLease != 1 || len(f.Conditions) != 2 {
 		return leader, lease, fmt.Errorf("%w: the fence of lease %s is [the leader key that granted it (under %s) @ term, %s @ its revision], as Acquire returned it; got [%s]",
-			errBadRequest, name, keys.LeaderElection, keys.Lease(name), f)
+			rpcerr.Invalid, name, keys.LeaderElection, keys.Lease(name), f)
 	}
 	return leader, lease, nil
 }
@@ -392,8 +409,11 @@ func leaseFenceShape(f fence.Fence, name string) (leader, lease fence.Condition,
 // NEW leader key with it and pass a fence check elsewhere (the consensus
 // service checks conditions, not their pairing). Each delete is guarded by
 // the record's create revision, so a lease granted meanwhile stays.
-func (s *Service) dropOldTermLeases(ctx context.Context, term int64) error {
-	resp, err := s.etcd.Get(ctx, keys.LeasesPrefix, clientv3.WithPrefix())
+// DropOldTerm deletes the lease records of terms other than term (a new
+// leader does, once it leads): no record of an earlier term waits out its
+// TTL.
+func DropOldTerm(ctx context.Context, etcd *clientv3.Client, lead Leadership, log *slog.Logger, term int64) error {
+	resp, err := etcd.Get(ctx, keys.LeasesPrefix, clientv3.WithPrefix())
 	if err != nil {
 		return fmt.Errorf("read leases: %w", err)
 	}
@@ -402,14 +422,14 @@ func (s *Service) dropOldTermLeases(ctx context.Context, term int64) error {
 		if json.Unmarshal(kv.Value, &rec) == nil && rec.Term == term {
 			continue
 		}
-		_, err := s.lead.txn(ctx,
+		_, err := lead.Txn(ctx,
 			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)},
 			clientv3.OpDelete(string(kv.Key)))
-		if err != nil && !errors.Is(err, errConflict) {
+		if err != nil && !errors.Is(err, rpcerr.Conflict) {
 			return fmt.Errorf("drop old-term lease %s: %w", kv.Key, err)
 		}
 		if err == nil {
-			s.log.Info("dropped a lease of an earlier term", "lease", string(kv.Key), "holder", rec.Holder, "term", rec.Term)
+			log.Info("dropped a lease of an earlier term", "lease", string(kv.Key), "holder", rec.Holder, "term", rec.Term)
 		}
 	}
 	return nil
@@ -420,7 +440,7 @@ func staleLease(format string, args ...any) error {
 	return &fence.StaleError{Part: fence.PartLease, Reason: fmt.Sprintf(format, args...)}
 }
 
-// staleLeader says that the caller's fence is of an older leader term.
-func staleLeader(format string, args ...any) error {
+// StaleLeader says that the caller's fence is of an older leader term.
+func StaleLeader(format string, args ...any) error {
 	return &fence.StaleError{Part: fence.PartLeader, Reason: fmt.Sprintf(format, args...)}
 }
