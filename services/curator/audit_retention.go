@@ -33,7 +33,7 @@ func (s *Service) pruneAuditLog(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		if _, _, ok := s.lead.ours(); !ok {
+		if _, _, ok := s.lead.Ours(); !ok {
 			continue
 		}
 		n, err := s.pruneAudit(ctx, time.Now())
@@ -48,11 +48,11 @@ func (s *Service) pruneAuditLog(ctx context.Context) error {
 
 // pruneAudit deletes what the retention no longer keeps and returns how
 // many events went. Each deletion is a range ending at an event key, written
-// under the leader's term (lead.txn): a deposed leader deletes nothing.
+// under the leader's term (lead.Txn): a deposed leader deletes nothing.
 func (s *Service) pruneAudit(ctx context.Context, now time.Time) (int64, error) {
 	var deleted int64
 	// Age: keys sort by time, so everything before the cutoff's key.
-	resp, err := s.lead.txn(ctx, nil, clientv3.OpDelete(keys.AuditPrefix, clientv3.WithRange(keys.Audit(now.Add(-s.cfg.Audit.MaxAge), ""))))
+	resp, err := s.lead.Txn(ctx, nil, clientv3.OpDelete(keys.AuditPrefix, clientv3.WithRange(keys.Audit(now.Add(-s.cfg.Audit.MaxAge), ""))))
 	if err != nil {
 		return 0, fmt.Errorf("delete events older than %v: %w", s.cfg.Audit.MaxAge, err)
 	}
@@ -76,7 +76,7 @@ func (s *Service) pruneAudit(ctx context.Context, now time.Time) (int64, error) 
 			return deleted, nil
 		}
 		last := string(oldest.Kvs[len(oldest.Kvs)-1].Key)
-		resp, err := s.lead.txn(ctx, nil, clientv3.OpDelete(keys.AuditPrefix, clientv3.WithRange(last+"\x00")))
+		resp, err := s.lead.Txn(ctx, nil, clientv3.OpDelete(keys.AuditPrefix, clientv3.WithRange(last+"\x00")))
 		if err != nil {
 			return deleted, fmt.Errorf("delete the oldest %d audit events: %w", len(oldest.Kvs), err)
 		}

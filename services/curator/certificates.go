@@ -301,7 +301,7 @@ func (s *Service) resignCRL(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.lead.txn(ctx, []clientv3.Cmp{cmp}, put); err != nil && !errors.Is(err, errConflict) {
+	if _, err := s.lead.Txn(ctx, []clientv3.Cmp{cmp}, put); err != nil && !errors.Is(err, errConflict) {
 		return err
 	}
 	s.log.Info("CRL signed by this curator's CA", "ca", s.ca.Cert.Subject.String())
@@ -407,7 +407,7 @@ func (s *Service) issueCertificates(ctx context.Context, req *curatorv1.IssueCer
 			}
 		}
 		// A conflict (the record changed): decide again.
-		if _, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_CERTIFICATES, id, "certificates issued: "+strings.Join(issued, ", "))); err != nil {
+		if _, err := s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_CERTIFICATES, id, "certificates issued: "+strings.Join(issued, ", "))); err != nil {
 			return nil, err
 		}
 		s.log.Info("certificates issued", "node", id, "serials", issued)

@@ -363,11 +363,11 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	s.defrag = etcdmaint.New(cfg.Defrag, etcdmaint.Deps{
 		Observer: etcdmaint.Observer{Etcd: cli, Member: memberCli, Log: log.With("part", "etcd-maintenance")},
 		Leads: func() (int64, bool) {
-			_, term, ok := s.lead.ours()
+			_, term, ok := s.lead.Ours()
 			return term, ok
 		},
 		Audit: func(ctx context.Context, action auditv1.AuditAction, why string) error {
-			_, err := s.lead.txn(ctx, nil, s.auditOp(ctx, action, "", truncate(why, 2048)))
+			_, err := s.lead.Txn(ctx, nil, s.auditOp(ctx, action, "", truncate(why, 2048)))
 			return err
 		},
 	})

@@ -45,7 +45,7 @@ func forwarded(method string) bool {
 // leaderConn decides where a call goes: nil when this replica leads (serve
 // it here), else a connection to the leader.
 func (l *leadership) leaderConn(ctx context.Context) (*grpc.ClientConn, error) {
-	if _, _, ok := l.ours(); ok {
+	if _, _, ok := l.Ours(); ok {
 		return nil, nil
 	}
 	if _, ok := rpc.ForwarderFromContext(ctx); ok {

@@ -91,7 +91,7 @@ func (s *Service) heartbeat(stream curatorv1.Curator_HeartbeatServer) error {
 	if p.Kind != pki.KindNode {
 		return fmt.Errorf("%w: only nodes send heartbeats, not %s", errDenied, p)
 	}
-	_, term, ok := s.lead.ours()
+	_, term, ok := s.lead.Ours()
 	if !ok {
 		return errNotLeader
 	}
@@ -114,7 +114,7 @@ func (s *Service) heartbeat(stream curatorv1.Curator_HeartbeatServer) error {
 			return err
 		}
 		t := s.beats.Load()
-		if _, cur, ok := s.lead.ours(); !ok || cur != term {
+		if _, cur, ok := s.lead.Ours(); !ok || cur != term {
 			return fmt.Errorf("%w: curator leadership moved; send heartbeats again (any replica forwards to the leader)", errNotLeader)
 		}
 		if t == nil || t.term != term {
@@ -369,7 +369,7 @@ func (t *beatTracker) run(ctx context.Context) {
 			t.log.Warn("write heartbeat shards", "term", t.term, "err", err)
 			retry = time.After(heartbeatRetry)
 		}
-		if _, term, ok := t.lead.ours(); !ok || term != t.term {
+		if _, term, ok := t.lead.Ours(); !ok || term != t.term {
 			return
 		}
 	}
@@ -411,7 +411,7 @@ func (t *beatTracker) flush(ctx context.Context, periodic bool) error {
 		for _, p := range b {
 			ops = append(ops, clientv3.OpPut(keys.HeartbeatShard(p.i), p.v))
 		}
-		if _, err := t.lead.txn(ctx, nil, ops...); err != nil {
+		if _, err := t.lead.Txn(ctx, nil, ops...); err != nil {
 			t.redo(slices.Concat(batches[k:]...), legacy)
 			return err
 		}
@@ -423,7 +423,7 @@ func (t *beatTracker) flush(ctx context.Context, periodic bool) error {
 		for _, key := range legacy[:k] {
 			ops = append(ops, clientv3.OpDelete(key))
 		}
-		if _, err := t.lead.txn(ctx, nil, ops...); err != nil {
+		if _, err := t.lead.Txn(ctx, nil, ops...); err != nil {
 			t.redo(nil, legacy)
 			return err
 		}

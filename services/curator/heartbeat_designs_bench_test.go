@@ -162,7 +162,7 @@ func benchDesign(b *testing.B, n int, run func(context.Context, *designRun) erro
 type designRun struct {
 	cli   *clientv3.Client
 	ids   []string
-	guard clientv3.Cmp // the leader key, as s.lead.txn checks it
+	guard clientv3.Cmp // the leader key, as s.lead.Txn checks it
 	// interval and timeout are the curator's defaults.
 	interval, timeout time.Duration
 	// up is closed once every node is up (the window may start).

@@ -157,24 +157,17 @@ func (l *leadership) lost() {
 	}
 }
 
-// term returns the leader key and term while this replica leads.
-func (l *leadership) ours() (key string, term int64, ok bool) {
+// Ours returns the leader key and term while this replica leads (exported,
+// with Txn, for the internal packages: leases.Leadership).
+func (l *leadership) Ours() (key string, term int64, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.key, l.term, l.term != 0
 }
 
-// Ours and Txn are ours and txn for the internal packages (the
-// leases.Leadership they are given).
-func (l *leadership) Ours() (key string, term int64, ok bool) { return l.ours() }
-
-func (l *leadership) Txn(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	return l.txn(ctx, cmps, ops...)
-}
-
 // fence is the leader's fence: [leader key @ term].
 func (l *leadership) fence() (fence.Fence, error) {
-	key, term, ok := l.ours()
+	key, term, ok := l.Ours()
 	if !ok {
 		return fence.Fence{}, errNotLeader
 	}
@@ -228,11 +221,11 @@ func (l *leadership) leader() (leaderInfo, <-chan struct{}) {
 	return l.current, l.changed
 }
 
-// txn runs ops in a transaction guarded by this replica's term, plus cmps.
+// Txn runs ops in a transaction guarded by this replica's term, plus cmps.
 // A lost term is errNotLeader (and ends our leadership); failed cmps are
 // errConflict. The caller decides what a conflict means.
-func (l *leadership) txn(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	key, term, ok := l.ours()
+func (l *leadership) Txn(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	key, term, ok := l.Ours()
 	if !ok {
 		return nil, errNotLeader
 	}
@@ -280,7 +273,7 @@ func (s *Service) becameLeader(ctx context.Context, term int64) {
 		if err == nil {
 			break
 		}
-		if _, cur, ok := s.lead.ours(); ctx.Err() != nil || !ok || cur != term {
+		if _, cur, ok := s.lead.Ours(); ctx.Err() != nil || !ok || cur != term {
 			return
 		}
 		s.log.Warn("load the heartbeats", "term", term, "err", err)
@@ -294,7 +287,7 @@ func (s *Service) becameLeader(ctx context.Context, term int64) {
 	}
 	ticket := make([]byte, 24)
 	rand.Read(ticket)
-	_, err := s.lead.txn(ctx,
+	_, err := s.lead.Txn(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.RegisterTicket), "=", 0)},
 		clientv3.OpPut(keys.RegisterTicket, string(ticket)))
 	if err != nil && !errors.Is(err, errConflict) {
@@ -308,7 +301,7 @@ func (x *curatorServer) GetCurrentLeader(_ *curatorv1.GetCurrentLeaderRequest, s
 	s := x.s
 	for {
 		cur, changed := s.lead.leader()
-		_, _, ours := s.lead.ours()
+		_, _, ours := s.lead.Ours()
 		resp := &curatorv1.GetCurrentLeaderResponse{
 			LeaderName:    cur.Name,
 			LeaderAddress: cur.Address,

@@ -143,7 +143,7 @@ func (s *Service) updateClusterConfig(ctx context.Context, req *curatorv1.Update
 		}
 		failpoint.Hold("before-cluster-config-write")
 		guard := clientv3.Compare(clientv3.ModRevision(keys.ClusterConfig), "=", rev)
-		resp, err := s.lead.txn(ctx, []clientv3.Cmp{guard},
+		resp, err := s.lead.Txn(ctx, []clientv3.Cmp{guard},
 			clientv3.OpPut(keys.ClusterConfig, string(b)),
 			s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_CLUSTER_CONFIG_UPDATE, "", reason+": "+changes))
 		if err != nil {

@@ -146,7 +146,7 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 		}
 	}
 	noTomb, _ := tombstone(id)
-	_, err = s.lead.txn(ctx,
+	_, err = s.lead.Txn(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0), noTomb},
 		putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_CLUSTER_BOOTSTRAP, id, "first node of the cluster"))
 	if errors.Is(err, errConflict) {
@@ -196,7 +196,7 @@ func (s *Service) register(ctx context.Context, req *curatorv1.RegisterNodeReque
 	}
 	n := &curatorv1.Node{Id: id, PublicKey: pub, State: curatorv1.NodeState_NODE_STATE_NEW, Labels: req.GetLabels()}
 	noTomb, _ := tombstone(id)
-	_, err = s.lead.txn(ctx,
+	_, err = s.lead.Txn(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0), noTomb},
 		putNode(n))
 	if err != nil && !errors.Is(err, errConflict) {
@@ -262,7 +262,7 @@ func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse
 		why += "; certificate " + replaced + " it replaces revoked"
 	}
 	ops = append(ops, putNode(n))
-	if _, err := s.lead.txn(ctx, cmps, append(ops, s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_COMMIT, id, why))...); err != nil {
+	if _, err := s.lead.Txn(ctx, cmps, append(ops, s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_COMMIT, id, why))...); err != nil {
 		return nil, err
 	}
 	if n, err = s.getNode(ctx, id); err != nil {

@@ -49,7 +49,7 @@ func (s *Service) approve(ctx context.Context, id string) (*curatorv1.Node, erro
 		return nil, fmt.Errorf("%w: node %s is %s; only NEW nodes are approved", errRefused, id, n.State)
 	}
 	n.State = curatorv1.NodeState_NODE_STATE_STANDBY
-	if _, err := s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_APPROVE, id, "approved")); err != nil {
+	if _, err := s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_APPROVE, id, "approved")); err != nil {
 		return nil, err
 	}
 	s.log.Info("node approved", "node", id, "by", caller(ctx).String())
@@ -237,14 +237,14 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 		ev.Roles = auditRoles(want)
 		cmps := append(append([]clientv3.Cmp{unchanged(n)}, guard...), crlCmps...)
 		ops := append(crlOps, putNode(n), audit.Put(ev))
-		resp, err := s.lead.txn(ctx, cmps, ops...)
+		resp, err := s.lead.Txn(ctx, cmps, ops...)
 		for attempt := 1; errors.Is(err, errUnavailable) && attempt < roleWriteAttempts && ctx.Err() == nil; attempt++ {
 			// The endpoint may be the member this call's own step just
 			// removed ("raft: stopped"): the same write on another. It
 			// is guarded, so it lands once at most: if the first did
 			// land, this one conflicts and the node is read again.
 			run.Sleep(ctx, time.Duration(attempt)*100*time.Millisecond)
-			resp, err = s.lead.txn(ctx, cmps, ops...)
+			resp, err = s.lead.Txn(ctx, cmps, ops...)
 		}
 		if err == nil {
 			s.log.Info("roles updated", "node", n.Id, "roles", roles.Names(want), "by", caller(ctx).String())
@@ -322,7 +322,7 @@ func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeReque
 			ops, cmps = append(ops, put), append(cmps, cmp)
 		}
 		// A conflict (the node or the CRL changed): decide again.
-		if _, err := s.lead.txn(ctx, cmps, ops...); err != nil {
+		if _, err := s.lead.Txn(ctx, cmps, ops...); err != nil {
 			return nil, err
 		}
 		s.log.Info("node deleted", "node", n.Id, "revoked", serials, "by", caller(ctx).String())

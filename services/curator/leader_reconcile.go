@@ -79,7 +79,7 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 
 	// The fence's leader key is the term that granted the lease; this
 	// leader accepts only its own term.
-	leaderKey, term, ok := s.lead.ours()
+	leaderKey, term, ok := s.lead.Ours()
 	if !ok {
 		return nil, errNotLeader
 	}

@@ -77,7 +77,7 @@ func TestElectionSessionOwnClient(t *testing.T) {
 		lowest = min(lowest, cur)
 		return fmt.Errorf("session lease at %ds, not renewed since %ds", cur, first)
 	})
-	if _, _, ok := l.ours(); !ok {
+	if _, _, ok := l.Ours(); !ok {
 		t.Fatal("stepped down although the session lives")
 	}
 }

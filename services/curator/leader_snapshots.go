@@ -194,7 +194,7 @@ func (sn *snapshotter) run(ctx context.Context) error {
 		case <-t.C:
 		}
 		now := time.Now()
-		_, cur, leads := sn.lead.ours()
+		_, cur, leads := sn.lead.Ours()
 		if !leads {
 			term = 0
 			if now.Sub(refreshed) > followerRefresh {
@@ -336,7 +336,7 @@ func (sn *snapshotter) audit(ctx context.Context, req snapshotRequest, md snapsh
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), snapshotAuditTimeout)
 	defer cancel()
-	if _, err := sn.lead.txn(actx, nil, sn.auditOp(actx, auditv1.AuditAction_AUDIT_ACTION_SNAPSHOT, "", truncate(why, 2048))); err != nil {
+	if _, err := sn.lead.Txn(actx, nil, sn.auditOp(actx, auditv1.AuditAction_AUDIT_ACTION_SNAPSHOT, "", truncate(why, 2048))); err != nil {
 		return fmt.Errorf("record snapshot %s in the audit log: %w", md.Name, err)
 	}
 	return nil
@@ -351,7 +351,7 @@ func (sn *snapshotter) prune(now time.Time) {
 		return
 	}
 	for _, md := range snapshots.Expired(list, sn.cfg.Keep, sn.cfg.MaxAge, now) {
-		if _, _, ok := sn.lead.ours(); !ok {
+		if _, _, ok := sn.lead.Ours(); !ok {
 			return
 		}
 		if err := sn.dir.Remove(md.Name); err != nil {
@@ -365,7 +365,7 @@ func (sn *snapshotter) prune(now time.Time) {
 		sn.log.Warn("look for leftovers in the snapshot directory", "err", err)
 	}
 	for _, f := range left {
-		if _, _, ok := sn.lead.ours(); !ok {
+		if _, _, ok := sn.lead.Ours(); !ok {
 			return
 		}
 		if err := os.Remove(filepath.Join(sn.cfg.Dir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {

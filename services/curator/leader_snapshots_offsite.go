@@ -100,7 +100,7 @@ func (o *offsiter) run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		_, cur, leads := o.sn.lead.ours()
+		_, cur, leads := o.sn.lead.Ours()
 		if !leads {
 			term = 0
 			continue

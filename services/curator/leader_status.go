@@ -26,7 +26,7 @@ func (s *Service) updateStatus(ctx context.Context, req *curatorv1.UpdateNodeSta
 			return struct{}{}, err
 		}
 		n.Status = req.GetStatus()
-		_, err = s.lead.txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n))
+		_, err = s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n))
 		return struct{}{}, err
 	})
 	return err

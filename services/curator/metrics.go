@@ -18,7 +18,7 @@ func (s *Service) registerMetrics(reg *prometheus.Registry) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "curia_curator_leader", Help: "1 while this replica leads.",
 		}, func() float64 {
-			if _, _, ok := s.lead.ours(); ok {
+			if _, _, ok := s.lead.Ours(); ok {
 				return 1
 			}
 			return 0

@@ -53,7 +53,7 @@ const snapshotStatusTimeout = 5 * time.Second
 // snapshot takes, verifies and writes one snapshot (the file comment),
 // then applies the retention.
 func (sn *snapshotter) snapshot(ctx context.Context, req snapshotRequest) (snapshots.Metadata, error) {
-	if _, _, ok := sn.lead.ours(); !ok {
+	if _, _, ok := sn.lead.Ours(); !ok {
 		return snapshots.Metadata{}, errNotLeader
 	}
 	failpoint.Hold("before-snapshot")
@@ -98,7 +98,7 @@ func (sn *snapshotter) snapshot(ctx context.Context, req snapshotRequest) (snaps
 		Trigger: req.trigger, Reason: req.reason, RequestedBy: req.requestedBy,
 		TakenBy: sn.name, Cluster: sn.cluster,
 	}
-	if _, _, ok := sn.lead.ours(); !ok {
+	if _, _, ok := sn.lead.Ours(); !ok {
 		return snapshots.Metadata{}, fmt.Errorf("%w: leadership moved while the snapshot was taken; it is dropped", errNotLeader)
 	}
 	if same, err := sn.dir.Read(md.Name); err == nil {

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -170,7 +169,6 @@ func planDefrag(o Observation, cfg Config, trigger string) Plan {
 type Defragmenter struct {
 	Observer
 	cfg   Config
-	log   *slog.Logger
 	leads func() (term int64, ok bool)
 	audit func(ctx context.Context, action auditv1.AuditAction, why string) error
 
@@ -198,7 +196,7 @@ type Deps struct {
 // New is a Defragmenter of cfg; it acts once Run runs.
 func New(cfg Config, deps Deps) *Defragmenter {
 	return &Defragmenter{
-		Observer: deps.Observer, cfg: cfg, log: deps.Log, leads: deps.Leads, audit: deps.Audit,
+		Observer: deps.Observer, cfg: cfg, leads: deps.Leads, audit: deps.Audit,
 		alarmsGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "curia_curator_etcd_alarms", Help: "etcd members with each active alarm (NOSPACE, CORRUPT), as the leader last read them.",
 		}, []string{"alarm"}),
@@ -242,7 +240,7 @@ func (d *Defragmenter) Run(ctx context.Context) error {
 		}
 		nospace, err := d.readAlarms(ctx)
 		if err != nil {
-			d.log.Debug("read etcd alarms", "err", err)
+			d.Log.Debug("read etcd alarms", "err", err)
 			continue
 		}
 		now := time.Now()
@@ -289,19 +287,19 @@ func (d *Defragmenter) defragIfFragmented(ctx context.Context) {
 	failpoint.Hold("before-defrag-check")
 	o, err := d.Observe(ctx)
 	if err != nil {
-		d.log.Warn("defragmentation check: observe etcd", "err", err)
+		d.Log.Warn("defragmentation check: observe etcd", "err", err)
 		return
 	}
 	p := planDefrag(o, d.cfg, triggerFragmented)
 	if p.skip != "" {
 		if o.Unhealthy() != "" {
-			d.log.Info("defragmentation check skipped: the cluster is not healthy", "why", p.skip)
+			d.Log.Info("defragmentation check skipped: the cluster is not healthy", "why", p.skip)
 		} else {
 			var sizes []string
 			for _, m := range o.Members {
 				sizes = append(sizes, fmt.Sprintf("%x: %d of %d in use", m.ID, m.DBInUse, m.DBSize))
 			}
-			d.log.Debug("no defragmentation", "why", p.skip, "sizes", sizes)
+			d.Log.Debug("no defragmentation", "why", p.skip, "sizes", sizes)
 		}
 		return
 	}
@@ -315,16 +313,16 @@ func (d *Defragmenter) defragIfFragmented(ctx context.Context) {
 // its quota. It says whether the alarm was disarmed.
 func (d *Defragmenter) recoverNoSpace(ctx context.Context) bool {
 	failpoint.Hold("before-nospace-recovery")
-	d.log.Warn("etcd NOSPACE alarm raised: compacting, defragmenting, then disarming")
+	d.Log.Warn("etcd NOSPACE alarm raised: compacting, defragmenting, then disarming")
 	start := time.Now()
 	var steps []string
 	step := func(name string, err error) error {
 		result := "ok"
 		if err != nil {
 			result = "failed"
-			d.log.Warn("NOSPACE recovery step failed", "step", name, "err", err)
+			d.Log.Warn("NOSPACE recovery step failed", "step", name, "err", err)
 		} else {
-			d.log.Info("NOSPACE recovery step done", "step", name)
+			d.Log.Info("NOSPACE recovery step done", "step", name)
 		}
 		d.nospaceSteps.WithLabelValues(name, result).Inc()
 		return err
@@ -343,7 +341,7 @@ func (d *Defragmenter) recoverNoSpace(ctx context.Context) bool {
 	}
 	p := planDefrag(o, d.cfg, triggerNoSpace)
 	if p.skip != "" {
-		d.log.Warn("NOSPACE: no defragmentation", "why", p.skip)
+		d.Log.Warn("NOSPACE: no defragmentation", "why", p.skip)
 		d.noteRun(triggerNoSpace, start, fmt.Sprintf("compacted to revision %d; defragmentation skipped: %s", rev, p.skip), false, steps)
 		return false
 	}
@@ -360,7 +358,7 @@ func (d *Defragmenter) recoverNoSpace(ctx context.Context) bool {
 	}
 	for _, m := range after.Members {
 		if m.Answered && m.Quota > 0 && m.DBSize >= m.Quota {
-			d.log.Warn("NOSPACE: a database is still over its quota; the alarm stays until data is deleted", "member", fmt.Sprintf("%x", m.ID), "db_size", m.DBSize, "quota", m.Quota)
+			d.Log.Warn("NOSPACE: a database is still over its quota; the alarm stays until data is deleted", "member", fmt.Sprintf("%x", m.ID), "db_size", m.DBSize, "quota", m.Quota)
 			d.nospaceSteps.WithLabelValues("disarm", "waiting").Inc()
 			d.noteRun(triggerNoSpace, start, fmt.Sprintf("compacted to revision %d, %s; member %x is still %d bytes of its %d quota: delete data", rev, summary, m.ID, m.DBSize, m.Quota), false, steps)
 			return false
@@ -384,14 +382,14 @@ func (d *Defragmenter) recoverNoSpace(ctx context.Context) bool {
 	}
 	outcome := fmt.Sprintf("NOSPACE recovered: compacted to revision %d, %s, alarm disarmed", rev, summary)
 	d.noteRun(triggerNoSpace, start, outcome, true, steps)
-	d.log.Info("etcd NOSPACE alarm disarmed", "revision", rev)
+	d.Log.Info("etcd NOSPACE alarm disarmed", "revision", rev)
 	if _, err := d.readAlarms(ctx); err != nil {
-		d.log.Warn("read etcd alarms after the disarm", "err", err)
+		d.Log.Warn("read etcd alarms after the disarm", "err", err)
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), defragAuditTimeout)
 	defer cancel()
 	if err := d.audit(actx, auditv1.AuditAction_AUDIT_ACTION_ETCD_NOSPACE_RECOVERED, outcome); err != nil {
-		d.log.Warn("record the NOSPACE recovery in the audit log", "err", err)
+		d.Log.Warn("record the NOSPACE recovery in the audit log", "err", err)
 	}
 	return true
 }
@@ -428,7 +426,7 @@ func (d *Defragmenter) execute(ctx context.Context, trigger string, p Plan) (str
 		outcome := fmt.Sprintf("defragmented %d of %d members, reclaimed %d bytes", done, len(p.order), reclaimed)
 		if why != "" {
 			outcome += "; stopped: " + why
-			d.log.Warn("defragmentation stopped", "trigger", trigger, "why", why, "defragmented", done, "of", len(p.order))
+			d.Log.Warn("defragmentation stopped", "trigger", trigger, "why", why, "defragmented", done, "of", len(p.order))
 		}
 		return outcome, steps, ok
 	}
@@ -477,7 +475,7 @@ func (d *Defragmenter) execute(ctx context.Context, trigger string, p Plan) (str
 		reclaimed += max(before-after, 0)
 		d.reclaimed.Add(float64(max(before-after, 0)))
 		d.lastDefrag.WithLabelValues(fmt.Sprintf("%x", m.ID)).Set(float64(time.Now().UnixNano()) / 1e9)
-		d.log.Info("etcd member defragmented", "member", fmt.Sprintf("%x", m.ID), "name", m.Name, "trigger", trigger,
+		d.Log.Info("etcd member defragmented", "member", fmt.Sprintf("%x", m.ID), "name", m.Name, "trigger", trigger,
 			"db_size_before", before, "db_size_after", after)
 	}
 	return finish("", true)
