@@ -73,4 +73,9 @@ const (
 	// connections of a certificate revoked after they were opened.
 	// Caught by consensus TestPeerConnectionCutOnRevocation.
 	NoPeerCut = "no-peer-cut"
+	// NoTermGuard: the curator leader's writes (leadership.Txn) do not
+	// compare its leader key's create revision with its term, so a
+	// replica whose term ended before it noticed still writes. Caught by
+	// curator TestTxnRefusedAfterTermLost.
+	NoTermGuard = "no-term-guard"
 )

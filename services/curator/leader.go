@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/failpoint"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
@@ -229,9 +230,12 @@ func (l *leadership) Txn(ctx context.Context, cmps []clientv3.Cmp, ops ...client
 	if !ok {
 		return nil, errNotLeader
 	}
-	guard := clientv3.Compare(clientv3.CreateRevision(key), "=", term)
+	guards := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", term)}
+	if failpoint.Mutated(failpoint.NoTermGuard) {
+		guards = nil
+	}
 	resp, err := l.etcd.Txn(ctx).
-		If(append([]clientv3.Cmp{guard}, cmps...)...).
+		If(append(guards, cmps...)...).
 		Then(ops...).
 		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
 		Commit()

@@ -2,12 +2,16 @@ package curator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"curia.dev/platform/proctest"
+	"curia.dev/platform/rpcerr"
 	ct "curia.dev/services/consensus/consensustest"
 )
 
@@ -79,5 +83,55 @@ func TestElectionSessionOwnClient(t *testing.T) {
 	})
 	if _, _, ok := l.Ours(); !ok {
 		t.Fatal("stepped down although the session lives")
+	}
+}
+
+// TestTxnRefusedAfterTermLost: a replica that still believes it leads
+// after its term ended (its leader key gone and another in its place,
+// before it noticed: a frozen process, a lost session) writes nothing, and
+// learns that it lost. The guard is the write's own comparison of the
+// leader key's create revision with the term; the check of ours() before
+// it cannot see this, and with the guard off (no-term-guard) the write
+// lands.
+func TestTxnRefusedAfterTermLost(t *testing.T) {
+	cc := ct.NewCluster(t)
+	voters, _ := cc.Voters(1)
+	cli := cc.Etcd(voters[0].ClientURL)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	const key = "/curia/test-term/leader"
+	won, err := cli.Put(ctx, key, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLeadership(cli, cli, nil, slog.New(slog.DiscardHandler), leaderValue{Name: "a"}, 6*time.Second, nil)
+	l.mu.Lock()
+	l.key, l.term = key, won.Header.Revision // leads: the key's create revision is its term
+	l.mu.Unlock()
+	if _, err := l.Txn(ctx, nil, clientv3.OpPut("/curia/test-term/during", "x")); err != nil {
+		t.Fatalf("a write during the term: %v", err)
+	}
+
+	// The term ends behind its back: the key goes, a successor's comes.
+	if _, err := cli.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, key, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := l.Ours(); !ok {
+		t.Fatal("the replica noticed by itself; the test needs it not to")
+	}
+	_, err = l.Txn(ctx, nil, clientv3.OpPut("/curia/test-term/after", "x"))
+	if !errors.Is(err, rpcerr.NotLeader) {
+		t.Fatalf("a write after the term: %v, want NotLeader", err)
+	}
+	resp, err := cli.Get(ctx, "/curia/test-term/after")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 0 {
+		t.Fatalf("the write of an ended term landed: %s", resp.Kvs[0].Value)
 	}
 }

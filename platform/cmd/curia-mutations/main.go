@@ -52,6 +52,7 @@ var catalog = []entry{
 	{"no-old-member-crl-wait", "a member kept on disk waits for the curators' CRL before it restarts", "./services/consensus/", "^TestRecoveryFencesOldMembers$", false},
 	{"no-cluster-pin", "an etcd client refuses the answers of another cluster than its pin", "./platform/etcdpin/", "^TestPinRefusesAnotherCluster$", false},
 	{"no-tombstones", "a deleted node's id is never registered again", "./services/curator/", "^TestLifecycle$", false},
+	{"no-term-guard", "the curator leader writes only while its term holds, compared in the write's txn", "./services/curator/", "^TestTxnRefusedAfterTermLost$", false},
 	{"no-defrag-order", "defragmentation takes followers first, the leader after moving its leadership", "./services/curator/", "^TestDefragFollowersFirst$", false},
 	{"no-pending", "one membership change at a time, cluster-wide", "./deploy/faults/", "TestMutationsCaught/no-pending", true},
 	{"no-snapshot-freshness", "the reconciler plans only from a fresh node snapshot", "./deploy/faults/", "TestMutationsCaught/no-snapshot-freshness", true},
