@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -40,23 +39,19 @@ func cmdPackages(t *testing.T) map[string]string {
 	return out
 }
 
-// buildBinaries builds the binaries (/bin/<name>) in one go build, as
-// `make build` would, and returns the directory holding them.
-func buildBinaries(t *testing.T, bins []string) string {
+// buildBinaries builds the binaries (/bin/<name>) and returns each one's
+// path by its name in the image.
+func buildBinaries(t *testing.T, bins []string) map[string]string {
 	t.Helper()
-	proctest.SkipShort(t)
 	pkgs := cmdPackages(t)
-	args := []string{"build", "-o", t.TempDir() + "/"}
+	out := map[string]string{}
 	for _, b := range bins {
 		if pkgs[b] == "" {
 			t.Fatalf("%s is no binary of the image", b)
 		}
-		args = append(args, pkgs[b])
+		out[b] = proctest.Build(t, pkgs[b])
 	}
-	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		t.Fatalf("go %v: %v\n%s", args, err, out)
-	}
-	return args[2]
+	return out
 }
 
 // binaryFlags returns the flag set the usage (-h) of the binary exe shows,
@@ -125,12 +120,12 @@ func TestManifestFlags(t *testing.T) {
 		bins[l.cmd[0]] = true
 	}
 	bins["/bin/curator"], bins["/bin/roleserve"] = true, true // for the check of the check, below
-	dir := buildBinaries(t, slices.Sorted(maps.Keys(bins)))
+	exes := buildBinaries(t, slices.Sorted(maps.Keys(bins)))
 	sets := map[string]*flag.FlagSet{}
 	parse := func(cmd, args []string) error {
 		key := strings.Join(cmd, " ")
 		if sets[key] == nil {
-			sets[key] = binaryFlags(t, filepath.Join(dir, path.Base(cmd[0])), cmd[1:])
+			sets[key] = binaryFlags(t, exes[cmd[0]], cmd[1:])
 		}
 		fs := sets[key]
 		// The kubelet expands $(POD_NAME) before the binary sees it.

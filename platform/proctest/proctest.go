@@ -46,9 +46,16 @@ var (
 
 // Build builds the command package pkg (e.g.
 // "curia.dev/services/consensus/cmd/consensus") with the given build tags
-// once per test process and returns the binary's path, with -race when the
-// test binary has it. The test must run inside the go.work. Under -short it
-// skips the test.
+// and returns the binary's path, with -race when the test binary has it.
+// The test must run inside the go.work. Under -short it skips the test.
+//
+// The binary goes to a directory of this user's shared by every test
+// process (one per package): go build leaves a binary alone when its build
+// ID says it is current, so only the first package of a `go test ./...`
+// links it, and the others find it made (linking a -race binary takes
+// seconds of CPU). A lock file keeps two test processes from building one
+// binary at once; a binary another test still runs is replaced by a
+// rename, never written over.
 func Build(t testing.TB, pkg string, tags ...string) string {
 	t.Helper()
 	SkipShort(t)
@@ -58,10 +65,19 @@ func Build(t testing.TB, pkg string, tags ...string) string {
 	if p, ok := built[key]; ok {
 		return p
 	}
-	dir, err := os.MkdirTemp("", "curia-bin-")
-	if err != nil {
+	variant := strings.Join(append([]string{strings.ReplaceAll(pkg, "/", "_")}, tags...), "+")
+	if raceEnabled {
+		variant += "+race"
+	}
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("curia-test-bin-%d", os.Getuid()), variant)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	unlock, err := lockFile(dir + ".lock")
+	if err != nil {
+		t.Fatalf("lock the build of %s: %v", pkg, err)
+	}
+	defer unlock()
 	bin := filepath.Join(dir, filepath.Base(pkg))
 	args := []string{"build", "-tags", strings.Join(tags, ","), "-o", bin}
 	if raceEnabled {
@@ -73,6 +89,20 @@ func Build(t testing.TB, pkg string, tags ...string) string {
 	}
 	built[key] = bin
 	return bin
+}
+
+// lockFile takes an exclusive lock on the file path (made if need be),
+// across processes, until unlock.
+func lockFile(path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { f.Close() }, nil // closing the file drops the lock
 }
 
 // Proc is one service process, started and stopped as often as a test
