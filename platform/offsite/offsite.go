@@ -1,7 +1,7 @@
 // Package offsite keeps copies of etcd snapshots (platform/snapshots) in
 // S3-compatible object storage, off the machines of the cluster: the
-// curator leader uploads each snapshot it took (services/curator,
-// leader_snapshots_offsite.go), and recovery fetches one back.
+// curator leader uploads each snapshot it took
+// (services/curator/internal/snaps), and recovery fetches one back.
 //
 //	s3://<bucket>/<prefix>/<snapshot name>
 //	        the snapshot's .db as is (etcd's database and its sha256),

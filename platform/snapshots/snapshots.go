@@ -1,7 +1,7 @@
 // Package snapshots is the layout of a snapshot directory: the etcd
-// snapshots the curator leader takes (services/curator,
-// leader_snapshots.go) and recovery reads. Several curators may share one
-// directory; only the leader writes to it or deletes from it.
+// snapshots the curator leader takes (services/curator/internal/snaps)
+// and recovery reads. Several curators may share one directory; only the
+// leader writes to it or deletes from it.
 //
 //	<dir>/snapshot-<UTC yyyymmddThhmmssZ>-rev<revision>.db
 //	        the raw stream of etcd's Maintenance.Snapshot: etcd's bbolt

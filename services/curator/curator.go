@@ -17,8 +17,7 @@
 // and ListNodes' pages, with CEL filters), heartbeat.go (heartbeats and
 // health, in shards),
 // leader_consensus_status.go, leader_audit.go,
-// leader_snapshots.go and snapshot_take.go (etcd snapshots),
-// leader_snapshots_offsite.go (their copies in S3-compatible storage),
+// management_snapshots.go (the snapshot RPCs, served by internal/snaps),
 // leader_maintenance.go (a node out of service for a while),
 // leader_reconcile.go (the reconciler's fenced role writes, the
 // Reconciliation service), watch.go (one etcd watch fanned out
@@ -37,10 +36,11 @@
 // UpdateNodeRoles and the reconciler alike), internal/etcdmaint (etcd's
 // members observed, leadership moved off one, defragmentation and the
 // NOSPACE alarm), internal/leases (named leases and the fence they give:
-// the Leases service). The components still in this package hold no
-// *Service either: the watch hub gets the etcd client, the heartbeat
-// tracker the client, the leadership and the hub's registry lookup, the
-// snapshotter the clients, the leadership and the audit write. Only the
+// the Leases service), internal/snaps (the leader's etcd snapshots, their
+// retention and their copies off-site). The components still in this
+// package hold no *Service either: the watch hub gets the etcd client, the
+// heartbeat tracker the client, the leadership and the hub's registry
+// lookup. Only the
 // gRPC servers (managementServer and the like) hold *Service: they are its
 // API.
 package curator
@@ -70,6 +70,7 @@ import (
 	"curia.dev/platform/run"
 	"curia.dev/services/curator/internal/etcdmaint"
 	"curia.dev/services/curator/internal/leases"
+	"curia.dev/services/curator/internal/snaps"
 )
 
 // Config configures one curator replica.
@@ -117,8 +118,8 @@ type Config struct {
 	// Audit bounds the audit log (audit_retention.go).
 	Audit AuditRetention
 	// Snapshots configures the leader's etcd snapshots
-	// (leader_snapshots.go).
-	Snapshots SnapshotConfig
+	// (internal/snaps).
+	Snapshots snaps.Config
 	// Defrag configures the leader's etcd defragmentation
 	// (internal/etcdmaint).
 	Defrag etcdmaint.Config
@@ -138,7 +139,7 @@ func DefaultConfig() Config {
 		EnrolmentBurst:    40,
 		CertValidity:      30 * 24 * time.Hour,
 		Audit:             AuditRetention{MaxAge: 90 * 24 * time.Hour, MaxEvents: 100000, Every: 10 * time.Minute},
-		Snapshots:         SnapshotConfig{Interval: 10 * time.Minute, Keep: 24, MaxAge: 7 * 24 * time.Hour, ReuseWithin: 30 * time.Second, OffsiteKeep: 48},
+		Snapshots:         snaps.Config{Interval: 10 * time.Minute, Keep: 24, MaxAge: 7 * 24 * time.Hour, ReuseWithin: 30 * time.Second, OffsiteKeep: 48},
 		Defrag:            etcdmaint.Config{CheckInterval: 5 * time.Minute, Threshold: 0.5, MinWasted: 64 << 20},
 	}
 }
@@ -269,7 +270,7 @@ type Service struct {
 	consensus *consensusPool
 	watch     *watchHub
 	crl       *crl.Watcher
-	snaps     *snapshotter
+	snaps     *snaps.Snapshotter
 	defrag    *etcdmaint.Defragmenter
 	// beats is the current term's heartbeat tracker while this replica
 	// leads (heartbeat.go).
@@ -354,7 +355,14 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	s.lead = newLeadership(cli, sessionCli, creds, log, leaderValue{Name: cfg.Name, Address: cfg.Advertise}, cfg.SessionTTL, s.becameLeader)
 	s.consensus = newConsensusPool(cfg.Consensus, cli, creds)
 	s.watch = newWatchHub(cli, cfg.Watch, log)
-	if s.snaps, err = newSnapshotter(s, cfg.Snapshots, log.With("part", "snapshots")); err != nil {
+	s.snaps, err = snaps.New(cfg.Snapshots, snaps.Deps{
+		Etcd: cli, Member: memberCli, Lead: s.lead, Cluster: cfg.Cluster, Name: cfg.Name,
+		Audit: func(ctx context.Context, why string) error {
+			_, err := s.lead.Txn(ctx, nil, s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_SNAPSHOT, "", truncate(why, 2048)))
+			return err
+		},
+	}, log.With("part", "snapshots"))
+	if err != nil {
 		cli.Close()
 		sessionCli.Close()
 		memberCli.Close()
@@ -430,10 +438,7 @@ func (s *Service) Run(ctx context.Context) error {
 	g.AddReady("crl", func(ctx context.Context) error { return s.crl.Run(ctx, s.etcd) })
 	g.AddReady("audit-retention", s.pruneAuditLog)
 	if s.cfg.Snapshots.Dir != "" {
-		g.AddReady("snapshots", s.snaps.run)
-	}
-	if s.snaps.off != nil {
-		g.AddReady("snapshots-offsite", s.snaps.off.run)
+		g.AddReady("snapshots", s.snaps.Run)
 	}
 	g.AddReady("defrag", s.defrag.Run)
 	g.AddReady("maintenance", s.expireMaintenance)

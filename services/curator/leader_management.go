@@ -350,7 +350,7 @@ func (x *managementServer) GetClusterInfo(ctx context.Context, _ *curatorv1.GetC
 		LeaderName:      cur.Name,
 		Term:            cur.Term,
 		NodesByState:    map[string]int64{},
-		Snapshots:       s.snaps.status(),
+		Snapshots:       s.snaps.Status(),
 		EtcdMaintenance: s.defrag.Status(),
 	}
 	err := s.eachNode(ctx, func(n *curatorv1.Node) error {

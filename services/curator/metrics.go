@@ -42,7 +42,7 @@ func (s *Service) registerMetrics(reg *prometheus.Registry) error {
 			return fmt.Errorf("register curator metrics: %w", err)
 		}
 	}
-	for _, c := range append(s.snaps.metrics(), s.defrag.Metrics()...) {
+	for _, c := range append(s.snaps.Metrics(), s.defrag.Metrics()...) {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("register curator metrics: %w", err)
 		}

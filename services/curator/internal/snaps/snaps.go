@@ -1,4 +1,17 @@
-package curator
+// Package snaps is the curator leader's etcd snapshots (issue 16) and
+// their copies off-site (issue 31). The leader takes one every
+// --snapshot-interval, on demand (Management/TakeSnapshot) and when the
+// reconciler is about to change membership, into --snapshot-dir, in the
+// layout of platform/snapshots, which recovery reads.
+//
+// It gets etcd's two clients (the cluster's, and one whose endpoints never
+// change, for calls to one member), the replica's leadership (is it ours,
+// which term) and the audit log's write; nothing else of the curator.
+//
+// Files: snaps.go (Config, the schedule, one snapshot at a time, the
+// retention, the Management RPCs' bodies), take.go (one snapshot read,
+// verified and written), offsite.go (the copies in S3-compatible storage).
+package snaps
 
 import (
 	"context"
@@ -18,32 +31,28 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/offsite"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/snapshots"
 )
 
-// The leader's etcd snapshots (issue 16). The leader takes one every
-// --snapshot-interval, on demand (Management/TakeSnapshot) and when the
-// reconciler is about to change membership, into --snapshot-dir, in the
-// layout of platform/snapshots, which recovery reads. Followers take none;
+// Followers take none;
 // they forward the RPCs like every Management call, so the leader's
 // directory is the one every caller sees. After each snapshot the leader
 // applies the retention and removes what an interrupted write left.
 //
 //	schedule (every replica, acts while leading) ─┐
 //	TakeSnapshot (admin; reconciler before a      ├─▶ take: one at a time, detached from
-//	  membership change: a recent one reused) ────┘   the caller ─▶ snapshot (snapshot_take.go):
+//	  membership change: a recent one reused) ────┘   the caller ─▶ snapshot (take.go):
 //	                                                  read, verify, .db then .json ─▶ prune
 //	ListSnapshots, GetSnapshot (admin) ─▶ the directory
 //
 // Several curators may share the directory (one volume on every replica):
 // the newest snapshot in it tells a new leader when the next is due.
 
-// SnapshotConfig configures the leader's etcd snapshots.
-type SnapshotConfig struct {
+// Config configures the leader's etcd snapshots.
+type Config struct {
 	// Dir is the snapshot directory; empty: no snapshots.
 	Dir string
 	// Interval is how often the leader takes one; 0: only on demand and
@@ -57,7 +66,7 @@ type SnapshotConfig struct {
 	// newest one when that is younger than this (TakeSnapshot's rule).
 	ReuseWithin time.Duration
 	// Offsite is where the leader copies each snapshot it takes
-	// (s3://bucket/prefix, leader_snapshots_offsite.go); empty: nowhere.
+	// (s3://bucket/prefix, offsite.go); empty: nowhere.
 	// OffsiteKeep is its retention there: the newest, never the one just
 	// copied. S3 reaches the object storage.
 	Offsite     string
@@ -66,7 +75,7 @@ type SnapshotConfig struct {
 }
 
 // AddFlags registers the snapshot flags.
-func (c *SnapshotConfig) AddFlags(fs *flag.FlagSet) {
+func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Dir, "snapshot-dir", c.Dir, "directory of the leader's etcd snapshots (every curator may share one volume); off when empty: TakeSnapshot, ListSnapshots and GetSnapshot answer FailedPrecondition")
 	fs.DurationVar(&c.Interval, "snapshot-interval", c.Interval, "how often the leader takes an etcd snapshot (0: only on demand and before membership changes)")
 	fs.IntVar(&c.Keep, "snapshot-keep", c.Keep, "at most this many snapshots are kept, the newest")
@@ -78,7 +87,7 @@ func (c *SnapshotConfig) AddFlags(fs *flag.FlagSet) {
 }
 
 // Validate checks the snapshot flags (only when snapshots are on).
-func (c *SnapshotConfig) Validate() error {
+func (c *Config) Validate() error {
 	if c.Dir == "" {
 		if c.Offsite != "" {
 			return fmt.Errorf("--snapshot-offsite %s needs --snapshot-dir: snapshots are taken there, then copied", c.Offsite)
@@ -118,18 +127,29 @@ const (
 	snapshotChunk = 3 << 18
 )
 
-// snapshotter takes the leader's snapshots and serves the directory.
-type snapshotter struct {
-	// etcd is the cluster's client, member calls one member by its
-	// endpoint; lead is this replica's leadership (term-guarded writes).
-	etcd, member *clientv3.Client
-	lead         *leadership
-	// cluster and name: the cluster's, and this replica's (TakenBy).
-	cluster, name string
-	// auditOp is an audit event's write (Service.auditOp).
-	auditOp func(ctx context.Context, action auditv1.AuditAction, nodeID, reason string) clientv3.Op
+// Leadership is this replica's leadership.
+type Leadership interface {
+	// Ours is the leader key and term while this replica leads.
+	Ours() (key string, term int64, ok bool)
+}
 
-	cfg      SnapshotConfig
+// Deps is what the snapshots need of the curator.
+type Deps struct {
+	// Etcd is the cluster's client; Member calls one member by its
+	// endpoint (its endpoints never change).
+	Etcd, Member *clientv3.Client
+	Lead         Leadership
+	// Cluster and Name: the cluster's, and this replica's (TakenBy).
+	Cluster, Name string
+	// Audit writes an audit event (AUDIT_ACTION_SNAPSHOT) under the
+	// leader's term.
+	Audit func(ctx context.Context, why string) error
+}
+
+// Snapshotter takes the leader's snapshots and serves the directory.
+type Snapshotter struct {
+	Deps
+	cfg      Config
 	dir      snapshots.Dir
 	log      *slog.Logger
 	failures prometheus.Counter
@@ -146,10 +166,10 @@ type snapshotter struct {
 	lastFailureAt time.Time
 }
 
-func newSnapshotter(s *Service, cfg SnapshotConfig, log *slog.Logger) (*snapshotter, error) {
-	sn := &snapshotter{
-		etcd: s.etcd, member: s.memberEtcd, lead: s.lead, cluster: s.cfg.Cluster, name: s.cfg.Name, auditOp: s.auditOp,
-		cfg: cfg, dir: snapshots.Dir(cfg.Dir), log: log, one: make(chan struct{}, 1),
+// New prepares the snapshots; nothing runs until Run.
+func New(cfg Config, d Deps, log *slog.Logger) (*Snapshotter, error) {
+	sn := &Snapshotter{
+		Deps: d, cfg: cfg, dir: snapshots.Dir(cfg.Dir), log: log, one: make(chan struct{}, 1),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "curia_curator_snapshot_failures_total", Help: "etcd snapshots this replica failed to take (read, verify or write), while it led.",
 		}),
@@ -170,18 +190,30 @@ func newSnapshotter(s *Service, cfg SnapshotConfig, log *slog.Logger) (*snapshot
 }
 
 // on says whether snapshots are on, and if not, why not.
-func (sn *snapshotter) on() error {
+func (sn *Snapshotter) on() error {
 	if sn.cfg.Dir == "" {
-		return fmt.Errorf("%w: the curator leader (%s) runs without --snapshot-dir: give every curator the same --snapshot-dir (a directory all of them reach, e.g. one volume) to take snapshots", rpcerr.SnapshotsOff, sn.name)
+		return fmt.Errorf("%w: the curator leader (%s) runs without --snapshot-dir: give every curator the same --snapshot-dir (a directory all of them reach, e.g. one volume) to take snapshots", rpcerr.SnapshotsOff, sn.Name)
 	}
 	return nil
 }
 
-// run is the schedule, on every replica: while this replica leads, it
+// Run is the schedule, on every replica: while this replica leads, it
 // takes a snapshot when the newest of the directory is an interval old
 // (at once for a new leader of a directory without a recent one). A
 // follower only reads the directory now and then, for its metrics.
-func (sn *snapshotter) run(ctx context.Context) error {
+//
+// With --snapshot-offsite it copies them too (offsite.go), while it leads.
+func (sn *Snapshotter) Run(ctx context.Context) error {
+	if sn.off != nil {
+		done := make(chan struct{})
+		go func() { defer close(done); sn.off.run(ctx) }()
+		defer func() { <-done }()
+	}
+	return sn.schedule(ctx)
+}
+
+// schedule is Run's schedule.
+func (sn *Snapshotter) schedule(ctx context.Context) error {
 	sn.refresh()
 	t := time.NewTicker(snapshotTick)
 	defer t.Stop()
@@ -194,7 +226,7 @@ func (sn *snapshotter) run(ctx context.Context) error {
 		case <-t.C:
 		}
 		now := time.Now()
-		_, cur, leads := sn.lead.Ours()
+		_, cur, leads := sn.Lead.Ours()
 		if !leads {
 			term = 0
 			if now.Sub(refreshed) > followerRefresh {
@@ -215,14 +247,14 @@ func (sn *snapshotter) run(ctx context.Context) error {
 		if n := sn.newestGood(); n != nil && now.Sub(n.TakenAt) < sn.cfg.Interval {
 			continue
 		}
-		if _, _, err := sn.take(ctx, snapshotRequest{trigger: snapshots.Scheduled, reason: "scheduled"}); err != nil {
+		if _, _, err := sn.take(ctx, request{trigger: snapshots.Scheduled, reason: "scheduled"}); err != nil {
 			retryAt = time.Now().Add(min(sn.cfg.Interval, snapshotRetry))
 		}
 	}
 }
 
 // refresh reads the directory's newest snapshot.
-func (sn *snapshotter) refresh() {
+func (sn *Snapshotter) refresh() {
 	list, err := sn.dir.List()
 	if err != nil {
 		sn.log.Warn("list snapshots", "dir", sn.cfg.Dir, "err", err)
@@ -231,7 +263,7 @@ func (sn *snapshotter) refresh() {
 	sn.noteNewest(list)
 }
 
-func (sn *snapshotter) noteNewest(list []snapshots.Metadata) {
+func (sn *Snapshotter) noteNewest(list []snapshots.Metadata) {
 	sn.mu.Lock()
 	defer sn.mu.Unlock()
 	sn.newest = nil
@@ -241,14 +273,14 @@ func (sn *snapshotter) noteNewest(list []snapshots.Metadata) {
 }
 
 // newestGood is the newest snapshot as last seen, nil when none.
-func (sn *snapshotter) newestGood() *snapshots.Metadata {
+func (sn *Snapshotter) newestGood() *snapshots.Metadata {
 	sn.mu.Lock()
 	defer sn.mu.Unlock()
 	return sn.newest
 }
 
-// snapshotRequest is why a snapshot is asked for.
-type snapshotRequest struct {
+// request is why a snapshot is asked for.
+type request struct {
 	trigger     snapshots.Trigger
 	reason      string // the metadata's Reason
 	requestedBy string // who asked ("" for the schedule)
@@ -261,14 +293,14 @@ type snapshotRequest struct {
 // own, so that a caller who gives up (the reconciler after its bound) does
 // not waste it: the next caller's rule finds it. Every call asked for over
 // the API (not the schedule's) is written to the audit log.
-func (sn *snapshotter) take(ctx context.Context, req snapshotRequest) (snapshots.Metadata, bool, error) {
+func (sn *Snapshotter) take(ctx context.Context, req request) (snapshots.Metadata, bool, error) {
 	if md, ok := sn.recent(req); ok {
 		return md, true, sn.audit(ctx, req, md, true)
 	}
 	select {
 	case sn.one <- struct{}{}:
 	case <-ctx.Done():
-		return snapshots.Metadata{}, false, fmt.Errorf("%w: waited for the snapshot in progress: %v", errUnavailable, ctx.Err())
+		return snapshots.Metadata{}, false, fmt.Errorf("%w: waited for the snapshot in progress: %v", rpcerr.Unavailable, ctx.Err())
 	}
 	if md, ok := sn.recent(req); ok { // the one in progress was taken meanwhile
 		<-sn.one
@@ -294,12 +326,12 @@ func (sn *snapshotter) take(ctx context.Context, req snapshotRequest) (snapshots
 	case r := <-done:
 		return r.md, false, r.err
 	case <-ctx.Done():
-		return snapshots.Metadata{}, false, fmt.Errorf("%w: the snapshot is still being taken (ListSnapshots shows it once it is): %v", errUnavailable, ctx.Err())
+		return snapshots.Metadata{}, false, fmt.Errorf("%w: the snapshot is still being taken (ListSnapshots shows it once it is): %v", rpcerr.Unavailable, ctx.Err())
 	}
 }
 
 // recent is the newest snapshot when req may have it instead of a new one.
-func (sn *snapshotter) recent(req snapshotRequest) (snapshots.Metadata, bool) {
+func (sn *Snapshotter) recent(req request) (snapshots.Metadata, bool) {
 	if !req.mayReuse || sn.cfg.ReuseWithin <= 0 {
 		return snapshots.Metadata{}, false
 	}
@@ -312,7 +344,7 @@ func (sn *snapshotter) recent(req snapshotRequest) (snapshots.Metadata, bool) {
 
 // noteResult records how an attempt ended: for the status, the metrics
 // and the log.
-func (sn *snapshotter) noteResult(req snapshotRequest, md snapshots.Metadata, err error) {
+func (sn *Snapshotter) noteResult(req request, md snapshots.Metadata, err error) {
 	if err != nil {
 		sn.failures.Inc()
 		sn.log.Warn("snapshot failed", "trigger", req.trigger, "reason", req.reason, "err", err)
@@ -326,7 +358,7 @@ func (sn *snapshotter) noteResult(req snapshotRequest, md snapshots.Metadata, er
 }
 
 // audit records a TakeSnapshot call (not the schedule's) in the audit log.
-func (sn *snapshotter) audit(ctx context.Context, req snapshotRequest, md snapshots.Metadata, reused bool) error {
+func (sn *Snapshotter) audit(ctx context.Context, req request, md snapshots.Metadata, reused bool) error {
 	if req.trigger == snapshots.Scheduled {
 		return nil
 	}
@@ -336,7 +368,7 @@ func (sn *snapshotter) audit(ctx context.Context, req snapshotRequest, md snapsh
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), snapshotAuditTimeout)
 	defer cancel()
-	if _, err := sn.lead.Txn(actx, nil, sn.auditOp(actx, auditv1.AuditAction_AUDIT_ACTION_SNAPSHOT, "", truncate(why, 2048))); err != nil {
+	if err := sn.Audit(actx, why); err != nil {
 		return fmt.Errorf("record snapshot %s in the audit log: %w", md.Name, err)
 	}
 	return nil
@@ -344,14 +376,14 @@ func (sn *snapshotter) audit(ctx context.Context, req snapshotRequest, md snapsh
 
 // prune applies the retention after a snapshot, and removes what
 // interrupted writes left. Only the leader deletes.
-func (sn *snapshotter) prune(now time.Time) {
+func (sn *Snapshotter) prune(now time.Time) {
 	list, err := sn.dir.List()
 	if err != nil {
 		sn.log.Warn("list snapshots for the retention", "err", err)
 		return
 	}
 	for _, md := range snapshots.Expired(list, sn.cfg.Keep, sn.cfg.MaxAge, now) {
-		if _, _, ok := sn.lead.Ours(); !ok {
+		if _, _, ok := sn.Lead.Ours(); !ok {
 			return
 		}
 		if err := sn.dir.Remove(md.Name); err != nil {
@@ -365,7 +397,7 @@ func (sn *snapshotter) prune(now time.Time) {
 		sn.log.Warn("look for leftovers in the snapshot directory", "err", err)
 	}
 	for _, f := range left {
-		if _, _, ok := sn.lead.Ours(); !ok {
+		if _, _, ok := sn.Lead.Ours(); !ok {
 			return
 		}
 		if err := os.Remove(filepath.Join(sn.cfg.Dir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -377,15 +409,15 @@ func (sn *snapshotter) prune(now time.Time) {
 	sn.refresh()
 }
 
-// status is the snapshots' part of GetClusterInfo.
-func (sn *snapshotter) status() *curatorv1.SnapshotStatus {
+// Status is the snapshots' part of GetClusterInfo.
+func (sn *Snapshotter) Status() *curatorv1.SnapshotStatus {
 	st := &curatorv1.SnapshotStatus{Enabled: sn.cfg.Dir != "", Directory: sn.cfg.Dir}
 	if !st.Enabled {
 		return st
 	}
 	st.Interval = durationpb.New(sn.cfg.Interval)
 	if n := sn.newestGood(); n != nil {
-		st.LastGood = snapshotProto(*n)
+		st.LastGood = metadataProto(*n)
 	}
 	if sn.off != nil {
 		sn.off.status(st)
@@ -399,9 +431,9 @@ func (sn *snapshotter) status() *curatorv1.SnapshotStatus {
 	return st
 }
 
-// metrics are the snapshots' metrics: the newest snapshot as this replica
+// Metrics are the snapshots' metrics: the newest snapshot as this replica
 // last saw the directory (the leader's are current), and the failures.
-func (sn *snapshotter) metrics() []prometheus.Collector {
+func (sn *Snapshotter) Metrics() []prometheus.Collector {
 	newest := func(f func(*snapshots.Metadata) float64) func() float64 {
 		return func() float64 {
 			if n := sn.newestGood(); n != nil {
@@ -425,13 +457,12 @@ func (sn *snapshotter) metrics() []prometheus.Collector {
 	)
 }
 
-func (x *managementServer) TakeSnapshot(ctx context.Context, req *curatorv1.TakeSnapshotRequest) (*curatorv1.TakeSnapshotResponse, error) {
-	sn := x.s.snaps
+// TakeSnapshot is Management/TakeSnapshot's body, asked for by who.
+func (sn *Snapshotter) TakeSnapshot(ctx context.Context, req *curatorv1.TakeSnapshotRequest, who string) (*curatorv1.TakeSnapshotResponse, error) {
 	if err := sn.on(); err != nil {
 		return nil, err
 	}
-	who := caller(ctx).String()
-	r := snapshotRequest{trigger: snapshots.OnDemand, requestedBy: who, reason: "on demand by " + who}
+	r := request{trigger: snapshots.OnDemand, requestedBy: who, reason: "on demand by " + who}
 	if req.GetReason() != "" {
 		r.reason += ": " + req.GetReason()
 	}
@@ -446,22 +477,22 @@ func (x *managementServer) TakeSnapshot(ctx context.Context, req *curatorv1.Take
 	if err != nil {
 		return nil, err
 	}
-	return &curatorv1.TakeSnapshotResponse{Snapshot: snapshotProto(md), Reused: reused}, nil
+	return &curatorv1.TakeSnapshotResponse{Snapshot: metadataProto(md), Reused: reused}, nil
 }
 
-func (x *managementServer) ListSnapshots(context.Context, *curatorv1.ListSnapshotsRequest) (*curatorv1.ListSnapshotsResponse, error) {
-	sn := x.s.snaps
+// ListSnapshots is Management/ListSnapshots' body.
+func (sn *Snapshotter) ListSnapshots() (*curatorv1.ListSnapshotsResponse, error) {
 	if err := sn.on(); err != nil {
 		return nil, err
 	}
 	list, err := sn.dir.List()
 	if err != nil {
-		return nil, fmt.Errorf("%w: list the snapshot directory %s: %v", errUnavailable, sn.cfg.Dir, err)
+		return nil, fmt.Errorf("%w: list the snapshot directory %s: %v", rpcerr.Unavailable, sn.cfg.Dir, err)
 	}
 	sn.noteNewest(list)
 	resp := &curatorv1.ListSnapshotsResponse{Directory: sn.cfg.Dir}
 	for _, md := range list {
-		resp.Snapshots = append(resp.Snapshots, snapshotProto(md))
+		resp.Snapshots = append(resp.Snapshots, metadataProto(md))
 	}
 	if sn.off != nil {
 		sn.off.annotate(resp)
@@ -469,8 +500,8 @@ func (x *managementServer) ListSnapshots(context.Context, *curatorv1.ListSnapsho
 	return resp, nil
 }
 
-func (x *managementServer) GetSnapshot(req *curatorv1.GetSnapshotRequest, stream curatorv1.Management_GetSnapshotServer) error {
-	sn := x.s.snaps
+// GetSnapshot is Management/GetSnapshot's body.
+func (sn *Snapshotter) GetSnapshot(req *curatorv1.GetSnapshotRequest, stream curatorv1.Management_GetSnapshotServer) error {
 	if err := sn.on(); err != nil {
 		return err
 	}
@@ -478,21 +509,21 @@ func (x *managementServer) GetSnapshot(req *curatorv1.GetSnapshotRequest, stream
 	md, err := sn.dir.Read(name)
 	switch {
 	case errors.Is(err, snapshots.ErrBadName):
-		return fmt.Errorf("%w: %v", errBadRequest, err)
+		return fmt.Errorf("%w: %v", rpcerr.Invalid, err)
 	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("%w: no snapshot %s in the snapshot directory (ListSnapshots lists them)", errNotFound, name)
+		return fmt.Errorf("%w: no snapshot %s in the snapshot directory (ListSnapshots lists them)", rpcerr.NotFound, name)
 	case err != nil:
-		return fmt.Errorf("%w: the metadata of snapshot %s does not read: %v", errCorrupt, name, err)
+		return fmt.Errorf("%w: the metadata of snapshot %s does not read: %v", rpcerr.Corrupt, name, err)
 	}
 	f, err := os.Open(sn.dir.DB(name))
 	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("%w: snapshot %s was deleted meanwhile (ListSnapshots lists those left)", errNotFound, name)
+		return fmt.Errorf("%w: snapshot %s was deleted meanwhile (ListSnapshots lists those left)", rpcerr.NotFound, name)
 	}
 	if err != nil {
-		return fmt.Errorf("%w: open snapshot %s: %v", errUnavailable, name, err)
+		return fmt.Errorf("%w: open snapshot %s: %v", rpcerr.Unavailable, name, err)
 	}
 	defer f.Close()
-	if err := stream.Send(&curatorv1.GetSnapshotResponse{Snapshot: snapshotProto(md)}); err != nil {
+	if err := stream.Send(&curatorv1.GetSnapshotResponse{Snapshot: metadataProto(md)}); err != nil {
 		return err
 	}
 	buf := make([]byte, snapshotChunk)
@@ -510,17 +541,17 @@ func (x *managementServer) GetSnapshot(req *curatorv1.GetSnapshotRequest, stream
 			break
 		}
 		if err != nil {
-			return fmt.Errorf("%w: read snapshot %s: %v", errUnavailable, name, err)
+			return fmt.Errorf("%w: read snapshot %s: %v", rpcerr.Unavailable, name, err)
 		}
 	}
 	if sent != md.Size {
-		return fmt.Errorf("%w: snapshot %s is %d bytes, its metadata says %d: the file changed", errCorrupt, name, sent, md.Size)
+		return fmt.Errorf("%w: snapshot %s is %d bytes, its metadata says %d: the file changed", rpcerr.Corrupt, name, sent, md.Size)
 	}
 	return nil
 }
 
-// snapshotProto is the API's form of a snapshot's metadata.
-func snapshotProto(md snapshots.Metadata) *curatorv1.SnapshotMetadata {
+// metadataProto is the API's form of a snapshot's metadata.
+func metadataProto(md snapshots.Metadata) *curatorv1.SnapshotMetadata {
 	member := func(m snapshots.Member) *curatorv1.SnapshotMember {
 		id, _ := m.MemberID() // written by us: hex
 		return &curatorv1.SnapshotMember{Id: id, Name: m.Name, PeerUrls: m.PeerURLs, Learner: m.Learner}

@@ -1,4 +1,4 @@
-package curator
+package snaps
 
 import (
 	"bytes"
@@ -18,15 +18,17 @@ import (
 
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/snapshots"
 )
 
-// Taking one snapshot, for the leader (leader_snapshots.go):
+// Taking one snapshot, for the leader (snaps.go):
 //
-//  1. Choose a member: a voter the client uses (endpoints.go) that answers
-//     its status, a follower when one does (the etcd leader has the most to
-//     do). Its status gives its id and its revision before; the member
-//     list and the joining records name every member.
+//  1. Choose a member: a voter the client uses (the curator keeps the
+//     client on the voters that answer) that answers its status, a
+//     follower when one does (the etcd leader has the most to do). Its
+//     status gives its id and its revision before; the member list and
+//     the joining records name every member.
 //  2. Read etcd's Maintenance.Snapshot from that member alone, into a .part
 //     file of the directory, as is: the database, then its sha256. The
 //     trailer must match the data, and the size be a database's plus the
@@ -52,9 +54,9 @@ const snapshotStatusTimeout = 5 * time.Second
 
 // snapshot takes, verifies and writes one snapshot (the file comment),
 // then applies the retention.
-func (sn *snapshotter) snapshot(ctx context.Context, req snapshotRequest) (snapshots.Metadata, error) {
-	if _, _, ok := sn.lead.Ours(); !ok {
-		return snapshots.Metadata{}, errNotLeader
+func (sn *Snapshotter) snapshot(ctx context.Context, req request) (snapshots.Metadata, error) {
+	if _, _, ok := sn.Lead.Ours(); !ok {
+		return snapshots.Metadata{}, rpcerr.NotLeader
 	}
 	failpoint.Hold("before-snapshot")
 	members, err := sn.members(ctx)
@@ -82,13 +84,13 @@ func (sn *snapshotter) snapshot(ctx context.Context, req snapshotRequest) (snaps
 	}
 	st, err := etcdutl.NewV3(zap.NewNop()).Status(part)
 	if err != nil {
-		return snapshots.Metadata{}, fmt.Errorf("%w: the snapshot read from member %s does not open as an etcd database: %v", errUnavailable, src.member.ID, err)
+		return snapshots.Metadata{}, fmt.Errorf("%w: the snapshot read from member %s does not open as an etcd database: %v", rpcerr.Unavailable, src.member.ID, err)
 	}
 	if st.TotalSize != size-sha256.Size {
-		return snapshots.Metadata{}, fmt.Errorf("%w: the snapshot read from member %s is a database of %d bytes in a stream of %d", errUnavailable, src.member.ID, st.TotalSize, size)
+		return snapshots.Metadata{}, fmt.Errorf("%w: the snapshot read from member %s is a database of %d bytes in a stream of %d", rpcerr.Unavailable, src.member.ID, st.TotalSize, size)
 	}
 	if st.Revision < max(src.revision, 1) || st.Revision > after {
-		return snapshots.Metadata{}, fmt.Errorf("%w: the snapshot read from member %s holds revision %d, but the member was at revisions %d to %d while it was read", errUnavailable, src.member.ID, st.Revision, src.revision, after)
+		return snapshots.Metadata{}, fmt.Errorf("%w: the snapshot read from member %s holds revision %d, but the member was at revisions %d to %d while it was read", rpcerr.Unavailable, src.member.ID, st.Revision, src.revision, after)
 	}
 	md := snapshots.Metadata{
 		Name: snapshots.Name(takenAt, st.Revision), TakenAt: takenAt, Revision: st.Revision,
@@ -96,10 +98,10 @@ func (sn *snapshotter) snapshot(ctx context.Context, req snapshotRequest) (snaps
 		Size: size, SHA256: hex.EncodeToString(sum),
 		EtcdHash: st.Hash, TotalKeys: st.TotalKey, StorageVersion: st.Version,
 		Trigger: req.trigger, Reason: req.reason, RequestedBy: req.requestedBy,
-		TakenBy: sn.name, Cluster: sn.cluster,
+		TakenBy: sn.Name, Cluster: sn.Cluster,
 	}
-	if _, _, ok := sn.lead.Ours(); !ok {
-		return snapshots.Metadata{}, fmt.Errorf("%w: leadership moved while the snapshot was taken; it is dropped", errNotLeader)
+	if _, _, ok := sn.Lead.Ours(); !ok {
+		return snapshots.Metadata{}, fmt.Errorf("%w: leadership moved while the snapshot was taken; it is dropped", rpcerr.NotLeader)
 	}
 	if same, err := sn.dir.Read(md.Name); err == nil {
 		// Taken in the same second at the same revision: the same data.
@@ -120,20 +122,20 @@ func (sn *snapshotter) snapshot(ctx context.Context, req snapshotRequest) (snaps
 }
 
 // fsError is a failure of the snapshot directory: the operator's to fix.
-func (sn *snapshotter) fsError(what string, err error) error {
-	return fmt.Errorf("%w: %s in %s: %v", errRefused, what, sn.cfg.Dir, err)
+func (sn *Snapshotter) fsError(what string, err error) error {
+	return fmt.Errorf("%w: %s in %s: %v", rpcerr.Refused, what, sn.cfg.Dir, err)
 }
 
 // members is etcd's member list; a learner that never started is named
 // by its joining record.
-func (sn *snapshotter) members(ctx context.Context) ([]snapshots.Member, error) {
-	list, err := sn.etcd.MemberList(ctx)
+func (sn *Snapshotter) members(ctx context.Context) ([]snapshots.Member, error) {
+	list, err := sn.Etcd.MemberList(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: list etcd members: %v", errUnavailable, err)
+		return nil, fmt.Errorf("%w: list etcd members: %v", rpcerr.Unavailable, err)
 	}
-	joining, err := sn.etcd.Get(ctx, keys.MembershipJoining, clientv3.WithPrefix())
+	joining, err := sn.Etcd.Get(ctx, keys.MembershipJoining, clientv3.WithPrefix())
 	if err != nil {
-		return nil, fmt.Errorf("%w: read the joining records: %v", errUnavailable, err)
+		return nil, fmt.Errorf("%w: read the joining records: %v", rpcerr.Unavailable, err)
 	}
 	nodeOf := map[string]string{}
 	for _, kv := range joining.Kvs {
@@ -154,12 +156,12 @@ func (sn *snapshotter) members(ctx context.Context) ([]snapshots.Member, error) 
 
 // source chooses the member to read the snapshot from: a voter among the
 // client's endpoints that answers, a follower when one does.
-func (sn *snapshotter) source(ctx context.Context, members []snapshots.Member) (snapshotSource, error) {
+func (sn *Snapshotter) source(ctx context.Context, members []snapshots.Member) (snapshotSource, error) {
 	var leader *snapshotSource
 	var last error
-	for _, ep := range sn.etcd.Endpoints() {
+	for _, ep := range sn.Etcd.Endpoints() {
 		sctx, cancel := context.WithTimeout(ctx, snapshotStatusTimeout)
-		st, err := sn.member.Status(sctx, ep)
+		st, err := sn.Member.Status(sctx, ep)
 		cancel()
 		if err != nil {
 			last = err
@@ -179,16 +181,16 @@ func (sn *snapshotter) source(ctx context.Context, members []snapshots.Member) (
 	if leader != nil {
 		return *leader, nil
 	}
-	return snapshotSource{}, fmt.Errorf("%w: no etcd member to read a snapshot from answered (endpoints %v): %v", errUnavailable, sn.etcd.Endpoints(), last)
+	return snapshotSource{}, fmt.Errorf("%w: no etcd member to read a snapshot from answered (endpoints %v): %v", rpcerr.Unavailable, sn.Etcd.Endpoints(), last)
 }
 
 // memberRevision is the revision of the member at endpoint, now.
-func (sn *snapshotter) memberRevision(ctx context.Context, endpoint string) (int64, error) {
+func (sn *Snapshotter) memberRevision(ctx context.Context, endpoint string) (int64, error) {
 	sctx, cancel := context.WithTimeout(ctx, snapshotStatusTimeout)
 	defer cancel()
-	st, err := sn.member.Status(sctx, endpoint)
+	st, err := sn.Member.Status(sctx, endpoint)
 	if err != nil {
-		return 0, fmt.Errorf("%w: status of etcd member %s after its snapshot: %v", errUnavailable, endpoint, err)
+		return 0, fmt.Errorf("%w: status of etcd member %s after its snapshot: %v", rpcerr.Unavailable, endpoint, err)
 	}
 	return st.Header.Revision, nil
 }
@@ -197,15 +199,15 @@ func (sn *snapshotter) memberRevision(ctx context.Context, endpoint string) (int
 // .part file of the directory, synced, and returns its path, the sha256 of
 // the whole file and its size. The stream ends with the sha256 of what came
 // before: it must match.
-func (sn *snapshotter) download(ctx context.Context, endpoint string) (path string, sum []byte, size int64, err error) {
-	cc, err := sn.member.Dial(endpoint)
+func (sn *Snapshotter) download(ctx context.Context, endpoint string) (path string, sum []byte, size int64, err error) {
+	cc, err := sn.Member.Dial(endpoint)
 	if err != nil {
-		return "", nil, 0, fmt.Errorf("%w: dial etcd member %s: %v", errUnavailable, endpoint, err)
+		return "", nil, 0, fmt.Errorf("%w: dial etcd member %s: %v", rpcerr.Unavailable, endpoint, err)
 	}
 	defer cc.Close()
 	stream, err := etcdserverpb.NewMaintenanceClient(cc).Snapshot(ctx, &etcdserverpb.SnapshotRequest{})
 	if err != nil {
-		return "", nil, 0, fmt.Errorf("%w: ask etcd member %s for a snapshot: %v", errUnavailable, endpoint, err)
+		return "", nil, 0, fmt.Errorf("%w: ask etcd member %s for a snapshot: %v", rpcerr.Unavailable, endpoint, err)
 	}
 	f, err := sn.dir.CreatePart()
 	if err != nil {
@@ -226,7 +228,7 @@ func (sn *snapshotter) download(ctx context.Context, endpoint string) (path stri
 			break
 		}
 		if rerr != nil {
-			return "", nil, 0, fmt.Errorf("%w: read the snapshot of etcd member %s: %v", errUnavailable, endpoint, rerr)
+			return "", nil, 0, fmt.Errorf("%w: read the snapshot of etcd member %s: %v", rpcerr.Unavailable, endpoint, rerr)
 		}
 		blob := resp.GetBlob()
 		if _, err := f.Write(blob); err != nil {
@@ -243,7 +245,7 @@ func (sn *snapshotter) download(ctx context.Context, endpoint string) (path stri
 	// etcd's restore takes a file whose size is 32 past a multiple of 512
 	// as a database with its sha256 (etcdutl hasChecksum).
 	if len(tail) != sha256.Size || size%512 != sha256.Size || !bytes.Equal(tail, body.Sum(nil)) {
-		return "", nil, 0, fmt.Errorf("%w: the snapshot of etcd member %s (%d bytes) does not end with the sha256 of its data", errUnavailable, endpoint, size)
+		return "", nil, 0, fmt.Errorf("%w: the snapshot of etcd member %s (%d bytes) does not end with the sha256 of its data", rpcerr.Unavailable, endpoint, size)
 	}
 	if err := f.Sync(); err != nil {
 		return "", nil, 0, sn.fsError("sync the snapshot", err)

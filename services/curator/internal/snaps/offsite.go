@@ -1,4 +1,4 @@
-package curator
+package snaps
 
 import (
 	"context"
@@ -33,7 +33,7 @@ const offsiteListTimeout = 30 * time.Second
 
 // offsiter copies the leader's snapshots off-site.
 type offsiter struct {
-	sn     *snapshotter
+	sn     *Snapshotter
 	client *offsite.Client
 	keep   int
 	log    *slog.Logger
@@ -54,7 +54,7 @@ type offsiter struct {
 	lastFailure   string
 }
 
-func newOffsiter(sn *snapshotter, cfg SnapshotConfig, log *slog.Logger) (*offsiter, error) {
+func newOffsiter(sn *Snapshotter, cfg Config, log *slog.Logger) (*offsiter, error) {
 	client, err := offsite.New(cfg.Offsite, cfg.S3)
 	if err != nil {
 		return nil, fmt.Errorf("--snapshot-offsite: %w", err)
@@ -71,7 +71,7 @@ func newOffsiter(sn *snapshotter, cfg SnapshotConfig, log *slog.Logger) (*offsit
 }
 
 // validateOffsite checks the off-site flags (only when set).
-func (c *SnapshotConfig) validateOffsite() error {
+func (c *Config) validateOffsite() error {
 	if c.Offsite == "" {
 		return nil
 	}
@@ -85,7 +85,7 @@ func (c *SnapshotConfig) validateOffsite() error {
 }
 
 // run copies, while this replica leads (the file comment).
-func (o *offsiter) run(ctx context.Context) error {
+func (o *offsiter) run(ctx context.Context) {
 	t := time.NewTicker(snapshotTick)
 	defer t.Stop()
 	var term int64
@@ -97,10 +97,10 @@ func (o *offsiter) run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-t.C:
 		}
-		_, cur, leads := o.sn.lead.Ours()
+		_, cur, leads := o.sn.Lead.Ours()
 		if !leads {
 			term = 0
 			continue
@@ -111,7 +111,7 @@ func (o *offsiter) run(ctx context.Context) error {
 			o.list(ctx)
 		}
 		n := o.sn.newestGood()
-		if n == nil || n.TakenBy != o.sn.name || n.Name == o.copiedName() || time.Now().Before(retryAt) {
+		if n == nil || n.TakenBy != o.sn.Name || n.Name == o.copiedName() || time.Now().Before(retryAt) {
 			continue
 		}
 		if err := o.copy(ctx, *n); err != nil {
