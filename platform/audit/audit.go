@@ -28,3 +28,13 @@ func Put(ev *auditv1.Event) clientv3.Op {
 	}
 	return clientv3.OpPut(keys.Audit(now, strings.ReplaceAll(ev.RecordedBy, "/", "-")), string(b))
 }
+
+// Truncate cuts a reason to at most n bytes, on a character boundary:
+// requests' reasons are at most 1,024 bytes (their buf.validate rules), and
+// the curator cuts its own events' at 2,048.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "")
+}

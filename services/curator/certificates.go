@@ -407,7 +407,7 @@ func (s *Service) issueCertificates(ctx context.Context, req *curatorv1.IssueCer
 			}
 		}
 		// A conflict (the record changed): decide again.
-		if _, err := s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_CERTIFICATES, id, "certificates issued: "+strings.Join(issued, ", "))); err != nil {
+		if _, err := s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_CERTIFICATES, id, "certificates issued: "+strings.Join(issued, ", "))); err != nil {
 			return nil, err
 		}
 		s.log.Info("certificates issued", "node", id, "serials", issued)

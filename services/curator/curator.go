@@ -15,21 +15,19 @@
 // leader_enrolment.go (bootstrap, register, commit), leader_management.go
 // (roles, delete, cluster info), leader_nodes.go and filter.go (GetNodes
 // and ListNodes' pages, with CEL filters), heartbeat.go (heartbeats and
-// health, in shards),
-// leader_consensus_status.go, leader_audit.go,
-// management_snapshots.go (the snapshot RPCs, served by internal/snaps),
-// leader_maintenance.go (a node out of service for a while),
-// leader_reconcile.go (the reconciler's fenced role writes, the
-// Reconciliation service), watch.go (one etcd watch fanned out
-// to every Watch stream), consensus.go (calls to the consensus services),
-// metrics.go (what /metrics adds to the gRPC server's), policy.go (who may
-// call what), errors.go (the one mapping to gRPC codes),
+// health, in shards), leader_consensus_status.go, leader_maintenance.go (a
+// node out of service for a while), leader_reconcile.go (the reconciler's
+// fenced role writes, the Reconciliation service), leader_status.go
+// (UpdateNodeStatus), leader_cluster_config.go (the cluster configuration
+// record), management_parts.go (the RPCs internal/snaps and
+// internal/auditlog serve), watch.go (one etcd watch fanned out to every
+// Watch stream), consensus.go (calls to the consensus services),
 // certificates.go (node certificates, revocation, the CRL, tombstones),
-// leader_status.go (UpdateNodeStatus), leader_cluster_config.go (the
-// cluster configuration record), audit_retention.go (the audit log's
-// bounds), enrolment_limit.go (the rate limit on enrolling nodes),
-// endpoints.go (the etcd client's endpoints: the voters that answer),
-// connect.go (the admin API over the Connect protocol).
+// enrolment_limit.go (the rate limit on enrolling nodes), endpoints.go (the
+// etcd client's endpoints: the voters that answer), metrics.go (what
+// /metrics adds to the gRPC server's), policy.go (who may call what),
+// errors.go (the one mapping to gRPC codes), connect.go (the admin API over
+// the Connect protocol).
 //
 // Internal packages own one job each and get only what it needs:
 // internal/roles (the role decision, pure: which roles a record gets, for
@@ -37,12 +35,12 @@
 // members observed, leadership moved off one, defragmentation and the
 // NOSPACE alarm), internal/leases (named leases and the fence they give:
 // the Leases service), internal/snaps (the leader's etcd snapshots, their
-// retention and their copies off-site). The components still in this
-// package hold no *Service either: the watch hub gets the etcd client, the
-// heartbeat tracker the client, the leadership and the hub's registry
-// lookup. Only the
-// gRPC servers (managementServer and the like) hold *Service: they are its
-// API.
+// retention and their copies off-site), internal/auditlog (the event each
+// change writes, WatchAuditLog, the retention). The components still in
+// this package hold no *Service either: the watch hub gets the etcd
+// client, the heartbeat tracker the client, the leadership and the hub's
+// registry lookup. Only the gRPC servers (managementServer and the like)
+// hold *Service: they are its API.
 package curator
 
 import (
@@ -68,6 +66,7 @@ import (
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
+	"curia.dev/services/curator/internal/auditlog"
 	"curia.dev/services/curator/internal/etcdmaint"
 	"curia.dev/services/curator/internal/leases"
 	"curia.dev/services/curator/internal/snaps"
@@ -115,8 +114,8 @@ type Config struct {
 	// CertValidity is how long the certificates issued to nodes (node,
 	// consensus, member) live; agents renew them after two thirds.
 	CertValidity time.Duration
-	// Audit bounds the audit log (audit_retention.go).
-	Audit AuditRetention
+	// Audit bounds the audit log (internal/auditlog).
+	Audit auditlog.Retention
 	// Snapshots configures the leader's etcd snapshots
 	// (internal/snaps).
 	Snapshots snaps.Config
@@ -138,7 +137,7 @@ func DefaultConfig() Config {
 		EnrolmentRate:     20,
 		EnrolmentBurst:    40,
 		CertValidity:      30 * 24 * time.Hour,
-		Audit:             AuditRetention{MaxAge: 90 * 24 * time.Hour, MaxEvents: 100000, Every: 10 * time.Minute},
+		Audit:             auditlog.Retention{MaxAge: 90 * 24 * time.Hour, MaxEvents: 100000, Every: 10 * time.Minute},
 		Snapshots:         snaps.Config{Interval: 10 * time.Minute, Keep: 24, MaxAge: 7 * 24 * time.Hour, ReuseWithin: 30 * time.Second, OffsiteKeep: 48},
 		Defrag:            etcdmaint.Config{CheckInterval: 5 * time.Minute, Threshold: 0.5, MinWasted: 64 << 20},
 	}
@@ -268,6 +267,7 @@ type Service struct {
 	rpc       *rpc.Server
 	lead      *leadership
 	consensus *consensusPool
+	audit     *auditlog.Log
 	watch     *watchHub
 	crl       *crl.Watcher
 	snaps     *snaps.Snapshotter
@@ -354,12 +354,12 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	s.crl = crl.New(s.trusted, log.With("part", "crl"))
 	s.lead = newLeadership(cli, sessionCli, creds, log, leaderValue{Name: cfg.Name, Address: cfg.Advertise}, cfg.SessionTTL, s.becameLeader)
 	s.consensus = newConsensusPool(cfg.Consensus, cli, creds)
+	s.audit = auditlog.New(cli, s.lead, cfg.Name, cfg.Audit, log.With("part", "audit"))
 	s.watch = newWatchHub(cli, cfg.Watch, log)
 	s.snaps, err = snaps.New(cfg.Snapshots, snaps.Deps{
 		Etcd: cli, Member: memberCli, Lead: s.lead, Cluster: cfg.Cluster, Name: cfg.Name,
 		Audit: func(ctx context.Context, why string) error {
-			_, err := s.lead.Txn(ctx, nil, s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_SNAPSHOT, "", truncate(why, 2048)))
-			return err
+			return s.audit.Record(ctx, auditv1.AuditAction_AUDIT_ACTION_SNAPSHOT, why)
 		},
 	}, log.With("part", "snapshots"))
 	if err != nil {
@@ -374,10 +374,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 			_, term, ok := s.lead.Ours()
 			return term, ok
 		},
-		Audit: func(ctx context.Context, action auditv1.AuditAction, why string) error {
-			_, err := s.lead.Txn(ctx, nil, s.auditOp(ctx, action, "", truncate(why, 2048)))
-			return err
-		},
+		Audit: s.audit.Record,
 	})
 	limit := newEnrolmentLimit(cfg.EnrolmentRate, cfg.EnrolmentBurst)
 	srv, err := rpc.NewServer(rpc.ServerConfig{
@@ -436,7 +433,7 @@ func (s *Service) Run(ctx context.Context) error {
 	g.Add("watch", s.watch.run)
 	g.AddReady("etcd-endpoints", s.probeEndpoints)
 	g.AddReady("crl", func(ctx context.Context) error { return s.crl.Run(ctx, s.etcd) })
-	g.AddReady("audit-retention", s.pruneAuditLog)
+	g.AddReady("audit-retention", s.audit.RunRetention)
 	if s.cfg.Snapshots.Dir != "" {
 		g.AddReady("snapshots", s.snaps.Run)
 	}

@@ -166,8 +166,9 @@ func (l *leadership) Ours() (key string, term int64, ok bool) {
 	return l.key, l.term, l.term != 0
 }
 
-// fence is the leader's fence: [leader key @ term].
-func (l *leadership) fence() (fence.Fence, error) {
+// Fence is the leader's fence: [leader key @ term] (exported for
+// internal/auditlog).
+func (l *leadership) Fence() (fence.Fence, error) {
 	key, term, ok := l.Ours()
 	if !ok {
 		return fence.Fence{}, errNotLeader

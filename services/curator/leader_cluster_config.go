@@ -145,7 +145,7 @@ func (s *Service) updateClusterConfig(ctx context.Context, req *curatorv1.Update
 		guard := clientv3.Compare(clientv3.ModRevision(keys.ClusterConfig), "=", rev)
 		resp, err := s.lead.Txn(ctx, []clientv3.Cmp{guard},
 			clientv3.OpPut(keys.ClusterConfig, string(b)),
-			s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_CLUSTER_CONFIG_UPDATE, "", reason+": "+changes))
+			s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_CLUSTER_CONFIG_UPDATE, "", reason+": "+changes))
 		if err != nil {
 			return nil, fmt.Errorf("write cluster configuration over revision %d: %w", rev, err)
 		}

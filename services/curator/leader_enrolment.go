@@ -12,7 +12,6 @@ import (
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
-	"curia.dev/platform/audit"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
@@ -29,34 +28,6 @@ type curatorServer struct {
 func caller(ctx context.Context) pki.Principal {
 	p, _ := rpc.PrincipalFromContext(ctx)
 	return p
-}
-
-// auditOp records a change made by the curator leader.
-func (s *Service) auditOp(ctx context.Context, action auditv1.AuditAction, nodeID, reason string) clientv3.Op {
-	return audit.Put(s.auditEvent(ctx, action, nodeID, reason))
-}
-
-// auditEvent is the event of a change made by the curator leader, under
-// its own fence.
-func (s *Service) auditEvent(ctx context.Context, action auditv1.AuditAction, nodeID, reason string) *auditv1.Event {
-	f, _ := s.lead.fence()
-	return &auditv1.Event{
-		Actor:      caller(ctx).String(),
-		RecordedBy: "curator/" + s.cfg.Name,
-		Action:     action,
-		NodeId:     nodeID,
-		Fence:      f.Strings(),
-		Reason:     reason,
-	}
-}
-
-// auditRoles is which roles r holds, as the audit log records them.
-func auditRoles(r *curatorv1.Roles) *auditv1.Roles {
-	return &auditv1.Roles{
-		ConsensusMember:      r.GetConsensusMember() != nil,
-		KubernetesController: r.GetKubernetesController() != nil,
-		KubernetesWorker:     r.GetKubernetesWorker() != nil,
-	}
 }
 
 // nodeKey is a request's public key (32 bytes: its contract) and the node
@@ -98,7 +69,7 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 		return nil, fmt.Errorf("%w: the cluster is initialised already (it has nodes); new nodes register with the register ticket", errRefused)
 	}
 
-	f, err := s.lead.fence()
+	f, err := s.lead.Fence()
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +119,7 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 	noTomb, _ := tombstone(id)
 	_, err = s.lead.Txn(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0), noTomb},
-		putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_CLUSTER_BOOTSTRAP, id, "first node of the cluster"))
+		putNode(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_CLUSTER_BOOTSTRAP, id, "first node of the cluster"))
 	if errors.Is(err, errConflict) {
 		return s.bootstrap(ctx, req) // created meanwhile: answer as for an existing node
 	}
@@ -262,7 +233,7 @@ func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse
 		why += "; certificate " + replaced + " it replaces revoked"
 	}
 	ops = append(ops, putNode(n))
-	if _, err := s.lead.Txn(ctx, cmps, append(ops, s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_COMMIT, id, why))...); err != nil {
+	if _, err := s.lead.Txn(ctx, cmps, append(ops, s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_COMMIT, id, why))...); err != nil {
 		return nil, err
 	}
 	if n, err = s.getNode(ctx, id); err != nil {

@@ -120,7 +120,7 @@ func (s *Service) startMaintenance(ctx context.Context, req *curatorv1.StartNode
 	if _, err := s.lead.Txn(ctx,
 		[]clientv3.Cmp{unchanged(n), clientv3.Compare(clientv3.ModRevision(keys.MaintenanceMarker), "=", markerRev)},
 		putNode(n), clientv3.OpPut(keys.MaintenanceMarker, id),
-		s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_START, id, reason)); err != nil {
+		s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_START, id, reason)); err != nil {
 		return nil, err
 	}
 	s.log.Info("node in maintenance", "node", id, "until", now.Add(d), "reason", req.GetReason(), "by", caller(ctx).String(), "etcd", why)
@@ -191,7 +191,7 @@ func (s *Service) endMaintenance(ctx context.Context, id, why string) (*curatorv
 	m := n.GetMaintenance()
 	n.Maintenance = nil
 	reason := fmt.Sprintf("maintenance (%s, since %s) %s", m.GetReason(), m.GetSince().AsTime().UTC().Format(time.RFC3339), why)
-	if _, err := s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_END, id, reason)); err != nil {
+	if _, err := s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_END, id, reason)); err != nil {
 		return nil, false, err
 	}
 	s.log.Info("node maintenance ended", "node", id, "why", why)
@@ -273,7 +273,7 @@ func (s *Service) decommission(ctx context.Context, req *curatorv1.DecommissionN
 			return nil, fmt.Errorf("%w: node %s got a role back while it was decommissioned (%v); DecommissionNode again", errConflict, id, n.GetRoles())
 		}
 		n.State, n.Maintenance = curatorv1.NodeState_NODE_STATE_DECOMMISSIONED, nil
-		_, err = s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_DECOMMISSION, id, "decommissioned: "+req.GetReason()))
+		_, err = s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_DECOMMISSION, id, "decommissioned: "+req.GetReason()))
 		if !errors.Is(err, errConflict) {
 			break
 		}

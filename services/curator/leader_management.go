@@ -18,6 +18,7 @@ import (
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/run"
+	"curia.dev/services/curator/internal/auditlog"
 	"curia.dev/services/curator/internal/roles"
 )
 
@@ -49,7 +50,7 @@ func (s *Service) approve(ctx context.Context, id string) (*curatorv1.Node, erro
 		return nil, fmt.Errorf("%w: node %s is %s; only NEW nodes are approved", errRefused, id, n.State)
 	}
 	n.State = curatorv1.NodeState_NODE_STATE_STANDBY
-	if _, err := s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_APPROVE, id, "approved")); err != nil {
+	if _, err := s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_APPROVE, id, "approved")); err != nil {
 		return nil, err
 	}
 	s.log.Info("node approved", "node", id, "by", caller(ctx).String())
@@ -90,7 +91,7 @@ func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 		return s.writeRoles(ctx, req, n, hadCM, nil, nil)
 	}
 
-	f, err := s.lead.fence()
+	f, err := s.lead.Fence()
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +186,7 @@ func (s *Service) membershipStep(ctx context.Context, req *curatorv1.UpdateNodeR
 		failpoint.Crash("after-add-node")
 	case !wantCM && isMember:
 		err = s.consensus.do(ctx, "remove "+n.Id+" from etcd", func(c consensusv1.ConsensusClient) error {
-			resp, err := c.RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: n.Id}, Fence: fenced, Reason: truncate("UpdateNodeRoles consensus_member=false: "+req.GetReason(), 1024)})
+			resp, err := c.RemoveMember(ctx, &consensusv1.RemoveMemberRequest{Target: &consensusv1.RemoveMemberRequest_NodeId{NodeId: n.Id}, Fence: fenced, Reason: audit.Truncate("UpdateNodeRoles consensus_member=false: "+req.GetReason(), 1024)})
 			epoch = resp.GetMembershipEpoch()
 			return err
 		})
@@ -233,8 +234,8 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 			return nil, err
 		}
 		n.Roles = want
-		ev := s.auditEvent(ctx, auditv1.AuditAction_AUDIT_ACTION_ROLES_UPDATE, n.Id, reason)
-		ev.Roles = auditRoles(want)
+		ev := s.audit.Event(ctx, auditv1.AuditAction_AUDIT_ACTION_ROLES_UPDATE, n.Id, reason)
+		ev.Roles = auditlog.Roles(want)
 		cmps := append(append([]clientv3.Cmp{unchanged(n)}, guard...), crlCmps...)
 		ops := append(crlOps, putNode(n), audit.Put(ev))
 		resp, err := s.lead.Txn(ctx, cmps, ops...)
@@ -312,7 +313,7 @@ func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeReque
 			why = "deleted, id tombstoned; it had no valid certificate to revoke"
 		}
 		_, tomb := tombstone(n.Id)
-		ops := []clientv3.Op{clientv3.OpDelete(keys.Node(n.Id)), clientv3.OpDelete(keys.Heartbeat(n.Id)), clientv3.OpDelete(keys.HeartbeatSeen(n.Id)), tomb, s.auditOp(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_DELETE, n.Id, why)}
+		ops := []clientv3.Op{clientv3.OpDelete(keys.Node(n.Id)), clientv3.OpDelete(keys.Heartbeat(n.Id)), clientv3.OpDelete(keys.HeartbeatSeen(n.Id)), tomb, s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_DELETE, n.Id, why)}
 		cmps := []clientv3.Cmp{unchanged(n)}
 		if len(serials) > 0 {
 			put, cmp, err := s.revoke(ctx, serials...)
@@ -361,12 +362,4 @@ func (x *managementServer) GetClusterInfo(ctx context.Context, _ *curatorv1.GetC
 		return nil, err
 	}
 	return info, nil
-}
-
-// truncate cuts s to at most n bytes, on a character boundary.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "")
 }

@@ -26,6 +26,7 @@ import (
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpcerr"
+	"curia.dev/services/curator/internal/auditlog"
 	"curia.dev/services/curator/internal/leases"
 	"curia.dev/services/curator/internal/roles"
 )
@@ -130,7 +131,7 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 				MemberId:   memberID,
 				Fence:      f.Strings(),
 				Reason:     reason,
-				Roles:      auditRoles(want),
+				Roles:      auditlog.Roles(want),
 			}))
 		}
 	}

@@ -3,7 +3,6 @@ package reconciler
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -13,6 +12,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	fencev1 "curia.dev/gen/curia/fence/v1"
 	reconcilerv1 "curia.dev/gen/curia/reconciler/v1"
+	"curia.dev/platform/audit"
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/rpcerr"
@@ -114,7 +114,7 @@ func (r *Reconciler) snapshotBefore(ctx context.Context, a plan.Action) {
 	defer cancel()
 	begun := time.Now()
 	resp, err := curatorv1.NewManagementClient(r.curator).TakeSnapshot(sctx, &curatorv1.TakeSnapshotRequest{
-		BeforeMembershipChange: change, Reason: truncate("reconciler: "+a.Reason, 1024),
+		BeforeMembershipChange: change, Reason: audit.Truncate("reconciler: "+a.Reason, 1024),
 	})
 	switch {
 	case rpcerr.Is(err, rpcerr.SnapshotsOff):
@@ -149,14 +149,6 @@ func membershipChange(a plan.Action) string {
 		return fmt.Sprintf("add node %s as a learner (peer %s)", node, a.PeerURL)
 	}
 	return ""
-}
-
-// truncate cuts s to at most n bytes, on a character boundary.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "")
 }
 
 // afterFailure reacts to why an action was refused, by its reason rather
