@@ -37,10 +37,10 @@ import (
 	"curia.dev/platform/snapshots"
 )
 
-// Followers take none;
-// they forward the RPCs like every Management call, so the leader's
-// directory is the one every caller sees. After each snapshot the leader
-// applies the retention and removes what an interrupted write left.
+// Only the leader takes snapshots: followers forward the RPCs like every
+// Management call, so the leader's directory is the one every caller sees.
+// After each snapshot the leader applies the retention and removes what an
+// interrupted write left.
 //
 //	schedule (every replica, acts while leading) ─┐
 //	TakeSnapshot (admin; reconciler before a      ├─▶ take: one at a time, detached from
