@@ -221,8 +221,13 @@ test-e2e: test-e2e-process test-e2e-compose ## end-to-end tests: the process clu
 # output again at the end (=== Failed): the reason a sub-test failed is
 # in the last lines of the log, not thousands of lines above them.
 E2E_TEST = $(GOTESTSUM) --format standard-verbose --hide-summary=skipped -- -tags e2e -count=1
+#
+# The process tier's five cluster tests run side by side, three at a time:
+# each has a cluster of its own on a loopback /24 of its own, and they
+# mostly wait (the machine was 80-95 % idle while TestE2E ran alone on 2
+# cores), so together they take about as long as the longest, TestE2E.
 test-e2e-process: build $(GRPCURL) $(GOTESTSUM) ## end-to-end tests on process clusters: TestE2E, recovery, upgrades, curiactl, the dashboard
-	$(E2E_TEST) -timeout 25m -skip '^TestCompose$$' ./deploy/local/
+	$(E2E_TEST) -timeout 25m -parallel 3 -skip '^TestCompose$$' ./deploy/local/
 
 .PHONY: test-e2e-compose
 test-e2e-compose: build $(GRPCURL) $(GOTESTSUM) ## end-to-end test of the compose cluster (skips without Docker)

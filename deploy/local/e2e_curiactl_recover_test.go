@@ -26,6 +26,7 @@ const curiactlRecoverSubnet = "127.0.94"
 // it names the survivor and changes nothing (exit 7); with it, the
 // survivor's data is the cluster and autopilot grows it back to 3 voters.
 func TestCuriactlRecovery(t *testing.T) {
+	t.Parallel() // a cluster of its own, on its own loopback subnet
 	c := startOn(t, curiactlRecoverSubnet, 3)
 	run := curiactlShell(t, c, t.TempDir(), "")
 	curiactl := func(line string) (string, int) {

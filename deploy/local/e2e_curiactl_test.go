@@ -55,6 +55,7 @@ func curiactlShell(t *testing.T, c *cluster, dir, prelude string) func(t *testin
 // then every command of the README's curiactl section and docs/curiactl.md
 // but those that change the cluster.
 func TestCuriactl(t *testing.T) {
+	t.Parallel() // a cluster of its own, on its own loopback subnet
 	c := startOn(t, curiactlSubnet, 3)
 	bootstrap := c.ids["node-1"]
 	// curiactl runs with NODE set to the bootstrap node's id.

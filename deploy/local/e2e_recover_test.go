@@ -89,6 +89,7 @@ func (c *cluster) recoverCmd(args ...string) (string, int) {
 // thaws with its old data and is wiped, not let back. Then every voter's
 // data is lost and a snapshot restored.
 func TestRecovery(t *testing.T) {
+	t.Parallel() // a cluster of its own, on its own loopback subnet
 	c := startOn(t, recoverSubnet, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()

@@ -63,6 +63,7 @@ func buildAt(t *testing.T, commit string) string {
 // never below 0, and every acknowledged write is in the audit log after.
 // The older curators know no maintenance: the nodes restart without it.
 func TestUpgradeFromOlderBuild(t *testing.T) {
+	t.Parallel() // a cluster of its own, on its own loopback subnet
 	proctest.SkipShort(t)
 	base := skewBase(t)
 	old := buildAt(t, base)

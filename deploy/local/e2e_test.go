@@ -297,6 +297,7 @@ func (c *cluster) eventuallyAgree() {
 
 // TestE2E runs the scenarios in order against one process cluster.
 func TestE2E(t *testing.T) {
+	t.Parallel() // a cluster of its own, on its own loopback subnet
 	c := start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
