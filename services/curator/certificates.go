@@ -22,6 +22,7 @@ import (
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/rpcerr"
 )
 
 // Certificates of nodes (DESIGN §2): every certificate issued to a node is
@@ -368,7 +369,7 @@ func (x *curatorServer) IssueCertificates(ctx context.Context, req *curatorv1.Is
 // they certify. The certificates they renew stay valid until they expire.
 func (s *Service) issueCertificates(ctx context.Context, req *curatorv1.IssueCertificatesRequest) (*curatorv1.IssueCertificatesResponse, error) {
 	id := caller(ctx).Name
-	return retryConflicts(ctx, "issue certificates to node "+id, func() (*curatorv1.IssueCertificatesResponse, error) {
+	return rpcerr.RetryConflicts(ctx, "issue certificates to node "+id, func() (*curatorv1.IssueCertificatesResponse, error) {
 		n, err := s.getNode(ctx, id)
 		if err != nil {
 			return nil, err

@@ -14,6 +14,7 @@ import (
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/records"
+	"curia.dev/platform/rpcerr"
 )
 
 // The cluster configuration (ClusterConfig) is one record,
@@ -155,7 +156,7 @@ func (s *Service) updateClusterConfig(ctx context.Context, req *curatorv1.Update
 	if req.GetExpectedRevision() != 0 {
 		return attempt()
 	}
-	return retryConflicts(ctx, "update cluster config", attempt)
+	return rpcerr.RetryConflicts(ctx, "update cluster config", attempt)
 }
 
 // configChanges says which fields differ from old to next, with both

@@ -191,7 +191,7 @@ func (x *curatorServer) CommitNode(ctx context.Context, req *curatorv1.CommitNod
 // in the same write, so a node holds one valid certificate at a time.
 func (s *Service) commit(ctx context.Context) (*curatorv1.CommitNodeResponse, error) {
 	// A conflict (the node or the CRL changed): decide again.
-	return retryConflicts(ctx, "commit node "+caller(ctx).Name, func() (*curatorv1.CommitNodeResponse, error) { return s.commitOnce(ctx) })
+	return rpcerr.RetryConflicts(ctx, "commit node "+caller(ctx).Name, func() (*curatorv1.CommitNodeResponse, error) { return s.commitOnce(ctx) })
 }
 
 func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse, error) {

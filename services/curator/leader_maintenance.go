@@ -265,7 +265,7 @@ func (s *Service) decommission(ctx context.Context, req *curatorv1.DecommissionN
 			return nil, fmt.Errorf("take node %s's roles (it stays in maintenance; DecommissionNode again goes on): %w", id, err)
 		}
 	}
-	for range conflictAttempts {
+	for range rpcerr.ConflictAttempts {
 		if n, err = s.getNode(ctx, id); err != nil {
 			return nil, err
 		}

@@ -296,7 +296,7 @@ func (x *managementServer) DeleteNode(ctx context.Context, req *curatorv1.Delete
 // still valid and tombstones its id, in one write. A node that is still an
 // etcd member loses that membership to the reconciler afterwards.
 func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeRequest) (*curatorv1.DeleteNodeResponse, error) {
-	return retryConflicts(ctx, "delete node "+req.GetNodeId(), func() (*curatorv1.DeleteNodeResponse, error) {
+	return rpcerr.RetryConflicts(ctx, "delete node "+req.GetNodeId(), func() (*curatorv1.DeleteNodeResponse, error) {
 		n, err := s.getNode(ctx, req.GetNodeId())
 		if err != nil {
 			return nil, err

@@ -6,6 +6,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/rpcerr"
 )
 
 // UpdateNodeStatus stores what an enrolled node's agent reports about
@@ -20,7 +21,7 @@ func (x *curatorServer) UpdateNodeStatus(ctx context.Context, req *curatorv1.Upd
 // updateStatus writes a node's status, guarded by the record's revision
 // (a role write may land in between: read again and retry).
 func (s *Service) updateStatus(ctx context.Context, req *curatorv1.UpdateNodeStatusRequest) error {
-	_, err := retryConflicts(ctx, "update the status of node "+req.GetNodeId(), func() (struct{}, error) {
+	_, err := rpcerr.RetryConflicts(ctx, "update the status of node "+req.GetNodeId(), func() (struct{}, error) {
 		n, err := s.getNode(ctx, req.GetNodeId())
 		if err != nil || protoEqual(n.Status, req.GetStatus()) {
 			return struct{}{}, err

@@ -2,7 +2,6 @@ package curator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -66,25 +65,6 @@ func (s *Service) eachNode(ctx context.Context, f func(*curatorv1.Node) error) e
 		return f(n)
 	})
 	return err
-}
-
-// conflictAttempts bounds the leader's read-decide-write loops: a record
-// that changes under every attempt changes faster than a call can decide on
-// it, and the caller gets CONFLICT (Aborted: read again, retry).
-const conflictAttempts = 8
-
-// retryConflicts runs attempt until it ends in anything but errConflict (a
-// guarded write that found its record changed), at most conflictAttempts
-// times.
-func retryConflicts[T any](ctx context.Context, what string, attempt func() (T, error)) (T, error) {
-	for range conflictAttempts {
-		v, err := attempt()
-		if !errors.Is(err, errConflict) || ctx.Err() != nil {
-			return v, err
-		}
-	}
-	var zero T
-	return zero, fmt.Errorf("%w: %s: the record changed under each of %d attempts; retry", errConflict, what, conflictAttempts)
 }
 
 // getNode reads a node; its Revision is the record's ModRevision.
