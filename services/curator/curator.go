@@ -18,16 +18,15 @@
 // health, in shards), leader_consensus_status.go, leader_maintenance.go (a
 // node out of service for a while), leader_reconcile.go (the reconciler's
 // fenced role writes, the Reconciliation service), leader_status.go
-// (UpdateNodeStatus), leader_cluster_config.go (the cluster configuration
-// record), management_parts.go (the RPCs internal/snaps and
-// internal/auditlog serve), watch.go (one etcd watch fanned out to every
-// Watch stream), consensus.go (calls to the consensus services),
-// certificates.go (node certificates, revocation, the CRL, tombstones),
-// enrolment_limit.go (the rate limit on enrolling nodes), endpoints.go (the
-// etcd client's endpoints: the voters that answer), metrics.go (what
-// /metrics adds to the gRPC server's), policy.go (who may call what),
-// errors.go (the one mapping to gRPC codes), connect.go (the admin API over
-// the Connect protocol).
+// (UpdateNodeStatus), management_parts.go (the RPCs internal/snaps,
+// internal/auditlog and internal/clusterconfig serve), watch.go (one etcd
+// watch fanned out to every Watch stream), consensus.go (calls to the
+// consensus services), certificates.go (node certificates, revocation, the
+// CRL, tombstones), enrolment_limit.go (the rate limit on enrolling nodes),
+// endpoints.go (the etcd client's endpoints: the voters that answer),
+// metrics.go (what /metrics adds to the gRPC server's), policy.go (who may
+// call what), errors.go (the one mapping to gRPC codes), connect.go (the
+// admin API over the Connect protocol).
 //
 // Internal packages own one job each and get only what it needs:
 // internal/roles (the role decision, pure: which roles a record gets, for
@@ -36,11 +35,12 @@
 // NOSPACE alarm), internal/leases (named leases and the fence they give:
 // the Leases service), internal/snaps (the leader's etcd snapshots, their
 // retention and their copies off-site), internal/auditlog (the event each
-// change writes, WatchAuditLog, the retention). The components still in
-// this package hold no *Service either: the watch hub gets the etcd
-// client, the heartbeat tracker the client, the leadership and the hub's
-// registry lookup. Only the gRPC servers (managementServer and the like)
-// hold *Service: they are its API.
+// change writes, WatchAuditLog, the retention), internal/clusterconfig (the
+// cluster configuration record). The components still in this package hold
+// no *Service either: the watch hub gets the etcd client, the heartbeat
+// tracker the client, the leadership and the hub's registry lookup. Only
+// the gRPC servers (managementServer and the like) hold *Service: they are
+// its API.
 package curator
 
 import (
@@ -67,6 +67,7 @@ import (
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
 	"curia.dev/services/curator/internal/auditlog"
+	"curia.dev/services/curator/internal/clusterconfig"
 	"curia.dev/services/curator/internal/etcdmaint"
 	"curia.dev/services/curator/internal/leases"
 	"curia.dev/services/curator/internal/snaps"
@@ -268,6 +269,7 @@ type Service struct {
 	lead      *leadership
 	consensus *consensusPool
 	audit     *auditlog.Log
+	config    *clusterconfig.Record
 	watch     *watchHub
 	crl       *crl.Watcher
 	snaps     *snaps.Snapshotter
@@ -355,6 +357,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	s.lead = newLeadership(cli, sessionCli, creds, log, leaderValue{Name: cfg.Name, Address: cfg.Advertise}, cfg.SessionTTL, s.becameLeader)
 	s.consensus = newConsensusPool(cfg.Consensus, cli, creds)
 	s.audit = auditlog.New(cli, s.lead, cfg.Name, cfg.Audit, log.With("part", "audit"))
+	s.config = clusterconfig.New(cli, s.lead, s.audit, log.With("part", "cluster-config"))
 	s.watch = newWatchHub(cli, cfg.Watch, log)
 	s.snaps, err = snaps.New(cfg.Snapshots, snaps.Deps{
 		Etcd: cli, Member: memberCli, Lead: s.lead, Cluster: cfg.Cluster, Name: cfg.Name,

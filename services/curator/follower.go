@@ -34,7 +34,7 @@ var localMethods = map[string]bool{
 	// revision (leader_nodes.go): reads scale with the replicas.
 	"/curia.curator.v1.Management/GetNodes":  true,
 	"/curia.curator.v1.Management/ListNodes": true, // GetNodes a page at a time
-	// Every replica watches the configuration's key (leader_cluster_config.go).
+	// Every replica watches the configuration's key (internal/clusterconfig).
 	"/curia.curator.v1.Management/WatchClusterConfig": true,
 }
 

@@ -7,7 +7,8 @@ import (
 )
 
 // The Management RPCs an internal package serves: the snapshots
-// (internal/snaps) and the audit log (internal/auditlog).
+// (internal/snaps), the audit log (internal/auditlog) and the cluster
+// configuration (internal/clusterconfig).
 
 func (x *managementServer) TakeSnapshot(ctx context.Context, req *curatorv1.TakeSnapshotRequest) (*curatorv1.TakeSnapshotResponse, error) {
 	return x.s.snaps.TakeSnapshot(ctx, req, caller(ctx).String())
@@ -23,4 +24,16 @@ func (x *managementServer) GetSnapshot(req *curatorv1.GetSnapshotRequest, stream
 
 func (x *managementServer) WatchAuditLog(req *curatorv1.WatchAuditLogRequest, stream curatorv1.Management_WatchAuditLogServer) error {
 	return x.s.audit.Watch(req, stream)
+}
+
+func (x *managementServer) GetClusterConfig(ctx context.Context, _ *curatorv1.GetClusterConfigRequest) (*curatorv1.GetClusterConfigResponse, error) {
+	return x.s.config.Get(ctx)
+}
+
+func (x *managementServer) WatchClusterConfig(_ *curatorv1.WatchClusterConfigRequest, stream curatorv1.Management_WatchClusterConfigServer) error {
+	return x.s.config.Watch(stream)
+}
+
+func (x *managementServer) UpdateClusterConfig(ctx context.Context, req *curatorv1.UpdateClusterConfigRequest) (*curatorv1.UpdateClusterConfigResponse, error) {
+	return x.s.config.Update(ctx, req)
 }
