@@ -21,8 +21,8 @@
 // (UpdateNodeStatus), management_parts.go (the RPCs internal/snaps,
 // internal/auditlog and internal/clusterconfig serve), watch.go (one etcd
 // watch fanned out to every Watch stream), consensus.go (calls to the
-// consensus services), certificates.go (node certificates, revocation, the
-// CRL, tombstones), enrolment_limit.go (the rate limit on enrolling nodes),
+// consensus services), certificates.go (IssueCertificates, WatchCRL,
+// GetMembership), enrolment_limit.go (the rate limit on enrolling nodes),
 // endpoints.go (the etcd client's endpoints: the voters that answer),
 // metrics.go (what /metrics adds to the gRPC server's), policy.go (who may
 // call what), errors.go (the one mapping to gRPC codes), connect.go (the
@@ -36,16 +36,16 @@
 // the Leases service), internal/snaps (the leader's etcd snapshots, their
 // retention and their copies off-site), internal/auditlog (the event each
 // change writes, WatchAuditLog, the retention), internal/clusterconfig (the
-// cluster configuration record). The components still in this package hold
-// no *Service either: the watch hub gets the etcd client, the heartbeat
-// tracker the client, the leadership and the hub's registry lookup. Only
-// the gRPC servers (managementServer and the like) hold *Service: they are
-// its API.
+// cluster configuration record), internal/certs (node certificates issued,
+// recorded and revoked, the CRL, tombstones). The components still in this
+// package hold no *Service either: the watch hub gets the etcd client, the
+// heartbeat tracker the client, the leadership and the hub's registry
+// lookup. Only the gRPC servers (managementServer and the like) hold
+// *Service: they are its API.
 package curator
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -67,6 +67,7 @@ import (
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
 	"curia.dev/services/curator/internal/auditlog"
+	"curia.dev/services/curator/internal/certs"
 	"curia.dev/services/curator/internal/clusterconfig"
 	"curia.dev/services/curator/internal/etcdmaint"
 	"curia.dev/services/curator/internal/leases"
@@ -253,12 +254,7 @@ type Service struct {
 	cfg   Config
 	log   *slog.Logger
 	creds *rpc.Credentials
-	// ca issues node certificates and signs the CRL: the certificate of
-	// the trust bundle (--ca) whose key --ca-key holds; trusted is the
-	// whole bundle (two CAs during a rotation).
-	ca      *pki.CA
-	trusted []*x509.Certificate
-	etcd    *clientv3.Client
+	etcd  *clientv3.Client
 	// sessionEtcd is the election session's own etcd client (leader.go).
 	sessionEtcd *clientv3.Client
 	// memberEtcd makes calls to one member (its endpoints never change).
@@ -272,6 +268,7 @@ type Service struct {
 	config    *clusterconfig.Record
 	watch     *watchHub
 	crl       *crl.Watcher
+	certs     *certs.Issuer
 	snaps     *snaps.Snapshotter
 	defrag    *etcdmaint.Defragmenter
 	// beats is the current term's heartbeat tracker while this replica
@@ -342,7 +339,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		sessionCli.Close()
 		return nil, fmt.Errorf("etcd client for calls to one member: %w", err)
 	}
-	s := &Service{cfg: cfg, log: log, creds: creds, ca: ca, etcd: cli, sessionEtcd: sessionCli, memberEtcd: memberCli, pin: pin}
+	s := &Service{cfg: cfg, log: log, creds: creds, etcd: cli, sessionEtcd: sessionCli, memberEtcd: memberCli, pin: pin}
 	// Pin the cluster and choose the endpoints before anything reads or
 	// writes: if a recovery superseded the cluster some of --etcd still
 	// answer for, the first round follows it (endpoints.go).
@@ -350,12 +347,20 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	if pin.ID() == 0 {
 		log.Warn("etcd cluster id not learnt yet: no etcd member answered", "etcd", cfg.Etcd)
 	}
-	if s.trusted, err = pki.ParseCertsPEM(creds.CAPEM); err != nil {
+	// The CA of the trust bundle (--ca) whose key --ca-key holds issues and
+	// signs the CRL; the whole bundle (two CAs during a rotation) is
+	// trusted.
+	trusted, err := pki.ParseCertsPEM(creds.CAPEM)
+	if err != nil {
 		return nil, err
 	}
-	s.crl = crl.New(s.trusted, log.With("part", "crl"))
+	s.crl = crl.New(trusted, log.With("part", "crl"))
 	s.lead = newLeadership(cli, sessionCli, creds, log, leaderValue{Name: cfg.Name, Address: cfg.Advertise}, cfg.SessionTTL, s.becameLeader)
 	s.consensus = newConsensusPool(cfg.Consensus, cli, creds)
+	s.certs = &certs.Issuer{
+		Cluster: cfg.Cluster, Validity: cfg.CertValidity, CA: ca, Trusted: trusted, Pool: creds.CAPool,
+		Etcd: cli, Lead: s.lead, CRL: s.crl, Log: log.With("part", "certificates"),
+	}
 	s.audit = auditlog.New(cli, s.lead, cfg.Name, cfg.Audit, log.With("part", "audit"))
 	s.config = clusterconfig.New(cli, s.lead, s.audit, log.With("part", "cluster-config"))
 	s.watch = newWatchHub(cli, cfg.Watch, log)

@@ -287,7 +287,7 @@ func (s *Service) becameLeader(ctx context.Context, term int64) {
 	if err := leases.DropOldTerm(ctx, s.etcd, s.lead, s.log, term); err != nil {
 		s.log.Warn("drop old-term leases", "term", term, "err", err)
 	}
-	if err := s.resignCRL(ctx); err != nil {
+	if err := s.certs.ResignCRL(ctx); err != nil {
 		s.log.Warn("sign the CRL with this curator's CA", "term", term, "err", err)
 	}
 	ticket := make([]byte, 24)

@@ -16,6 +16,7 @@ import (
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/rpcerr"
+	"curia.dev/services/curator/internal/certs"
 )
 
 // curatorServer implements curia.curator.v1.Curator.
@@ -47,11 +48,11 @@ func (x *curatorServer) BootstrapCluster(ctx context.Context, req *curatorv1.Boo
 // and KubernetesController.
 func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapClusterRequest) (*curatorv1.BootstrapClusterResponse, error) {
 	pub, id := nodeKey(req.GetPublicKey()) // a node's own (policy: ownKey)
-	certs, err := s.deploymentCertificates(id, req.GetCertificates())
+	deployed, err := s.certs.Deployment(id, req.GetCertificates())
 	if err != nil {
 		return nil, err
 	}
-	if err := s.notTombstoned(ctx, id); err != nil {
+	if err := s.certs.NotTombstoned(ctx, id); err != nil {
 		return nil, err
 	}
 	peerURL := req.GetStatus().GetConsensusPeerUrl()
@@ -105,8 +106,8 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 		Status: req.GetStatus(),
 		Labels: req.GetLabels(),
 	}
-	for i, c := range certs {
-		recordIssued(n, c, s.cfg.Cluster)
+	for i, c := range deployed {
+		certs.RecordIssued(n, c, s.cfg.Cluster)
 		switch p, _ := pki.PrincipalFromCert(c, s.cfg.Cluster); p.Kind {
 		case pki.KindNode:
 			n.CertificateSerial = c.SerialNumber.Text(16)
@@ -116,7 +117,7 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 			n.Roles.ConsensusMember.MemberCertificate = req.GetCertificates()[i]
 		}
 	}
-	noTomb, _ := tombstone(id)
+	noTomb, _ := certs.Tombstone(id)
 	_, err = s.lead.Txn(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0), noTomb},
 		putNode(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_CLUSTER_BOOTSTRAP, id, "first node of the cluster"))
@@ -162,11 +163,11 @@ func (s *Service) register(ctx context.Context, req *curatorv1.RegisterNodeReque
 		// A node that registers again (a restarted agent) learns its state.
 		return &curatorv1.RegisterNodeResponse{Node: n}, nil
 	}
-	if err := s.notTombstoned(ctx, id); err != nil {
+	if err := s.certs.NotTombstoned(ctx, id); err != nil {
 		return nil, err
 	}
 	n := &curatorv1.Node{Id: id, PublicKey: pub, State: curatorv1.NodeState_NODE_STATE_NEW, Labels: req.GetLabels()}
-	noTomb, _ := tombstone(id)
+	noTomb, _ := certs.Tombstone(id)
 	_, err = s.lead.Txn(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0), noTomb},
 		putNode(n))
@@ -207,28 +208,22 @@ func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse
 	default:
 		return nil, fmt.Errorf("%w: node %s is %s and cannot commit", errRefused, id, n.State)
 	}
-	iss, err := s.ca.Issue(pki.IssueRequest{
-		Cluster:   s.cfg.Cluster,
-		Principal: pki.Principal{Kind: pki.KindNode, Name: id},
-		PublicKey: ed25519.PublicKey(n.PublicKey),
-		Validity:  s.cfg.CertValidity,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("issue node certificate: %w", err)
-	}
 	replaced := n.CertificateSerial
+	iss, err := s.certs.Issue(n, pki.KindNode, ed25519.PublicKey(n.PublicKey))
+	if err != nil {
+		return nil, err
+	}
 	n.State = curatorv1.NodeState_NODE_STATE_UP
 	n.CertificateSerial = iss.Cert.SerialNumber.Text(16)
-	recordIssued(n, iss.Cert, s.cfg.Cluster)
 	why := "node committed, certificate " + n.CertificateSerial
 	cmps := []clientv3.Cmp{unchanged(n)}
 	var ops []clientv3.Op
 	if replaced != "" {
-		put, cmp, err := s.revoke(ctx, replaced)
+		put, cmp, err := s.certs.Revoke(ctx, replaced)
 		if err != nil {
 			return nil, err
 		}
-		markRevoked(n, []string{replaced})
+		certs.MarkRevoked(n, []string{replaced})
 		ops, cmps = append(ops, put), append(cmps, cmp)
 		why += "; certificate " + replaced + " it replaces revoked"
 	}

@@ -19,6 +19,7 @@ import (
 	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/run"
 	"curia.dev/services/curator/internal/auditlog"
+	"curia.dev/services/curator/internal/certs"
 	"curia.dev/services/curator/internal/roles"
 )
 
@@ -172,7 +173,7 @@ func (s *Service) membershipStep(ctx context.Context, req *curatorv1.UpdateNodeR
 		}
 		// The role carries a member certificate of this key: checked
 		// before etcd membership changes.
-		if _, err := consensusKey(n); err != nil {
+		if _, err := certs.ConsensusKey(n); err != nil {
 			return nil, 0, err
 		}
 		err = s.consensus.do(ctx, "add "+n.Id+" to etcd", func(c consensusv1.ConsensusClient) error {
@@ -229,7 +230,7 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 		if !changed {
 			return n, nil
 		}
-		crlOps, crlCmps, err := s.withMemberCertificate(ctx, n, want)
+		crlOps, crlCmps, err := s.certs.WithMemberCertificate(ctx, n, want)
 		if err != nil {
 			return nil, err
 		}
@@ -307,16 +308,16 @@ func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeReque
 		if n.State == curatorv1.NodeState_NODE_STATE_UP && !req.GetSafetyBypassNotDecommissioned() {
 			return nil, fmt.Errorf("%w: node %s is UP, not decommissioned: set safety_bypass_not_decommissioned to delete it anyway", errRefused, n.Id)
 		}
-		serials := unrevoked(n)
+		serials := certs.Unrevoked(n)
 		why := "deleted, id tombstoned; certificates revoked: " + strings.Join(serials, ", ")
 		if len(serials) == 0 {
 			why = "deleted, id tombstoned; it had no valid certificate to revoke"
 		}
-		_, tomb := tombstone(n.Id)
+		_, tomb := certs.Tombstone(n.Id)
 		ops := []clientv3.Op{clientv3.OpDelete(keys.Node(n.Id)), clientv3.OpDelete(keys.Heartbeat(n.Id)), clientv3.OpDelete(keys.HeartbeatSeen(n.Id)), tomb, s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_DELETE, n.Id, why)}
 		cmps := []clientv3.Cmp{unchanged(n)}
 		if len(serials) > 0 {
-			put, cmp, err := s.revoke(ctx, serials...)
+			put, cmp, err := s.certs.Revoke(ctx, serials...)
 			if err != nil {
 				return nil, err
 			}

@@ -118,7 +118,7 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 		var crlOps []clientv3.Op
 		var crlCmps []clientv3.Cmp
 		if refused == nil && changed {
-			crlOps, crlCmps, refused = s.withMemberCertificate(ctx, n, want)
+			crlOps, crlCmps, refused = s.certs.WithMemberCertificate(ctx, n, want)
 		}
 		if refused == nil && changed {
 			n.Roles = want

@@ -106,5 +106,5 @@ func (c certCollector) Collect(ch chan<- prometheus.Metric) {
 	if leaf := c.s.creds.Leaf(); leaf != nil {
 		ch <- prometheus.MustNewConstMetric(certExpiryDesc, prometheus.GaugeValue, leaf.NotAfter.Sub(now).Seconds(), "curator")
 	}
-	ch <- prometheus.MustNewConstMetric(certExpiryDesc, prometheus.GaugeValue, c.s.ca.Cert.NotAfter.Sub(now).Seconds(), "ca")
+	ch <- prometheus.MustNewConstMetric(certExpiryDesc, prometheus.GaugeValue, c.s.certs.CA.Cert.NotAfter.Sub(now).Seconds(), "ca")
 }
