@@ -31,6 +31,11 @@ type leaseKeeper struct {
 	mu     sync.Mutex
 	held   *curatorv1.Lease
 	holder string // who holds it, as last seen
+	// since is when this replica took the lease it holds (zero when it
+	// holds none): since then a curator leader takes the nodes'
+	// heartbeats, and the silences autopilot counts begin then at the
+	// earliest (plan.Node.WatchedSince).
+	since time.Time
 }
 
 func newLeaseKeeper(r *Reconciler) *leaseKeeper { return &leaseKeeper{r: r, client: r.leases} }
@@ -52,6 +57,13 @@ func (k *leaseKeeper) current() *curatorv1.Lease {
 	return k.held
 }
 
+// watchedSince is when this replica took the lease it holds (zero: none).
+func (k *leaseKeeper) watchedSince() time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.since
+}
+
 // fence is the lease's fence, pinned to the membership epoch of a plan.
 func (k *leaseKeeper) fence(l *curatorv1.Lease, epoch int64) *fencev1.Fence {
 	f := proto.Clone(l.GetFence()).(*fencev1.Fence)
@@ -63,6 +75,12 @@ func (k *leaseKeeper) set(l *curatorv1.Lease, holder string) {
 	k.mu.Lock()
 	was := k.held != nil
 	k.held, k.holder = l, holder
+	switch {
+	case l == nil:
+		k.since = time.Time{}
+	case !was:
+		k.since = time.Now()
+	}
 	k.mu.Unlock()
 	role := reconcilerv1.Role_ROLE_STANDBY
 	if l != nil {

@@ -64,6 +64,7 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 		return nil, fmt.Errorf("read the cluster configuration: %w", err)
 	}
 	now := time.Now()
+	watched := r.lease.watchedSince()
 	s := &snapshot{peerURLs: map[uint64]string{}, config: cc.GetConfig()}
 	o := plan.Observed{Epoch: members.GetMembershipEpoch(), AnsweredBy: members.GetAnsweredByMemberId(), Leader: members.GetLeaderId(), Now: now}
 	if p := members.GetPending(); p != nil {
@@ -95,6 +96,7 @@ func (r *Reconciler) observe(ctx context.Context) (*snapshot, error) {
 		if m := n.GetMaintenance(); m != nil {
 			pn.MaintenanceUntil = m.GetUntil().AsTime()
 		}
+		pn.WatchedSince = watched
 		o.Nodes = append(o.Nodes, pn)
 	}
 	o.LearnerSince, o.ReadySince = r.learnerClocks(o.Members, now)

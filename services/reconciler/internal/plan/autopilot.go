@@ -14,8 +14,10 @@ import (
 // the step did.
 //
 // A voter is dead when its node has been unhealthy, without a heartbeat,
-// for Config.DeadAfter. Unhealthy for less, it counts as alive: a node
-// that restarts is not replaced. A node in maintenance (Node.maintenance,
+// for Config.DeadAfter while the reconciler watched (Node.WatchedSince:
+// the time no curator leader took heartbeats, during a quorum loss or a
+// recovery, does not count). Unhealthy for less, it counts as alive: a
+// node that restarts is not replaced. A node in maintenance (Node.maintenance,
 // until its end) is neither dead nor suspect, however long it is silent,
 // and no candidate for a new voter.
 //
@@ -123,10 +125,11 @@ func autopilot(o Observed, c Config, members []Member, nodes map[string]Node, me
 func failureTolerance(n, healthy int) int { return healthy - (n/2 + 1) }
 
 // isDead reports whether n has been unhealthy, without a heartbeat, for
-// at least after. A node that never sent one is not dead: nothing says
-// since when it is silent.
+// at least after, counted from when the reconciler began to watch at the
+// earliest (Node.WatchedSince). A node that never sent one is not dead:
+// nothing says since when it is silent.
 func isDead(n Node, now time.Time, after time.Duration) bool {
-	return !n.Healthy && !n.LastHeartbeat.IsZero() && now.Sub(n.LastHeartbeat) >= after
+	return !n.Healthy && !n.LastHeartbeat.IsZero() && now.Sub(n.silentSince()) >= after
 }
 
 func silence(n Node, now time.Time) time.Duration { return now.Sub(n.LastHeartbeat).Round(time.Second) }

@@ -357,6 +357,13 @@ func TestAutopilot(t *testing.T) {
 		return o
 	}
 	with := func(c Config, f func(*Config)) Config { f(&c); return c }
+	// watched: the reconciler took its lease ago (Node.WatchedSince).
+	watched := func(o Observed, ago time.Duration) Observed {
+		for i := range o.Nodes {
+			o.Nodes[i].WatchedSince = now.Add(-ago)
+		}
+		return o
+	}
 	cases := map[string]struct {
 		o Observed
 		c Config
@@ -381,7 +388,11 @@ func TestAutopilot(t *testing.T) {
 		"replace: the replacement is a voter: the dead one goes": {cluster([]Node{node("a", "", true), dead(node("b", "", true), time.Minute), node("c", "", true), node("x", "", true)}), ap},
 		"replace: 3 voters, one dead, no candidate: wait":        {cluster([]Node{node("a", "", true), dead(node("b", "", true), time.Minute), node("c", "", true)}), ap},
 		"dead voter of 2: removed first (raises the tolerance)":  {cluster([]Node{node("a", "", true), dead(node("b", "", true), time.Minute)}, node("x", "", false)), ap},
-		"dead voter of 2, floor 2: refused":                      {cluster([]Node{node("a", "", true), dead(node("b", "", true), time.Minute)}), with(ap, func(c *Config) { c.VoterFloor = 2; c.TargetSize = 1 })},
+		"after a quorum loss: a voter of 2 silent for 43 s, watched for 10 s: not dead, a standby joins": {
+			watched(cluster([]Node{node("a", "", true), dead(node("b", "", true), 43*time.Second)}, node("x", "", false)), 10*time.Second), ap},
+		"after a quorum loss: a voter of 2 silent for 43 s, watched for 35 s: dead, removed first": {
+			watched(cluster([]Node{node("a", "", true), dead(node("b", "", true), 43*time.Second)}, node("x", "", false)), 35*time.Second), ap},
+		"dead voter of 2, floor 2: refused": {cluster([]Node{node("a", "", true), dead(node("b", "", true), time.Minute)}), with(ap, func(c *Config) { c.VoterFloor = 2; c.TargetSize = 1 })},
 		"shrink: 5 voters, target 3, the leader stays": {cluster([]Node{node("a", "z1", true), node("b", "z1", true), node("c", "z2", true), node("d", "z2", true), node("e", "z3", true)}),
 			ap},
 		"shrink: an unhealthy voter first": {cluster([]Node{node("a", "", true), node("b", "", true), dead(node("c", "", true), 5*time.Second), node("d", "", true)}), ap},

@@ -110,6 +110,22 @@ type Node struct {
 	// (Node.maintenance). Its voter is neither dead nor suspect before
 	// it, and it is no candidate for a new voter.
 	MaintenanceUntil time.Time
+	// WatchedSince is when the reconciler began to watch the heartbeats
+	// without a break: it took its lease, which a curator leader's term
+	// grants. A silence counts towards DeadAfter from then at the
+	// earliest: before it no curator leader took heartbeats (a quorum
+	// loss, a recovery, a failover), so a node's last heartbeat can be
+	// old without the node having been silent. Zero: from the last
+	// heartbeat.
+	WatchedSince time.Time
+}
+
+// silentSince is when n's silence began, as far as the reconciler saw.
+func (n Node) silentSince() time.Time {
+	if n.WatchedSince.After(n.LastHeartbeat) {
+		return n.WatchedSince
+	}
+	return n.LastHeartbeat
 }
 
 // inMaintenance reports whether n is in maintenance at now.
@@ -440,7 +456,7 @@ func Recheck(o Observed, c Config) time.Time {
 			}
 		}
 		if n, ok := nodes[m.NodeID]; ok && !n.Healthy && !n.LastHeartbeat.IsZero() {
-			at(n.LastHeartbeat.Add(c.DeadAfter))
+			at(n.silentSince().Add(c.DeadAfter))
 		}
 	}
 	return next
