@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 
 	"curia.dev/platform/etcdpin"
@@ -61,7 +62,10 @@ func (s *Service) probeEndpoints(ctx context.Context) error {
 
 // chooseEndpoints probes the voters once and sets the endpoints to those
 // that answered for the pinned cluster, if that changes them. The voters
-// are those of the member list the pinned cluster gives. The members of
+// are those of the member list the pinned cluster gives: through the
+// client's endpoints, or, when none of them gives one (all of them removed
+// from the cluster), from a member that answered the probe for the pinned
+// cluster (linearizable: from the current quorum). The members of
 // --etcd and the current endpoints are probed too, though never made
 // endpoints on their own: one of them may answer for a cluster that a
 // recovery made of the pinned one, which is then followed
@@ -94,6 +98,27 @@ func (s *Service) chooseEndpoints(ctx context.Context) {
 	answers := s.probeVoters(ctx, slices.Compact(candidates))
 	s.followRecoveries(ctx, answers)
 	moved := s.pin.ID() != was
+	if err != nil && !moved {
+		// No member list through the client's endpoints: they may all
+		// be gone from the cluster (a removed member stops), and the
+		// client would stay on them for good. Ask the members that
+		// answered for the pinned cluster themselves, for a
+		// linearizable list: only a member of the current quorum gives
+		// one.
+		for _, a := range answers {
+			if !s.pin.Accepts(a.cluster) || a.learner {
+				continue
+			}
+			if l, err := s.memberListOf(ctx, a.url); err == nil {
+				for _, m := range l.Members {
+					if !m.IsLearner && len(m.ClientURLs) > 0 {
+						voters[m.ClientURLs[0]] = true
+					}
+				}
+				break
+			}
+		}
+	}
 	var answered []string
 	for _, a := range answers {
 		switch {
@@ -116,6 +141,19 @@ func (s *Service) chooseEndpoints(ctx context.Context) {
 	s.log.Info("etcd endpoints changed", "endpoints", answered, "were", current, "cluster", types.ID(s.pin.ID()))
 	s.etcd.SetEndpoints(answered...)
 	s.sessionEtcd.SetEndpoints(answered...)
+}
+
+// memberListOf asks the member at url alone for the member list,
+// linearizable.
+func (s *Service) memberListOf(ctx context.Context, url string) (*etcdserverpb.MemberListResponse, error) {
+	cc, err := s.memberEtcd.Dial(url)
+	if err != nil {
+		return nil, err
+	}
+	defer cc.Close()
+	lctx, cancel := context.WithTimeout(ctx, endpointProbeTimeout)
+	defer cancel()
+	return etcdserverpb.NewClusterClient(cc).MemberList(lctx, &etcdserverpb.MemberListRequest{Linearizable: true})
 }
 
 // followRecoveries asks each endpoint that answered for another cluster

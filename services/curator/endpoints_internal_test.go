@@ -3,6 +3,7 @@ package curator
 import (
 	"context"
 	"log/slog"
+	"net"
 	"slices"
 	"testing"
 	"time"
@@ -82,4 +83,57 @@ func TestEndpointsFollowARecovery(t *testing.T) {
 	if resp, err := oldCli.Get(ctx, "written"); err != nil || len(resp.Kvs) != 0 {
 		t.Fatalf("the superseded cluster holds a write of the curator (%v)", err)
 	}
+}
+
+// TestEndpointsLeaveMembersThatAreGone: the client's endpoints give no
+// member list any more (here its one endpoint no longer serves; in CI it
+// was the survivor of a recovery, which autopilot had removed from the
+// cluster, and a removed member stops). The probe asks the member that
+// answered it for the pinned cluster, which is then the endpoint. Before,
+// the client stayed on the gone member for good, and every call of the
+// curator failed (4 minutes in CI, until the test gave up).
+func TestEndpointsLeaveMembersThatAreGone(t *testing.T) {
+	live := etcdtest.Start(t, "endpoints-live")
+	gone := "http://" + closedAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pin := etcdpin.New(0)
+	pinned := func(eps ...string) *clientv3.Client {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, DialOptions: pin.DialOptions()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+		return cli
+	}
+	if err := pin.Learn(ctx, pinned(live)); err != nil {
+		t.Fatal(err)
+	}
+	s := &Service{
+		cfg:         Config{Etcd: []string{gone, live}},
+		log:         slog.New(slog.DiscardHandler),
+		etcd:        pinned(gone),
+		sessionEtcd: pinned(gone),
+		memberEtcd:  pinned(gone, live),
+		pin:         pin,
+	}
+	s.chooseEndpoints(ctx)
+	if got := s.etcd.Endpoints(); !slices.Equal(got, []string{live}) {
+		t.Fatalf("after a probe, endpoints %v; want the member that answered, %s", got, live)
+	}
+	if _, err := s.etcd.Put(ctx, "written", "x"); err != nil {
+		t.Fatalf("write through the curator's client: %v", err)
+	}
+}
+
+// closedAddr is a loopback address nothing listens on (it did a moment
+// ago).
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
