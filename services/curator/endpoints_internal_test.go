@@ -48,14 +48,7 @@ func TestEndpointsFollowARecovery(t *testing.T) {
 	}
 
 	pin := etcdpin.New(0)
-	pinned := func(eps ...string) *clientv3.Client {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, DialOptions: pin.DialOptions()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cli.Close() })
-		return cli
-	}
+	pinned := func(eps ...string) *clientv3.Client { return pinnedClient(t, pin, eps...) }
 	// The old cluster's member answers first: the pin learns it.
 	if err := pin.Learn(ctx, pinned(oldEP)); err != nil || pin.ID() != oldID {
 		t.Fatalf("learn through the old member: pinned %s, err %v", types.ID(pin.ID()), err)
@@ -98,14 +91,7 @@ func TestEndpointsLeaveMembersThatAreGone(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pin := etcdpin.New(0)
-	pinned := func(eps ...string) *clientv3.Client {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, DialOptions: pin.DialOptions()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cli.Close() })
-		return cli
-	}
+	pinned := func(eps ...string) *clientv3.Client { return pinnedClient(t, pin, eps...) }
 	if err := pin.Learn(ctx, pinned(live)); err != nil {
 		t.Fatal(err)
 	}
@@ -136,4 +122,16 @@ func closedAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// pinnedClient is an etcd client of eps pinned by pin, closed when the
+// test ends.
+func pinnedClient(t *testing.T, pin *etcdpin.Pin, eps ...string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, DialOptions: pin.DialOptions()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
 }
