@@ -13,6 +13,7 @@ import (
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/services/curator/internal/certs"
+	"curia.dev/services/curator/internal/nodestore"
 )
 
 // The certificate RPCs of the Curator service; internal/certs issues and
@@ -35,7 +36,7 @@ func (x *curatorServer) IssueCertificates(ctx context.Context, req *curatorv1.Is
 func (s *Service) issueCertificates(ctx context.Context, req *curatorv1.IssueCertificatesRequest) (*curatorv1.IssueCertificatesResponse, error) {
 	id := caller(ctx).Name
 	return rpcerr.RetryConflicts(ctx, "issue certificates to node "+id, func() (*curatorv1.IssueCertificatesResponse, error) {
-		n, err := s.getNode(ctx, id)
+		n, err := s.nodes.Get(ctx, id)
 		if err != nil {
 			return nil, err
 		}
@@ -73,7 +74,7 @@ func (s *Service) issueCertificates(ctx context.Context, req *curatorv1.IssueCer
 			}
 		}
 		// A conflict (the record changed): decide again.
-		if _, err := s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_CERTIFICATES, id, "certificates issued: "+strings.Join(issued, ", "))); err != nil {
+		if _, err := s.lead.Txn(ctx, []clientv3.Cmp{nodestore.Unchanged(n)}, nodestore.Put(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_CERTIFICATES, id, "certificates issued: "+strings.Join(issued, ", "))); err != nil {
 			return nil, err
 		}
 		s.log.Info("certificates issued", "node", id, "serials", issued)

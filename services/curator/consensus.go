@@ -16,6 +16,7 @@ import (
 	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/rpcerr"
+	"curia.dev/services/curator/internal/nodestore"
 )
 
 // consensusPool reaches the consensus services: the addresses configured,
@@ -39,8 +40,8 @@ func (p *consensusPool) addresses(ctx context.Context) []string {
 	addrs := slices.Clone(p.configured)
 	// Best effort: the configured addresses when etcd does not answer; an
 	// unreadable record is skipped.
-	_, _ = scanRange(ctx, p.etcd, keys.NodesPrefix, 0, func(kv *mvccpb.KeyValue) error {
-		n, err := decodeNode(kv.Value, kv.ModRevision)
+	_, _ = nodestore.ScanRange(ctx, p.etcd, keys.NodesPrefix, 0, func(kv *mvccpb.KeyValue) error {
+		n, err := nodestore.Decode(kv.Value, kv.ModRevision)
 		if err != nil || n.GetRoles().GetConsensusMember() == nil {
 			return nil
 		}

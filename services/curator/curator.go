@@ -11,8 +11,7 @@
 //	                                              etcd (/curia/...)  ◀── consensus AddNode/RemoveMember
 //
 // Files: curator.go (config, run), leader.go (election, term-guarded
-// writes), follower.go (forwarding), store.go (node records),
-// leader_enrolment.go (bootstrap, register, commit), leader_management.go
+// writes), follower.go (forwarding), leader_enrolment.go (bootstrap, register, commit), leader_management.go
 // (roles, delete, cluster info), leader_nodes.go and filter.go (GetNodes
 // and ListNodes' pages, with CEL filters), heartbeat.go (heartbeats and
 // health, in shards), leader_consensus_status.go, leader_maintenance.go (a
@@ -37,7 +36,8 @@
 // retention and their copies off-site), internal/auditlog (the event each
 // change writes, WatchAuditLog, the retention), internal/clusterconfig (the
 // cluster configuration record), internal/certs (node certificates issued,
-// recorded and revoked, the CRL, tombstones). The components still in this
+// recorded and revoked, the CRL, tombstones), internal/nodestore (node
+// records read, decoded and written: the one reader and writer). The components still in this
 // package hold no *Service either: the watch hub gets the etcd client, the
 // heartbeat tracker the client, the leadership and the hub's registry
 // lookup. Only the gRPC servers (managementServer and the like) hold
@@ -71,6 +71,7 @@ import (
 	"curia.dev/services/curator/internal/clusterconfig"
 	"curia.dev/services/curator/internal/etcdmaint"
 	"curia.dev/services/curator/internal/leases"
+	"curia.dev/services/curator/internal/nodestore"
 	"curia.dev/services/curator/internal/snaps"
 )
 
@@ -255,6 +256,8 @@ type Service struct {
 	log   *slog.Logger
 	creds *rpc.Credentials
 	etcd  *clientv3.Client
+	// nodes reads node records through etcd.
+	nodes nodestore.Store
 	// sessionEtcd is the election session's own etcd client (leader.go).
 	sessionEtcd *clientv3.Client
 	// memberEtcd makes calls to one member (its endpoints never change).
@@ -339,7 +342,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		sessionCli.Close()
 		return nil, fmt.Errorf("etcd client for calls to one member: %w", err)
 	}
-	s := &Service{cfg: cfg, log: log, creds: creds, etcd: cli, sessionEtcd: sessionCli, memberEtcd: memberCli, pin: pin}
+	s := &Service{cfg: cfg, log: log, creds: creds, etcd: cli, nodes: nodestore.Store{KV: cli}, sessionEtcd: sessionCli, memberEtcd: memberCli, pin: pin}
 	// Pin the cluster and choose the endpoints before anything reads or
 	// writes: if a recovery superseded the cluster some of --etcd still
 	// answer for, the first round follows it (endpoints.go).

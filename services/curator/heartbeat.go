@@ -95,7 +95,7 @@ func (s *Service) heartbeat(stream curatorv1.Curator_HeartbeatServer) error {
 	if !ok {
 		return errNotLeader
 	}
-	n, err := s.getNode(ctx, p.Name)
+	n, err := s.nodes.Get(ctx, p.Name)
 	if errors.Is(err, errNotFound) {
 		return fmt.Errorf("%w: node %s does not exist", errRefused, p.Name)
 	}

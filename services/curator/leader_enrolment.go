@@ -17,6 +17,7 @@ import (
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/services/curator/internal/certs"
+	"curia.dev/services/curator/internal/nodestore"
 )
 
 // curatorServer implements curia.curator.v1.Curator.
@@ -61,7 +62,7 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 		return nil, fmt.Errorf("read nodes: %w", err)
 	}
 	for _, kv := range existing.Kvs {
-		n, err := decodeNode(kv.Value, kv.ModRevision)
+		n, err := nodestore.Decode(kv.Value, kv.ModRevision)
 		if err == nil && n.Id == id {
 			return &curatorv1.BootstrapClusterResponse{Node: n, AlreadyBootstrapped: true}, nil
 		}
@@ -120,14 +121,14 @@ func (s *Service) bootstrap(ctx context.Context, req *curatorv1.BootstrapCluster
 	noTomb, _ := certs.Tombstone(id)
 	_, err = s.lead.Txn(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0), noTomb},
-		putNode(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_CLUSTER_BOOTSTRAP, id, "first node of the cluster"))
+		nodestore.Put(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_CLUSTER_BOOTSTRAP, id, "first node of the cluster"))
 	if errors.Is(err, errConflict) {
 		return s.bootstrap(ctx, req) // created meanwhile: answer as for an existing node
 	}
 	if err != nil {
 		return nil, err
 	}
-	n, err = s.getNode(ctx, id)
+	n, err = s.nodes.Get(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -159,7 +160,7 @@ func (s *Service) register(ctx context.Context, req *curatorv1.RegisterNodeReque
 	} else if any.Count == 0 {
 		return nil, rpcerr.RetryAfter(fmt.Errorf("%w: the cluster is not bootstrapped yet; retry shortly", errUnavailable), shortRetry)
 	}
-	if n, err := s.getNode(ctx, id); err == nil {
+	if n, err := s.nodes.Get(ctx, id); err == nil {
 		// A node that registers again (a restarted agent) learns its state.
 		return &curatorv1.RegisterNodeResponse{Node: n}, nil
 	}
@@ -170,11 +171,11 @@ func (s *Service) register(ctx context.Context, req *curatorv1.RegisterNodeReque
 	noTomb, _ := certs.Tombstone(id)
 	_, err = s.lead.Txn(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), "=", 0), noTomb},
-		putNode(n))
+		nodestore.Put(n))
 	if err != nil && !errors.Is(err, errConflict) {
 		return nil, err
 	}
-	if n, err = s.getNode(ctx, id); err != nil {
+	if n, err = s.nodes.Get(ctx, id); err != nil {
 		return nil, err // deleted meanwhile
 	}
 	s.log.Info("node registered", "node", id)
@@ -197,7 +198,7 @@ func (s *Service) commit(ctx context.Context) (*curatorv1.CommitNodeResponse, er
 
 func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse, error) {
 	id := caller(ctx).Name
-	n, err := s.getNode(ctx, id)
+	n, err := s.nodes.Get(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("%w (register first)", err)
 	}
@@ -216,7 +217,7 @@ func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse
 	n.State = curatorv1.NodeState_NODE_STATE_UP
 	n.CertificateSerial = iss.Cert.SerialNumber.Text(16)
 	why := "node committed, certificate " + n.CertificateSerial
-	cmps := []clientv3.Cmp{unchanged(n)}
+	cmps := []clientv3.Cmp{nodestore.Unchanged(n)}
 	var ops []clientv3.Op
 	if replaced != "" {
 		put, cmp, err := s.certs.Revoke(ctx, replaced)
@@ -227,11 +228,11 @@ func (s *Service) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse
 		ops, cmps = append(ops, put), append(cmps, cmp)
 		why += "; certificate " + replaced + " it replaces revoked"
 	}
-	ops = append(ops, putNode(n))
+	ops = append(ops, nodestore.Put(n))
 	if _, err := s.lead.Txn(ctx, cmps, append(ops, s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_COMMIT, id, why))...); err != nil {
 		return nil, err
 	}
-	if n, err = s.getNode(ctx, id); err != nil {
+	if n, err = s.nodes.Get(ctx, id); err != nil {
 		return nil, err
 	}
 	s.log.Info("node committed", "node", id, "serial", n.CertificateSerial)

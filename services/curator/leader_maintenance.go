@@ -15,6 +15,8 @@ import (
 	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/run"
 	"curia.dev/services/curator/internal/etcdmaint"
+	"curia.dev/services/curator/internal/nodestore"
+	"curia.dev/services/curator/internal/roles"
 )
 
 // Maintenance takes one node out of service for a bounded time: a restart,
@@ -64,7 +66,7 @@ func (x *managementServer) EndNodeMaintenance(ctx context.Context, req *curatorv
 
 func (s *Service) startMaintenance(ctx context.Context, req *curatorv1.StartNodeMaintenanceRequest) (*curatorv1.Node, error) {
 	id := req.GetNodeId()
-	n, err := s.getNode(ctx, id)
+	n, err := s.nodes.Get(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +90,7 @@ func (s *Service) startMaintenance(ctx context.Context, req *curatorv1.StartNode
 		markerRev = marker.Kvs[0].ModRevision
 	}
 	var other *curatorv1.Node
-	if err := s.eachNode(ctx, func(o *curatorv1.Node) error {
+	if err := s.nodes.Each(ctx, func(o *curatorv1.Node) error {
 		if o.GetId() != id && inMaintenance(o, now) {
 			other = o
 		}
@@ -118,13 +120,13 @@ func (s *Service) startMaintenance(ctx context.Context, req *curatorv1.StartNode
 	}
 	reason := fmt.Sprintf("in maintenance for %v, until %s: %s; %s", d, now.Add(d).UTC().Format(time.RFC3339), req.GetReason(), why)
 	if _, err := s.lead.Txn(ctx,
-		[]clientv3.Cmp{unchanged(n), clientv3.Compare(clientv3.ModRevision(keys.MaintenanceMarker), "=", markerRev)},
-		putNode(n), clientv3.OpPut(keys.MaintenanceMarker, id),
+		[]clientv3.Cmp{nodestore.Unchanged(n), clientv3.Compare(clientv3.ModRevision(keys.MaintenanceMarker), "=", markerRev)},
+		nodestore.Put(n), clientv3.OpPut(keys.MaintenanceMarker, id),
 		s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_START, id, reason)); err != nil {
 		return nil, err
 	}
 	s.log.Info("node in maintenance", "node", id, "until", now.Add(d), "reason", req.GetReason(), "by", caller(ctx).String(), "etcd", why)
-	return s.getNode(ctx, id)
+	return s.nodes.Get(ctx, id)
 }
 
 // clearForMaintenance checks that the cluster can lose node id's voter now,
@@ -181,7 +183,7 @@ func (s *Service) clearForMaintenance(ctx context.Context, id string) (uint64, s
 // endMaintenance clears node id's maintenance, audited with why; it reports
 // whether there was one.
 func (s *Service) endMaintenance(ctx context.Context, id, why string) (*curatorv1.Node, bool, error) {
-	n, err := s.getNode(ctx, id)
+	n, err := s.nodes.Get(ctx, id)
 	if err != nil {
 		return nil, false, err
 	}
@@ -191,11 +193,11 @@ func (s *Service) endMaintenance(ctx context.Context, id, why string) (*curatorv
 	m := n.GetMaintenance()
 	n.Maintenance = nil
 	reason := fmt.Sprintf("maintenance (%s, since %s) %s", m.GetReason(), m.GetSince().AsTime().UTC().Format(time.RFC3339), why)
-	if _, err := s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_END, id, reason)); err != nil {
+	if _, err := s.lead.Txn(ctx, []clientv3.Cmp{nodestore.Unchanged(n)}, nodestore.Put(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_END, id, reason)); err != nil {
 		return nil, false, err
 	}
 	s.log.Info("node maintenance ended", "node", id, "why", why)
-	n, err = s.getNode(ctx, id)
+	n, err = s.nodes.Get(ctx, id)
 	return n, true, err
 }
 
@@ -208,7 +210,7 @@ func (s *Service) expireMaintenance(ctx context.Context) error {
 		}
 		now := time.Now()
 		var expired []string
-		if err := s.eachNode(ctx, func(n *curatorv1.Node) error {
+		if err := s.nodes.Each(ctx, func(n *curatorv1.Node) error {
 			if n.GetMaintenance() != nil && !inMaintenance(n, now) {
 				expired = append(expired, n.GetId())
 			}
@@ -241,7 +243,7 @@ func (x *managementServer) DecommissionNode(ctx context.Context, req *curatorv1.
 // write that ends the maintenance.
 func (s *Service) decommission(ctx context.Context, req *curatorv1.DecommissionNodeRequest) (*curatorv1.Node, error) {
 	id := req.GetNodeId()
-	n, err := s.getNode(ctx, id)
+	n, err := s.nodes.Get(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +258,7 @@ func (s *Service) decommission(ctx context.Context, req *curatorv1.DecommissionN
 			return nil, err
 		}
 	}
-	if hasRoles(n.GetRoles()) {
+	if roles.Of(n.GetRoles()).Any() {
 		off := false
 		if _, err := s.updateRoles(ctx, &curatorv1.UpdateNodeRolesRequest{
 			NodeId: id, ConsensusMember: &off, KubernetesController: &off, KubernetesWorker: &off,
@@ -266,14 +268,14 @@ func (s *Service) decommission(ctx context.Context, req *curatorv1.DecommissionN
 		}
 	}
 	for range rpcerr.ConflictAttempts {
-		if n, err = s.getNode(ctx, id); err != nil {
+		if n, err = s.nodes.Get(ctx, id); err != nil {
 			return nil, err
 		}
-		if hasRoles(n.GetRoles()) {
+		if roles.Of(n.GetRoles()).Any() {
 			return nil, fmt.Errorf("%w: node %s got a role back while it was decommissioned (%v); DecommissionNode again", errConflict, id, n.GetRoles())
 		}
 		n.State, n.Maintenance = curatorv1.NodeState_NODE_STATE_DECOMMISSIONED, nil
-		_, err = s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_DECOMMISSION, id, "decommissioned: "+req.GetReason()))
+		_, err = s.lead.Txn(ctx, []clientv3.Cmp{nodestore.Unchanged(n)}, nodestore.Put(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_DECOMMISSION, id, "decommissioned: "+req.GetReason()))
 		if !errors.Is(err, errConflict) {
 			break
 		}
@@ -282,5 +284,5 @@ func (s *Service) decommission(ctx context.Context, req *curatorv1.DecommissionN
 		return nil, err
 	}
 	s.log.Info("node decommissioned", "node", id, "by", caller(ctx).String(), "reason", req.GetReason())
-	return s.getNode(ctx, id)
+	return s.nodes.Get(ctx, id)
 }

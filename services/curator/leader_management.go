@@ -20,6 +20,7 @@ import (
 	"curia.dev/platform/run"
 	"curia.dev/services/curator/internal/auditlog"
 	"curia.dev/services/curator/internal/certs"
+	"curia.dev/services/curator/internal/nodestore"
 	"curia.dev/services/curator/internal/roles"
 )
 
@@ -39,7 +40,7 @@ func (x *managementServer) ApproveNode(ctx context.Context, req *curatorv1.Appro
 
 // approve moves NEW to STANDBY; STANDBY and UP are left alone.
 func (s *Service) approve(ctx context.Context, id string) (*curatorv1.Node, error) {
-	n, err := s.getNode(ctx, id)
+	n, err := s.nodes.Get(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -51,11 +52,11 @@ func (s *Service) approve(ctx context.Context, id string) (*curatorv1.Node, erro
 		return nil, fmt.Errorf("%w: node %s is %s; only NEW nodes are approved", errRefused, id, n.State)
 	}
 	n.State = curatorv1.NodeState_NODE_STATE_STANDBY
-	if _, err := s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_APPROVE, id, "approved")); err != nil {
+	if _, err := s.lead.Txn(ctx, []clientv3.Cmp{nodestore.Unchanged(n)}, nodestore.Put(n), s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_APPROVE, id, "approved")); err != nil {
 		return nil, err
 	}
 	s.log.Info("node approved", "node", id, "by", caller(ctx).String())
-	return s.getNode(ctx, id)
+	return s.nodes.Get(ctx, id)
 }
 
 func (x *managementServer) UpdateNodeRoles(ctx context.Context, req *curatorv1.UpdateNodeRolesRequest) (*curatorv1.UpdateNodeRolesResponse, error) {
@@ -79,7 +80,7 @@ const roleWriteAttempts = 5
 // in between leaves "membership ahead of roles", which the reconciler
 // completes; it never leaves a role without membership.
 func (s *Service) updateRoles(ctx context.Context, req *curatorv1.UpdateNodeRolesRequest) (*curatorv1.Node, error) {
-	n, err := s.getNode(ctx, req.GetNodeId())
+	n, err := s.nodes.Get(ctx, req.GetNodeId())
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +219,7 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 		read = nil
 		if n == nil {
 			var err error
-			if n, err = s.getNode(ctx, req.GetNodeId()); err != nil {
+			if n, err = s.nodes.Get(ctx, req.GetNodeId()); err != nil {
 				return nil, err
 			}
 		}
@@ -237,8 +238,8 @@ func (s *Service) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRoles
 		n.Roles = want
 		ev := s.audit.Event(ctx, auditv1.AuditAction_AUDIT_ACTION_ROLES_UPDATE, n.Id, reason)
 		ev.Roles = auditlog.Roles(want)
-		cmps := append(append([]clientv3.Cmp{unchanged(n)}, guard...), crlCmps...)
-		ops := append(crlOps, putNode(n), audit.Put(ev))
+		cmps := append(append([]clientv3.Cmp{nodestore.Unchanged(n)}, guard...), crlCmps...)
+		ops := append(crlOps, nodestore.Put(n), audit.Put(ev))
 		resp, err := s.lead.Txn(ctx, cmps, ops...)
 		for attempt := 1; errors.Is(err, errUnavailable) && attempt < roleWriteAttempts && ctx.Err() == nil; attempt++ {
 			// The endpoint may be the member this call's own step just
@@ -298,11 +299,11 @@ func (x *managementServer) DeleteNode(ctx context.Context, req *curatorv1.Delete
 // etcd member loses that membership to the reconciler afterwards.
 func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeRequest) (*curatorv1.DeleteNodeResponse, error) {
 	return rpcerr.RetryConflicts(ctx, "delete node "+req.GetNodeId(), func() (*curatorv1.DeleteNodeResponse, error) {
-		n, err := s.getNode(ctx, req.GetNodeId())
+		n, err := s.nodes.Get(ctx, req.GetNodeId())
 		if err != nil {
 			return nil, err
 		}
-		if hasRoles(n.GetRoles()) && !req.GetSafetyBypassHasRoles() {
+		if roles.Of(n.GetRoles()).Any() && !req.GetSafetyBypassHasRoles() {
 			return nil, fmt.Errorf("%w: node %s has roles (%s): take them away with UpdateNodeRoles first, or set safety_bypass_has_roles (the reconciler then removes its etcd member)", errRefused, n.Id, roles.Names(n.GetRoles()))
 		}
 		if n.State == curatorv1.NodeState_NODE_STATE_UP && !req.GetSafetyBypassNotDecommissioned() {
@@ -315,7 +316,7 @@ func (s *Service) deleteNode(ctx context.Context, req *curatorv1.DeleteNodeReque
 		}
 		_, tomb := certs.Tombstone(n.Id)
 		ops := []clientv3.Op{clientv3.OpDelete(keys.Node(n.Id)), clientv3.OpDelete(keys.Heartbeat(n.Id)), clientv3.OpDelete(keys.HeartbeatSeen(n.Id)), tomb, s.audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_DELETE, n.Id, why)}
-		cmps := []clientv3.Cmp{unchanged(n)}
+		cmps := []clientv3.Cmp{nodestore.Unchanged(n)}
 		if len(serials) > 0 {
 			put, cmp, err := s.certs.Revoke(ctx, serials...)
 			if err != nil {
@@ -355,7 +356,7 @@ func (x *managementServer) GetClusterInfo(ctx context.Context, _ *curatorv1.GetC
 		Snapshots:       s.snaps.Status(),
 		EtcdMaintenance: s.defrag.Status(),
 	}
-	err := s.eachNode(ctx, func(n *curatorv1.Node) error {
+	err := s.nodes.Each(ctx, func(n *curatorv1.Node) error {
 		info.NodesByState[n.State.String()]++
 		return nil
 	})

@@ -28,6 +28,7 @@ import (
 	"curia.dev/platform/rpcerr"
 	"curia.dev/services/curator/internal/auditlog"
 	"curia.dev/services/curator/internal/leases"
+	"curia.dev/services/curator/internal/nodestore"
 	"curia.dev/services/curator/internal/roles"
 )
 
@@ -100,7 +101,7 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 	// revision, the txn fails on the node's revision (after the fence).
 	var ops []clientv3.Op
 	var refused error
-	n, err := s.getNode(ctx, id)
+	n, err := s.nodes.Get(ctx, id)
 	switch {
 	case errors.Is(err, errNotFound):
 	case err != nil:
@@ -123,7 +124,7 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 		if refused == nil && changed {
 			n.Roles = want
 			extra = append(extra, crlCmps...)
-			ops = append(crlOps, putNode(n), audit.Put(&auditv1.Event{
+			ops = append(crlOps, nodestore.Put(n), audit.Put(&auditv1.Event{
 				Actor:      caller(ctx).String(),
 				RecordedBy: "curator/" + s.cfg.Name,
 				Action:     action,
@@ -150,7 +151,7 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 		return n, nil // nothing to change; the fence holds
 	}
 	x.log().Info("node roles reconciled", "node", id, "action", action.String(), "fence", f.String(), "term", term, "by", caller(ctx).String(), "reason", reason)
-	return s.getNode(ctx, id)
+	return s.nodes.Get(ctx, id)
 }
 
 // whyStale names the condition of a failed reconcile txn: this leader's

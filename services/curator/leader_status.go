@@ -4,9 +4,11 @@ import (
 	"context"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/rpcerr"
+	"curia.dev/services/curator/internal/nodestore"
 )
 
 // UpdateNodeStatus stores what an enrolled node's agent reports about
@@ -22,12 +24,12 @@ func (x *curatorServer) UpdateNodeStatus(ctx context.Context, req *curatorv1.Upd
 // (a role write may land in between: read again and retry).
 func (s *Service) updateStatus(ctx context.Context, req *curatorv1.UpdateNodeStatusRequest) error {
 	_, err := rpcerr.RetryConflicts(ctx, "update the status of node "+req.GetNodeId(), func() (struct{}, error) {
-		n, err := s.getNode(ctx, req.GetNodeId())
-		if err != nil || protoEqual(n.Status, req.GetStatus()) {
+		n, err := s.nodes.Get(ctx, req.GetNodeId())
+		if err != nil || proto.Equal(n.Status, req.GetStatus()) {
 			return struct{}{}, err
 		}
 		n.Status = req.GetStatus()
-		_, err = s.lead.Txn(ctx, []clientv3.Cmp{unchanged(n)}, putNode(n))
+		_, err = s.lead.Txn(ctx, []clientv3.Cmp{nodestore.Unchanged(n)}, nodestore.Put(n))
 		return struct{}{}, err
 	})
 	return err

@@ -82,6 +82,7 @@ import (
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/run"
+	"curia.dev/services/curator/internal/nodestore"
 )
 
 const (
@@ -373,7 +374,7 @@ func (e *watchCompacted) Error() string {
 // snapshot.
 func (h *watchHub) load(ctx context.Context) error {
 	nodes := map[string]*curatorv1.Node{}
-	rev, err := scanRange(ctx, h.etcd, keys.NodesPrefix, 0, func(kv *mvccpb.KeyValue) error {
+	rev, err := nodestore.ScanRange(ctx, h.etcd, keys.NodesPrefix, 0, func(kv *mvccpb.KeyValue) error {
 		n := h.decode(string(kv.Key), kv.Value, kv.ModRevision)
 		nodes[n.Id] = n
 		return nil
@@ -383,7 +384,7 @@ func (h *watchHub) load(ctx context.Context) error {
 	}
 	health := map[string]heartbeatRecord{}
 	for _, prefix := range []string{keys.HeartbeatsPrefix, keys.HeartbeatsSeenPrefix} {
-		_, err := scanRange(ctx, h.etcd, prefix, rev, func(kv *mvccpb.KeyValue) error {
+		_, err := nodestore.ScanRange(ctx, h.etcd, prefix, rev, func(kv *mvccpb.KeyValue) error {
 			id := strings.TrimPrefix(string(kv.Key), prefix)
 			health[id] = health[id].with(string(kv.Key), kv.Value, false)
 			return nil
@@ -393,7 +394,7 @@ func (h *watchHub) load(ctx context.Context) error {
 		}
 	}
 	shards := map[string][]string{}
-	_, err = scanRange(ctx, h.etcd, keys.HeartbeatShardsPrefix, rev, func(kv *mvccpb.KeyValue) error {
+	_, err = nodestore.ScanRange(ctx, h.etcd, keys.HeartbeatShardsPrefix, rev, func(kv *mvccpb.KeyValue) error {
 		shardInto(health, shards, string(kv.Key), kv.Value, false)
 		return nil
 	})
@@ -445,7 +446,7 @@ func (h *watchHub) install(nodes map[string]*curatorv1.Node, health map[string]h
 // why nothing else is known; it is logged once per revision.
 func (h *watchHub) decode(key string, value []byte, rev int64) *curatorv1.Node {
 	id := strings.TrimPrefix(key, keys.NodesPrefix)
-	n, err := decodeNode(value, rev)
+	n, err := nodestore.Decode(value, rev)
 	switch {
 	case err != nil:
 		return h.unreadableNode(key, id, rev, fmt.Sprintf("the stored record does not decode (%v); the node exists, nothing else about it is known", err))

@@ -34,6 +34,9 @@ import (
 // Set says which roles a node holds (or should hold).
 type Set struct{ ConsensusMember, KubernetesController, KubernetesWorker bool }
 
+// Any reports whether the set holds a role.
+func (s Set) Any() bool { return s != Set{} }
+
 // Of is the Set of r.
 func Of(r *curatorv1.Roles) Set {
 	return Set{
