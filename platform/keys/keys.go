@@ -104,7 +104,7 @@ const (
 	// changed shard is written every heartbeat timeout / 2, all in one
 	// term-guarded transaction (split at etcd's request limits), and at
 	// once when a node's health changes. A timed-out node that no longer
-	// exists leaves its shard. See services/curator/heartbeat.go.
+	// exists leaves its shard. See services/curator/internal/nodewatch/beats.go.
 	HeartbeatShardsPrefix = Prefix + "heartbeat-shards/"
 
 	// HeartbeatsPrefix and HeartbeatsSeenPrefix are the per-node heartbeat

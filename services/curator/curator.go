@@ -11,37 +11,40 @@
 //	                                              etcd (/curia/...)  ◀── consensus AddNode/RemoveMember
 //
 // Files: curator.go (config, run), leader.go (election, term-guarded
-// writes), follower.go (forwarding), leader_enrolment.go (bootstrap, register, commit), leader_management.go
-// (roles, delete, cluster info), leader_nodes.go and filter.go (GetNodes
-// and ListNodes' pages, with CEL filters), heartbeat.go (heartbeats and
-// health, in shards), leader_consensus_status.go, leader_maintenance.go (a
-// node out of service for a while), leader_reconcile.go (the reconciler's
-// fenced role writes, the Reconciliation service), leader_status.go
-// (UpdateNodeStatus), management_parts.go (the RPCs internal/snaps,
-// internal/auditlog and internal/clusterconfig serve), watch.go (one etcd
-// watch fanned out to every Watch stream), consensus.go (calls to the
-// consensus services), certificates.go (IssueCertificates, WatchCRL,
-// GetMembership), enrolment_limit.go (the rate limit on enrolling nodes),
-// endpoints.go (the etcd client's endpoints: the voters that answer),
-// metrics.go (what /metrics adds to the gRPC server's), policy.go (who may
-// call what), errors.go (the one mapping to gRPC codes), connect.go (the
-// admin API over the Connect protocol).
+// writes), follower.go (forwarding), leader_enrolment.go (bootstrap,
+// register, commit), leader_management.go (roles, delete, cluster info),
+// leader_nodes.go and filter.go (GetNodes and ListNodes' pages, with CEL
+// filters), heartbeat.go (the Watch and Heartbeat streams, handed to
+// internal/nodewatch), leader_consensus_status.go, leader_reconcile.go (the
+// reconciler's fenced role writes, the Reconciliation service),
+// leader_status.go (UpdateNodeStatus), management_parts.go (the RPCs
+// internal/snaps, internal/auditlog, internal/clusterconfig and
+// internal/maintenance serve), consensus.go (calls to the consensus
+// services), certificates.go (IssueCertificates, WatchCRL, GetMembership),
+// enrolment_limit.go (the rate limit on enrolling nodes), endpoints.go (the
+// etcd client's endpoints: the voters that answer), metrics.go (what
+// /metrics adds to the gRPC server's), policy.go (who may call what),
+// errors.go (the one mapping to gRPC codes), connect.go (the admin API over
+// the Connect protocol).
 //
 // Internal packages own one job each and get only what it needs:
 // internal/roles (the role decision, pure: which roles a record gets, for
 // UpdateNodeRoles and the reconciler alike), internal/etcdmaint (etcd's
 // members observed, leadership moved off one, defragmentation and the
-// NOSPACE alarm), internal/leases (named leases and the fence they give:
-// the Leases service), internal/snaps (the leader's etcd snapshots, their
+// NOSPACE alarm), internal/leases (named leases and the fence they give: the
+// Leases service), internal/snaps (the leader's etcd snapshots, their
 // retention and their copies off-site), internal/auditlog (the event each
 // change writes, WatchAuditLog, the retention), internal/clusterconfig (the
 // cluster configuration record), internal/certs (node certificates issued,
 // recorded and revoked, the CRL, tombstones), internal/nodestore (node
-// records read, decoded and written: the one reader and writer). The components still in this
-// package hold no *Service either: the watch hub gets the etcd client, the
-// heartbeat tracker the client, the leadership and the hub's registry
-// lookup. Only the gRPC servers (managementServer and the like) hold
-// *Service: they are its API.
+// records read, decoded and written: the one reader and writer),
+// internal/maintenance (a node out of service for a while, or for good) and
+// internal/nodewatch (the watch hub: one etcd watch fanned out to every
+// Watch stream, the nodes GetNodes answers from; the leader's heartbeat
+// tracker and the health it writes). None holds *Service. What this package
+// still does itself, as methods of Service, is enrolment, role writes and
+// deletion and the reconciler's fenced writes: they read and write nodes
+// through internal/nodestore and the leadership's Txn, the next to move out.
 package curator
 
 import (
@@ -71,7 +74,9 @@ import (
 	"curia.dev/services/curator/internal/clusterconfig"
 	"curia.dev/services/curator/internal/etcdmaint"
 	"curia.dev/services/curator/internal/leases"
+	"curia.dev/services/curator/internal/maintenance"
 	"curia.dev/services/curator/internal/nodestore"
+	"curia.dev/services/curator/internal/nodewatch"
 	"curia.dev/services/curator/internal/snaps"
 )
 
@@ -108,8 +113,8 @@ type Config struct {
 	// HeartbeatTimeout after which a silent node is HEARTBEAT_TIMEOUT.
 	HeartbeatInterval time.Duration
 	HeartbeatTimeout  time.Duration
-	// Watch sizes the watch hub (watch.go).
-	Watch WatchConfig
+	// Watch sizes the watch hub (internal/nodewatch).
+	Watch nodewatch.Config
 	// EnrolmentRate and EnrolmentBurst bound the calls of enrolling nodes
 	// (self-signed certificates) on each replica.
 	EnrolmentRate  float64
@@ -269,14 +274,15 @@ type Service struct {
 	consensus *consensusPool
 	audit     *auditlog.Log
 	config    *clusterconfig.Record
-	watch     *watchHub
+	watch     *nodewatch.Hub
 	crl       *crl.Watcher
 	certs     *certs.Issuer
 	snaps     *snaps.Snapshotter
 	defrag    *etcdmaint.Defragmenter
+	maint     *maintenance.Maintenance
 	// beats is the current term's heartbeat tracker while this replica
-	// leads (heartbeat.go).
-	beats atomic.Pointer[beatTracker]
+	// leads (internal/nodewatch).
+	beats atomic.Pointer[nodewatch.Tracker]
 }
 
 // New prepares a replica; nothing listens until Run.
@@ -366,7 +372,7 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 	}
 	s.audit = auditlog.New(cli, s.lead, cfg.Name, cfg.Audit, log.With("part", "audit"))
 	s.config = clusterconfig.New(cli, s.lead, s.audit, log.With("part", "cluster-config"))
-	s.watch = newWatchHub(cli, cfg.Watch, log)
+	s.watch = nodewatch.NewHub(cli, cfg.Watch, log)
 	s.snaps, err = snaps.New(cfg.Snapshots, snaps.Deps{
 		Etcd: cli, Member: memberCli, Lead: s.lead, Cluster: cfg.Cluster, Name: cfg.Name,
 		Audit: func(ctx context.Context, why string) error {
@@ -387,6 +393,10 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		},
 		Audit: s.audit.Record,
 	})
+	s.maint = &maintenance.Maintenance{
+		Etcd: cli, Nodes: s.nodes, Lead: s.lead, Members: s.defrag, Audit: s.audit,
+		Log: log.With("part", "maintenance"), UpdateRoles: s.updateRoles,
+	}
 	limit := newEnrolmentLimit(cfg.EnrolmentRate, cfg.EnrolmentBurst)
 	srv, err := rpc.NewServer(rpc.ServerConfig{
 		Credentials:        creds,
@@ -440,8 +450,8 @@ func (s *Service) Run(ctx context.Context) error {
 	g.AddReady("grpc", func(ctx context.Context) error { return s.rpc.Serve(ctx, lis) })
 	g.Add("election", func(ctx context.Context) error { return s.lead.campaign(ctx, func() { g.Ready("election") }) })
 	g.Add("observe", func(ctx context.Context) error { return s.lead.observe(ctx, func() { g.Ready("observe") }) })
-	s.watch.onLoad = func() { g.Ready("watch") }
-	g.Add("watch", s.watch.run)
+	s.watch.OnLoad = func() { g.Ready("watch") }
+	g.Add("watch", s.watch.Run)
 	g.AddReady("etcd-endpoints", s.probeEndpoints)
 	g.AddReady("crl", func(ctx context.Context) error { return s.crl.Run(ctx, s.etcd) })
 	g.AddReady("audit-retention", s.audit.RunRetention)
@@ -449,7 +459,7 @@ func (s *Service) Run(ctx context.Context) error {
 		g.AddReady("snapshots", s.snaps.Run)
 	}
 	g.AddReady("defrag", s.defrag.Run)
-	g.AddReady("maintenance", s.expireMaintenance)
+	g.AddReady("maintenance", s.maint.RunExpiry)
 	if s.cfg.ListenHTTP != "" {
 		hl, err := net.Listen("tcp", s.cfg.ListenHTTP)
 		if err != nil {

@@ -16,8 +16,7 @@ var (
 	// errStale: what the caller read (a node's revision) changed since;
 	// read again and decide again. (A stale fence is rpcerr.FenceStale,
 	// a membership change in flight rpcerr.ChangePending.)
-	errStale   = rpcerr.Conflict.Sub("stale")
-	errCorrupt = rpcerr.Corrupt
+	errStale = rpcerr.Conflict.Sub("stale")
 	// errExhausted: a rate limit; retry later.
 	errExhausted = rpcerr.Exhausted
 )

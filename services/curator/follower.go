@@ -27,7 +27,7 @@ import (
 // localMethods are answered by every replica itself.
 var localMethods = map[string]bool{
 	"/curia.curator.v1.Curator/GetCurrentLeader": true,
-	"/curia.curator.v1.Curator/Watch":            true, // every replica has its own watch hub (watch.go)
+	"/curia.curator.v1.Curator/Watch":            true, // every replica has its own watch hub (internal/nodewatch)
 	"/curia.curator.v1.Curator/WatchCRL":         true, // every replica follows the CRL in etcd (internal/certs)
 	"/curia.curator.v1.Curator/GetMembership":    true, // every replica reaches the consensus services
 	// Every replica's watch hub answers GetNodes at etcd's current

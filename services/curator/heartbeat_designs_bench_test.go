@@ -26,7 +26,7 @@ import (
 // interval (5 s) and timeout (20 s), every write guarded by a leader key
 // as the curator's are; no curator runs, so the figures are etcd's alone.
 //
-//	leases          today's (heartbeat.go): a lease per node; each beat
+//	leases          the design before the shards: a lease per node; each beat
 //	                renews it (KeepAliveOnce: no raft entry), and the
 //	                heartbeat and heartbeats-seen keys are rewritten in one
 //	                transaction when the recorded time is timeout/2 old
@@ -189,7 +189,7 @@ func (d *designRun) txn(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv
 // beatTime is a heartbeat's time as the curator writes it.
 func beatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
-// runLeases is today's design (heartbeat.go), node by node: a fleet coming
+// runLeases is the design before the shards, node by node: a fleet coming
 // up grants a lease per node and writes both keys; from then on each node
 // beats every interval (its phase spread over the interval), each beat
 // renews its lease, and a beat at least timeout/2 after the recorded one
@@ -239,7 +239,7 @@ func runLeases(ctx context.Context, d *designRun) error {
 	return nil
 }
 
-// beat is heartbeat.go's beat for one node: renew the lease; when it is
+// beat is that design's beat for one node: renew the lease; when it is
 // gone (the node was silent too long), a new lease and a fresh record;
 // else a record only when the recorded time is timeout/2 old, and only
 // while the key is still bound to the lease.
@@ -285,7 +285,7 @@ func (d *designRun) grantAndRecord(ctx context.Context, id string, lease *client
 	return nil
 }
 
-// nodeExists is the curator's "the node exists" comparison (heartbeat.go).
+// nodeExists is the curator's "the node exists" comparison.
 func nodeExists(id string) clientv3.Cmp {
 	return clientv3.Compare(clientv3.CreateRevision(keys.Node(id)), ">", 0)
 }

@@ -25,6 +25,7 @@ import (
 	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/run"
 	"curia.dev/services/curator/internal/leases"
+	"curia.dev/services/curator/internal/nodewatch"
 )
 
 // electionPrefix is the election's prefix without the trailing slash that
@@ -282,7 +283,7 @@ func (s *Service) becameLeader(ctx context.Context, term int64) {
 			return
 		}
 		s.log.Warn("load the heartbeats", "term", term, "err", err)
-		run.Sleep(ctx, heartbeatRetry)
+		run.Sleep(ctx, nodewatch.Retry)
 	}
 	if err := leases.DropOldTerm(ctx, s.etcd, s.lead, s.log, term); err != nil {
 		s.log.Warn("drop old-term leases", "term", term, "err", err)

@@ -30,7 +30,7 @@ func (s *Service) consensusStatus(ctx context.Context) (*curatorv1.GetConsensusS
 	if err != nil {
 		return nil, err
 	}
-	list, _, err := s.watch.nodesAt(ctx, members.GetRevision())
+	list, _, err := s.watch.NodesAt(ctx, members.GetRevision())
 	if err != nil {
 		return nil, err
 	}

@@ -32,7 +32,7 @@ func (x *managementServer) GetNodes(req *curatorv1.GetNodesRequest, stream curat
 	if view == curatorv1.NodeView_NODE_VIEW_UNSPECIFIED {
 		view = curatorv1.NodeView_NODE_VIEW_FULL
 	}
-	nodes, err := x.s.watch.currentNodes(stream.Context())
+	nodes, err := x.s.watch.CurrentNodes(stream.Context())
 	if err != nil {
 		return err
 	}
@@ -91,7 +91,7 @@ func (x *managementServer) ListNodes(ctx context.Context, req *curatorv1.ListNod
 	if err != nil {
 		return nil, err
 	}
-	nodes, err := x.s.watch.currentNodes(ctx)
+	nodes, err := x.s.watch.CurrentNodes(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -13,7 +13,7 @@ import (
 
 // UpdateNodeStatus stores what an enrolled node's agent reports about
 // itself: its address, its version, and the API, URLs and key of its
-// consensus process. Heartbeats (heartbeat.go) say that it is alive; this
+// consensus process. Heartbeats (internal/nodewatch) say that it is alive; this
 // says what it runs. An unchanged status writes nothing.
 func (x *curatorServer) UpdateNodeStatus(ctx context.Context, req *curatorv1.UpdateNodeStatusRequest) (*curatorv1.UpdateNodeStatusResponse, error) {
 	err := x.s.updateStatus(ctx, req)

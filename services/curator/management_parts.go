@@ -7,8 +7,9 @@ import (
 )
 
 // The Management RPCs an internal package serves: the snapshots
-// (internal/snaps), the audit log (internal/auditlog) and the cluster
-// configuration (internal/clusterconfig).
+// (internal/snaps), the audit log (internal/auditlog), the cluster
+// configuration (internal/clusterconfig), maintenance and decommissioning
+// (internal/maintenance).
 
 func (x *managementServer) TakeSnapshot(ctx context.Context, req *curatorv1.TakeSnapshotRequest) (*curatorv1.TakeSnapshotResponse, error) {
 	return x.s.snaps.TakeSnapshot(ctx, req, caller(ctx).String())
@@ -36,4 +37,28 @@ func (x *managementServer) WatchClusterConfig(_ *curatorv1.WatchClusterConfigReq
 
 func (x *managementServer) UpdateClusterConfig(ctx context.Context, req *curatorv1.UpdateClusterConfigRequest) (*curatorv1.UpdateClusterConfigResponse, error) {
 	return x.s.config.Update(ctx, req)
+}
+
+func (x *managementServer) StartNodeMaintenance(ctx context.Context, req *curatorv1.StartNodeMaintenanceRequest) (*curatorv1.StartNodeMaintenanceResponse, error) {
+	n, err := x.s.maint.Start(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &curatorv1.StartNodeMaintenanceResponse{Node: n}, nil
+}
+
+func (x *managementServer) EndNodeMaintenance(ctx context.Context, req *curatorv1.EndNodeMaintenanceRequest) (*curatorv1.EndNodeMaintenanceResponse, error) {
+	n, ended, err := x.s.maint.End(ctx, req.GetNodeId(), "ended by "+caller(ctx).String())
+	if err != nil {
+		return nil, err
+	}
+	return &curatorv1.EndNodeMaintenanceResponse{Node: n, Ended: ended}, nil
+}
+
+func (x *managementServer) DecommissionNode(ctx context.Context, req *curatorv1.DecommissionNodeRequest) (*curatorv1.DecommissionNodeResponse, error) {
+	n, err := x.s.maint.Decommission(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &curatorv1.DecommissionNodeResponse{Node: n}, nil
 }

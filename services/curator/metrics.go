@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/services/curator/internal/nodewatch"
 )
 
 // registerMetrics adds the curator's metrics to the gRPC server's private
@@ -31,7 +32,7 @@ func (s *Service) registerMetrics(reg *prometheus.Registry) error {
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "curia_curator_watch_revision", Help: "etcd revision the node watch hub has served up to.",
-		}, func() float64 { return float64(s.watch.revision()) }),
+		}, func() float64 { return float64(s.watch.Revision()) }),
 		nodesCollector{s.watch},
 		certCollector{s},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -67,7 +68,7 @@ func enumLabel(name, prefix string) string {
 // nodesCollector counts the watch hub's nodes by state and health, every
 // combination of named values reported (0 included), so that a series
 // does not vanish when its last node leaves it.
-type nodesCollector struct{ h *watchHub }
+type nodesCollector struct{ h *nodewatch.Hub }
 
 func (c nodesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- nodesDesc }
 
@@ -81,15 +82,11 @@ func (c nodesCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	c.h.mu.RLock()
-	if !c.h.ready {
-		c.h.mu.RUnlock()
+	if !c.h.Nodes(func(n *curatorv1.Node) {
+		counts[key{enumLabel(n.GetState().String(), "NODE_STATE_"), enumLabel(n.GetHealth().String(), "NODE_HEALTH_")}]++
+	}) {
 		return
 	}
-	for _, n := range c.h.nodes {
-		counts[key{enumLabel(n.GetState().String(), "NODE_STATE_"), enumLabel(n.GetHealth().String(), "NODE_HEALTH_")}]++
-	}
-	c.h.mu.RUnlock()
 	for k, v := range counts {
 		ch <- prometheus.MustNewConstMetric(nodesDesc, prometheus.GaugeValue, float64(v), k.state, k.health)
 	}

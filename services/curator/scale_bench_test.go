@@ -257,7 +257,7 @@ func benchAgents(b *testing.B, n int) {
 }
 
 // steadyAfter is how long after its first heartbeat a node's heartbeats
-// cost etcd what they cost from then on (heartbeat.go): its next record
+// cost etcd what they cost from then on (internal/nodewatch): its next record
 // is the first beat at least timeout/2 after the first, which comes at
 // most an interval later; from there on, one record every timeout/2.
 func steadyAfter(interval, timeout time.Duration) time.Duration {

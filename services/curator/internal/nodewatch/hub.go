@@ -1,9 +1,29 @@
-package curator
+// Package nodewatch is what every curator replica knows of the nodes as
+// they change, and what the leader knows of their heartbeats:
+//
+//   - the watch hub (Hub): one etcd watch per replica over the node records
+//     and the heartbeat shards, fanned out to every Watch stream the
+//     replica serves, and the view GetNodes, ListNodes and the consensus
+//     status answer from (NodesAt, CurrentNodes);
+//   - the heartbeat tracker (Tracker): the leader's record of every node's
+//     beats, in memory, written to etcd in shards; the hub derives each
+//     node's health from them, so the leader decides and every replica
+//     serves the decision.
+//
+// The two meet in etcd and in one lookup: the tracker asks the hub whether
+// a node exists (Tracking.Registered), so that it drops the beats of
+// deleted nodes. The hub gets the etcd client; the tracker the client and
+// the leadership's term-guarded Txn. The Curator RPCs (Watch, Heartbeat)
+// stay the curator's: it checks who calls, then hands the stream over.
+//
+// Files: hub.go (the hub, the Watch stream's contract), beats.go (the
+// tracker, the shards' format, health from them).
+package nodewatch
 
 // The watch hub: one etcd watch per replica, fanned out to every Watch
 // stream the replica serves, and the view GetNodes answers from.
 //
-//	etcd ── one Watch(/curia/, from rev+1, require leader) ──▶ watchHub.run
+//	etcd ── one Watch(/curia/, from rev+1, require leader) ──▶ Hub.run
 //	                                                             │ apply, under mu
 //	                                  ┌──────────────────────────▼───────────────────────┐
 //	                                  │ nodes  every node at rev, its health filled in   │
@@ -28,7 +48,7 @@ package curator
 // Revisions are etcd revisions, identical on every replica, so a client may
 // resume on any replica with the revision of the last response it saw;
 // Watch is therefore served by whichever replica the client reached
-// (localMethods in follower.go), not forwarded to the leader.
+// (the curator's localMethods), not forwarded to the leader.
 //
 // Wire contract of a stream (curia.curator.v1.WatchResponse):
 //   - start_revision 0, or a revision the ring no longer holds (or one etcd
@@ -55,7 +75,7 @@ package curator
 //     not exist). Only a delete of the key is a deletion.
 //   - every node carries its health and last heartbeat as of the
 //     response's revision, from the leader's heartbeat shards
-//     (heartbeat.go). A change of health is sent; a shard write that only
+//     (beats.go). A change of health is sent; a shard write that only
 //     moves a node's last heartbeat sends nothing: the node's next change,
 //     or a snapshot, shows it.
 
@@ -81,6 +101,7 @@ import (
 	"curia.dev/platform/backoff"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpc"
+	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/run"
 	"curia.dev/services/curator/internal/nodestore"
 )
@@ -116,15 +137,15 @@ const (
 	watchBackoffMax = 5 * time.Second
 )
 
-// WatchConfig sizes the watch hub.
-type WatchConfig struct {
+// Config sizes the watch hub.
+type Config struct {
 	// History is how many recent node-changing revisions the hub keeps, so
 	// that watchers resume without a snapshot (0: defaultWatchHistory).
 	History int
 }
 
 // AddFlags registers the watch hub's flags.
-func (c *WatchConfig) AddFlags(fs *flag.FlagSet) {
+func (c *Config) AddFlags(fs *flag.FlagSet) {
 	if c.History <= 0 {
 		c.History = defaultWatchHistory
 	}
@@ -168,7 +189,7 @@ func (b *watchBatch) encode() (*rpc.Encoded, error) {
 }
 
 // forNode is the batch as a watcher of node id gets it; nil if the
-// revision did not touch that node.
+// Revision did not touch that node.
 func (b *watchBatch) forNode(id string) *curatorv1.WatchResponse {
 	if id == "" {
 		return b.all
@@ -228,9 +249,9 @@ func (r *batchRing) reset() {
 	r.start, r.n = 0, 0
 }
 
-// watchHub holds this replica's view of the nodes, kept current by one etcd
+// Hub holds this replica's view of the nodes, kept current by one etcd
 // watch, and serves every Watch stream from it.
-type watchHub struct {
+type Hub struct {
 	etcd *clientv3.Client
 	log  *slog.Logger
 
@@ -284,17 +305,17 @@ type watchHub struct {
 	etcdRevision func(context.Context) (int64, error)
 	// minRevisionWait is watchMinRevisionWait (tests shorten it).
 	minRevisionWait time.Duration
-	// onLoad, if set, is called after every snapshot load (the service's
+	// OnLoad, if set, is called after every snapshot load (the service's
 	// readiness: the hub can answer).
-	onLoad func()
+	OnLoad func()
 }
 
-func newWatchHub(etcd *clientv3.Client, cfg WatchConfig, log *slog.Logger) *watchHub {
+func NewHub(etcd *clientv3.Client, cfg Config, log *slog.Logger) *Hub {
 	history := cfg.History
 	if history <= 0 {
 		history = defaultWatchHistory
 	}
-	h := &watchHub{
+	h := &Hub{
 		etcd:    etcd,
 		log:     log.With("part", "watch"),
 		nodes:   map[string]*curatorv1.Node{},
@@ -324,7 +345,7 @@ func newWatchHub(etcd *clientv3.Client, cfg WatchConfig, log *slog.Logger) *watc
 // run keeps the hub current until ctx ends: it loads a snapshot, follows
 // etcd from there, and on errors watches again from where it stopped (or,
 // when etcd compacted that revision away, loads a new snapshot).
-func (h *watchHub) run(ctx context.Context) error {
+func (h *Hub) Run(ctx context.Context) error {
 	defer h.stopOnce.Do(func() { close(h.stopped) })
 	bo := backoff.New(watchBackoffMin, watchBackoffMax)
 	h.mu.RLock()
@@ -351,12 +372,12 @@ func (h *watchHub) run(ctx context.Context) error {
 		}
 		var compacted *watchCompacted
 		if errors.As(err, &compacted) {
-			h.log.Warn("node watch fell behind etcd's compaction; reloading a snapshot", "revision", h.revision(), "compact_revision", compacted.rev)
+			h.log.Warn("node watch fell behind etcd's compaction; reloading a snapshot", "revision", h.Revision(), "compact_revision", compacted.rev)
 			resnapshot = true
 			continue
 		}
 		wait := bo.Next()
-		h.log.Warn("node watch ended; watching again", "err", err, "revision", h.revision(), "retry_in", wait)
+		h.log.Warn("node watch ended; watching again", "err", err, "revision", h.Revision(), "retry_in", wait)
 		run.Sleep(ctx, wait)
 	}
 	return nil
@@ -372,7 +393,7 @@ func (e *watchCompacted) Error() string {
 // load reads every node and its heartbeats at one revision and makes them
 // the hub's view. The ring restarts there: streams behind it get a
 // snapshot.
-func (h *watchHub) load(ctx context.Context) error {
+func (h *Hub) load(ctx context.Context) error {
 	nodes := map[string]*curatorv1.Node{}
 	rev, err := nodestore.ScanRange(ctx, h.etcd, keys.NodesPrefix, 0, func(kv *mvccpb.KeyValue) error {
 		n := h.decode(string(kv.Key), kv.Value, kv.ModRevision)
@@ -415,7 +436,7 @@ func (h *watchHub) load(ctx context.Context) error {
 
 // install makes nodes (decorated) and health at rev the hub's view. The
 // ring restarts there: streams behind rev get a snapshot.
-func (h *watchHub) install(nodes map[string]*curatorv1.Node, health map[string]heartbeatRecord, shards map[string][]string, rev int64) error {
+func (h *Hub) install(nodes map[string]*curatorv1.Node, health map[string]heartbeatRecord, shards map[string][]string, rev int64) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if rev < h.rev {
@@ -432,8 +453,8 @@ func (h *watchHub) install(nodes map[string]*curatorv1.Node, health map[string]h
 	h.ring.reset()
 	h.advanceLocked(true)
 	h.log.Info("watch hub loaded nodes", "revision", rev, "nodes", len(nodes))
-	if h.onLoad != nil {
-		h.onLoad()
+	if h.OnLoad != nil {
+		h.OnLoad()
 	}
 	return nil
 }
@@ -444,7 +465,7 @@ func (h *watchHub) install(nodes map[string]*curatorv1.Node, health map[string]h
 // reconciler removes the etcd member of a node that does not exist. It
 // becomes a node with only what the key says — its id, its revision — and
 // why nothing else is known; it is logged once per revision.
-func (h *watchHub) decode(key string, value []byte, rev int64) *curatorv1.Node {
+func (h *Hub) decode(key string, value []byte, rev int64) *curatorv1.Node {
 	id := strings.TrimPrefix(key, keys.NodesPrefix)
 	n, err := nodestore.Decode(value, rev)
 	switch {
@@ -459,7 +480,7 @@ func (h *watchHub) decode(key string, value []byte, rev int64) *curatorv1.Node {
 
 // unreadableNode is the node stored under key at rev whose record cannot
 // be read, for why.
-func (h *watchHub) unreadableNode(key, id string, rev int64, why string) *curatorv1.Node {
+func (h *Hub) unreadableNode(key, id string, rev int64, why string) *curatorv1.Node {
 	if h.unreadable[key] != rev {
 		h.unreadable[key] = rev
 		h.log.Error("unreadable node record; watchers see the node with only its id", "key", key, "node", id, "revision", rev, "reason", why)
@@ -475,14 +496,14 @@ func (h *watchHub) unreadableNode(key, id string, rev int64, why string) *curato
 // that a read that must be at least at etcd's current revision (GetNodes)
 // seldom waits for a progress notification. The other keys' events are
 // few and small (audit records, membership records, leases).
-func (h *watchHub) follow(ctx context.Context) (progressed bool, err error) {
+func (h *Hub) follow(ctx context.Context) (progressed bool, err error) {
 	// A stream of our own (the metadata keys clientv3's gRPC watch
 	// streams), so that progress requests concern this watch only; and
 	// require an etcd leader, so that a member cut off from its cluster
 	// ends the watch instead of going silent.
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(metadata.AppendToOutgoingContext(ctx, "curia-watch", "nodes")))
 	defer cancel()
-	from := h.revision() + 1
+	from := h.Revision() + 1
 	wch := h.etcd.Watch(wctx, keys.Prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithProgressNotify())
 	h.log.Debug("watching nodes", "from", from)
 	for {
@@ -534,7 +555,7 @@ type nodeChange struct {
 
 // apply adds changes (in revision order) to the view, and to the ring one
 // batch per revision that changed a node record.
-func (h *watchHub) apply(changes []nodeChange) {
+func (h *Hub) apply(changes []nodeChange) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for i := 0; i < len(changes); {
@@ -605,7 +626,7 @@ func (h *watchHub) apply(changes []nodeChange) {
 // changed (HEALTHY, HEARTBEAT_TIMEOUT, UNKNOWN), which watchers are sent;
 // a heartbeat that keeps a node healthy only moves its last heartbeat,
 // which they see with its next change or snapshot.
-func (h *watchHub) applyHeartbeat(id string, c nodeChange) (healthChanged bool) {
+func (h *Hub) applyHeartbeat(id string, c nodeChange) (healthChanged bool) {
 	r := h.health[id].with(c.key, c.value, c.deleted)
 	if r.empty() {
 		delete(h.health, id)
@@ -618,7 +639,7 @@ func (h *watchHub) applyHeartbeat(id string, c nodeChange) (healthChanged bool) 
 // redecorate replaces node id, if it exists, by a copy with its health
 // from r (streams may be sending the old one) when that changes its health
 // or last heartbeat. It reports whether the health changed.
-func (h *watchHub) redecorate(id string, r heartbeatRecord) (healthChanged bool) {
+func (h *Hub) redecorate(id string, r heartbeatRecord) (healthChanged bool) {
 	n, ok := h.nodes[id]
 	if !ok {
 		return false
@@ -636,7 +657,7 @@ func (h *watchHub) redecorate(id string, r heartbeatRecord) (healthChanged bool)
 // nodes whose health it changed. The leader rewrites a shard every
 // heartbeat timeout / 2; a node whose health stays and only its last
 // heartbeat moves is replaced, not sent.
-func (h *watchHub) applyShard(c nodeChange) (healthChanged []string) {
+func (h *Hub) applyShard(c nodeChange) (healthChanged []string) {
 	for _, id := range shardInto(h.health, h.shards, c.key, c.value, c.deleted) {
 		if h.redecorate(id, h.health[id]) {
 			healthChanged = append(healthChanged, id)
@@ -686,9 +707,9 @@ func shardInto(health map[string]heartbeatRecord, shards map[string][]string, ke
 	return touched
 }
 
-// exists says whether node id exists as the hub sees it; true until the
+// Exists says whether node id exists as the hub sees it; true until the
 // hub has loaded.
-func (h *watchHub) exists(id string) bool {
+func (h *Hub) Exists(id string) bool {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	_, ok := h.nodes[id]
@@ -697,7 +718,7 @@ func (h *watchHub) exists(id string) bool {
 
 // progress moves the hub to rev when etcd said every change up to it was
 // delivered. It reports whether the revision moved.
-func (h *watchHub) progress(rev int64) bool {
+func (h *Hub) progress(rev int64) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if rev <= h.rev {
@@ -711,7 +732,7 @@ func (h *watchHub) progress(rev int64) bool {
 // advanceLocked wakes those waiting for the hub to move; changed says
 // whether streams that are up to date have something new (a batch, a
 // snapshot).
-func (h *watchHub) advanceLocked(changed bool) {
+func (h *Hub) advanceLocked(changed bool) {
 	close(h.advanced)
 	h.advanced = make(chan struct{})
 	if changed {
@@ -720,15 +741,31 @@ func (h *watchHub) advanceLocked(changed bool) {
 	}
 }
 
-func (h *watchHub) revision() int64 {
+// Revision is the revision the hub's view is complete up to.
+func (h *Hub) Revision() int64 {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	return h.rev
 }
 
+// Nodes calls f with every node of the hub's view, under its read lock
+// (f must not block or change the node); false if the hub has not loaded
+// yet.
+func (h *Hub) Nodes(f func(*curatorv1.Node)) (ready bool) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if !h.ready {
+		return false
+	}
+	for _, n := range h.nodes {
+		f(n)
+	}
+	return true
+}
+
 // requestProgress asks the watch loop to ask etcd for a progress
 // notification (coalesced: one pending request at a time).
-func (h *watchHub) requestProgress() {
+func (h *Hub) requestProgress() {
 	select {
 	case h.nudge <- struct{}{}:
 	default:
@@ -774,7 +811,7 @@ type watchOut struct {
 // read returns what w has not been sent yet and advances its cursor; and
 // the channels that say when there may be more. behind means the hub has
 // not reached w's cursor, or the revision its snapshot must be at, yet.
-func (h *watchHub) read(w *watcher) (out []watchOut, wake watchWake, behind bool) {
+func (h *Hub) read(w *watcher) (out []watchOut, wake watchWake, behind bool) {
 	h.mu.RLock()
 	wake = watchWake{changed: h.changed, advanced: h.advanced}
 	if !h.ready {
@@ -851,7 +888,7 @@ func snapshotResponses(nodes []*curatorv1.Node, rev int64, maxBytes int) []*cura
 
 // serve sends w what the hub has, and then every change, until ctx ends,
 // sending fails or the hub stops.
-func (h *watchHub) serve(ctx context.Context, w *watcher, send watchSend) error {
+func (h *Hub) serve(ctx context.Context, w *watcher, send watchSend) error {
 	// A snapshot that must reach a revision waits for it a bounded time,
 	// the hub's first load included; a client waiting on a lagging replica
 	// is better off on another one.
@@ -874,7 +911,7 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send watchSend) error 
 			return err
 		}
 	}
-	if !w.snapshot && w.cursor > h.revision() {
+	if !w.snapshot && w.cursor > h.Revision() {
 		// The hub is behind the client (this replica just started, or it
 		// trails the replica the client came from) — or the client's
 		// revision is from an etcd history this one never reached. The
@@ -882,7 +919,7 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send watchSend) error 
 		// snapshot.
 		rev, err := h.etcdRevision(ctx)
 		if err != nil {
-			return fmt.Errorf("%w: %v", errUnavailable, err)
+			return fmt.Errorf("%w: %v", rpcerr.Unavailable, err)
 		}
 		if w.cursor > rev {
 			h.log.Info("watch resumes from a revision etcd never reached; sending a snapshot", "start_revision", w.cursor, "etcd_revision", rev)
@@ -939,12 +976,12 @@ func (h *watchHub) serve(ctx context.Context, w *watcher, send watchSend) error 
 // ends (done is its Done, looked up once per stream: a stream's context
 // sits under a dozen values, and a change wakes every stream), the hub
 // stops, or deadline (for w's min_revision) fires.
-func (h *watchHub) wait(ctx context.Context, done <-chan struct{}, w *watcher, changed <-chan struct{}, nudge, deadline <-chan time.Time) error {
+func (h *Hub) wait(ctx context.Context, done <-chan struct{}, w *watcher, changed <-chan struct{}, nudge, deadline <-chan time.Time) error {
 	select {
 	case <-done:
 		return ctx.Err()
 	case <-h.stopped:
-		return fmt.Errorf("%w: this curator replica is shutting down; watch again (any replica) with start_revision=%d", errUnavailable, w.cursor)
+		return fmt.Errorf("%w: this curator replica is shutting down; watch again (any replica) with start_revision=%d", rpcerr.Unavailable, w.cursor)
 	case <-deadline:
 		return h.behindMinRevision(ctx, w)
 	case <-changed:
@@ -957,23 +994,23 @@ func (h *watchHub) wait(ctx context.Context, done <-chan struct{}, w *watcher, c
 // not reach in time. It says whether etcd itself is behind it (a
 // min_revision from elsewhere: retrying will not help) when etcd answers
 // quickly.
-func (h *watchHub) behindMinRevision(ctx context.Context, w *watcher) error {
-	rev := h.revision()
+func (h *Hub) behindMinRevision(ctx context.Context, w *watcher) error {
+	rev := h.Revision()
 	h.log.Warn("watch refused: the hub did not reach min_revision in time", "revision", rev, "min_revision", w.minRev, "waited", h.minRevisionWait)
 	rctx, cancel := context.WithTimeout(ctx, watchEtcdRevisionTimeout)
 	defer cancel()
 	if etcdRev, err := h.etcdRevision(rctx); err == nil && etcdRev < w.minRev {
-		return fmt.Errorf("%w: min_revision %d is ahead of etcd: etcd itself is at revision %d (this replica's view of the nodes is at revision %d); pass a revision this cluster returned, e.g. ListMembersResponse.revision, and retry (any replica)", errUnavailable, w.minRev, etcdRev, rev)
+		return fmt.Errorf("%w: min_revision %d is ahead of etcd: etcd itself is at revision %d (this replica's view of the nodes is at revision %d); pass a revision this cluster returned, e.g. ListMembersResponse.revision, and retry (any replica)", rpcerr.Unavailable, w.minRev, etcdRev, rev)
 	}
-	return fmt.Errorf("%w: this replica's view of the nodes is at revision %d, behind the requested min_revision %d after waiting %s; retry, on any replica", errUnavailable, rev, w.minRev, h.minRevisionWait)
+	return fmt.Errorf("%w: this replica's view of the nodes is at revision %d, behind the requested min_revision %d after waiting %s; retry, on any replica", rpcerr.Unavailable, rev, w.minRev, h.minRevisionWait)
 }
 
-// nodesAt returns every node, with its health, at the hub's revision once
+// NodesAt returns every node, with its health, at the hub's revision once
 // that is at least minRev, sorted by id; and that revision. The nodes are
 // the hub's own: read them, never change them. A hub that does not reach
 // minRev within minRevisionWait (a first load included) refuses
 // UNAVAILABLE: this replica lags or is cut off from etcd.
-func (h *watchHub) nodesAt(ctx context.Context, minRev int64) ([]*curatorv1.Node, int64, error) {
+func (h *Hub) NodesAt(ctx context.Context, minRev int64) ([]*curatorv1.Node, int64, error) {
 	deadline := time.NewTimer(h.minRevisionWait)
 	defer deadline.Stop()
 	for {
@@ -1014,10 +1051,10 @@ func (h *watchHub) nodesAt(ctx context.Context, minRev int64) ([]*curatorv1.Node
 			return nil, 0, ctx.Err()
 		case <-h.stopped:
 			nudge.Stop()
-			return nil, 0, fmt.Errorf("%w: this curator replica is shutting down; retry (any replica)", errUnavailable)
+			return nil, 0, fmt.Errorf("%w: this curator replica is shutting down; retry (any replica)", rpcerr.Unavailable)
 		case <-deadline.C:
 			nudge.Stop()
-			return nil, 0, fmt.Errorf("%w: this replica's view of the nodes is at revision %d, behind etcd's %d after waiting %s; retry, on any replica", errUnavailable, rev, minRev, h.minRevisionWait)
+			return nil, 0, fmt.Errorf("%w: this replica's view of the nodes is at revision %d, behind etcd's %d after waiting %s; retry, on any replica", rpcerr.Unavailable, rev, minRev, h.minRevisionWait)
 		case <-advanced:
 		case <-nudge.C:
 		}
@@ -1027,25 +1064,26 @@ func (h *watchHub) nodesAt(ctx context.Context, minRev int64) ([]*curatorv1.Node
 
 // idsChangedLocked notes that a node came or went: ids must be sorted
 // again. h.mu is held for writing.
-func (h *watchHub) idsChangedLocked() {
+func (h *Hub) idsChangedLocked() {
 	h.ids = nil
 	h.idsGen++
 }
 
-// currentNodes is nodesAt etcd's current revision: every node as of a
+// CurrentNodes is nodesAt etcd's current revision: every node as of a
 // moment within the call (a linearizable read).
-func (h *watchHub) currentNodes(ctx context.Context) ([]*curatorv1.Node, error) {
+func (h *Hub) CurrentNodes(ctx context.Context) ([]*curatorv1.Node, error) {
 	rev, err := h.etcdRevision(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errUnavailable, err)
+		return nil, fmt.Errorf("%w: %v", rpcerr.Unavailable, err)
 	}
-	nodes, _, err := h.nodesAt(ctx, rev)
+	nodes, _, err := h.NodesAt(ctx, rev)
 	return nodes, err
 }
 
-// Watch streams nodes from this replica's hub (see the top of this file).
-func (x *curatorServer) Watch(req *curatorv1.WatchRequest, stream curatorv1.Curator_WatchServer) error {
-	return x.s.watch.serve(stream.Context(), newWatcher(req), func(r *curatorv1.WatchResponse, shared *watchBatch) error {
+// Watch serves one Watch stream from the hub (see the top of this file):
+// the Curator service's Watch, which every replica serves itself.
+func (h *Hub) Watch(req *curatorv1.WatchRequest, stream curatorv1.Curator_WatchServer) error {
+	return h.serve(stream.Context(), newWatcher(req), func(r *curatorv1.WatchResponse, shared *watchBatch) error {
 		if shared == nil {
 			return stream.Send(r)
 		}
