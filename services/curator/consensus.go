@@ -61,12 +61,12 @@ func (p *consensusPool) conn(addr string) (consensusv1.ConsensusClient, error) {
 	return consensusv1.NewConsensusClient(cc), nil
 }
 
-// do calls f on consensus services until one answers with anything but
+// Do calls f on consensus services until one answers with anything but
 // Unavailable, or with an Unavailable that says when to try again: etcd's
 // reconfiguration window, which every service meets alike, and which for a
 // membership change means that the change was tried and not applied (its
 // epoch moved on, so the next service would only find the fence stale).
-func (p *consensusPool) do(ctx context.Context, what string, f func(consensusv1.ConsensusClient) error) error {
+func (p *consensusPool) Do(ctx context.Context, what string, f func(consensusv1.ConsensusClient) error) error {
 	addrs := p.addresses(ctx)
 	if len(addrs) == 0 {
 		return fmt.Errorf("%w: %s: no consensus service is known (start the curator with --consensus)", errUnavailable, what)
@@ -92,12 +92,12 @@ func (p *consensusPool) do(ctx context.Context, what string, f func(consensusv1.
 // so that a frozen one (SIGSTOP, a stalled VM) leaves time to ask the next.
 const listMembersTimeout = 4 * time.Second
 
-// listMembers reads a fresh member list (with its epoch and pending
+// ListMembers reads a fresh member list (with its epoch and pending
 // change) from the first consensus service that answers. A read, so one
 // that does not answer in time is passed over like an Unavailable one.
-func (p *consensusPool) listMembers(ctx context.Context) (*consensusv1.ListMembersResponse, error) {
+func (p *consensusPool) ListMembers(ctx context.Context) (*consensusv1.ListMembersResponse, error) {
 	var members *consensusv1.ListMembersResponse
-	err := p.do(ctx, "list etcd members", func(c consensusv1.ConsensusClient) (err error) {
+	err := p.Do(ctx, "list etcd members", func(c consensusv1.ConsensusClient) (err error) {
 		actx, cancel := context.WithTimeout(ctx, listMembersTimeout)
 		defer cancel()
 		members, err = c.ListMembers(actx, &consensusv1.ListMembersRequest{})

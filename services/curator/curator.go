@@ -10,41 +10,46 @@
 //	                                                        ▼
 //	                                              etcd (/curia/...)  ◀── consensus AddNode/RemoveMember
 //
-// Files: curator.go (config, run), leader.go (election, term-guarded
-// writes), follower.go (forwarding), leader_enrolment.go (bootstrap,
-// register, commit), leader_management.go (roles, delete, cluster info),
-// leader_nodes.go and filter.go (GetNodes and ListNodes' pages, with CEL
-// filters), heartbeat.go (the Watch and Heartbeat streams, handed to
-// internal/nodewatch), leader_consensus_status.go, leader_reconcile.go (the
-// reconciler's fenced role writes, the Reconciliation service),
-// leader_status.go (UpdateNodeStatus), management_parts.go (the RPCs
-// internal/snaps, internal/auditlog, internal/clusterconfig and
-// internal/maintenance serve), consensus.go (calls to the consensus
-// services), certificates.go (IssueCertificates, WatchCRL, GetMembership),
-// enrolment_limit.go (the rate limit on enrolling nodes), endpoints.go (the
-// etcd client's endpoints: the voters that answer), metrics.go (what
-// /metrics adds to the gRPC server's), policy.go (who may call what),
-// errors.go (the one mapping to gRPC codes), connect.go (the admin API over
-// the Connect protocol).
+// Files: curator.go (config, wiring, run), leader.go (election,
+// term-guarded writes), follower.go (forwarding), servers.go (the gRPC
+// servers: each handler hands its call to the part that serves it),
+// heartbeat.go (the Watch and Heartbeat streams, handed to
+// internal/nodewatch), leader_nodes.go and filter.go (GetNodes and
+// ListNodes' pages, with CEL filters, from the watch hub),
+// leader_consensus_status.go (GetConsensusStatus), consensus.go (calls to
+// the consensus services), enrolment_limit.go (the rate limit on enrolling
+// nodes), endpoints.go (the etcd client's endpoints: the voters that
+// answer), metrics.go (what /metrics adds to the gRPC server's), policy.go
+// (who may call what), errors.go (the one mapping to gRPC codes),
+// connect.go (the admin API over the Connect protocol).
 //
-// Internal packages own one job each and get only what it needs:
-// internal/roles (the role decision, pure: which roles a record gets, for
-// UpdateNodeRoles and the reconciler alike), internal/etcdmaint (etcd's
-// members observed, leadership moved off one, defragmentation and the
-// NOSPACE alarm), internal/leases (named leases and the fence they give: the
-// Leases service), internal/snaps (the leader's etcd snapshots, their
-// retention and their copies off-site), internal/auditlog (the event each
-// change writes, WatchAuditLog, the retention), internal/clusterconfig (the
-// cluster configuration record), internal/certs (node certificates issued,
-// recorded and revoked, the CRL, tombstones), internal/nodestore (node
-// records read, decoded and written: the one reader and writer),
-// internal/maintenance (a node out of service for a while, or for good) and
-// internal/nodewatch (the watch hub: one etcd watch fanned out to every
-// Watch stream, the nodes GetNodes answers from; the leader's heartbeat
-// tracker and the health it writes). None holds *Service. What this package
-// still does itself, as methods of Service, is enrolment, role writes and
-// deletion and the reconciler's fenced writes: they read and write nodes
-// through internal/nodestore and the leadership's Txn, the next to move out.
+// Internal packages own one job each and get only what it needs; none
+// holds *Service:
+//   - internal/registry: the node registry (bootstrap, register, approve,
+//     commit, roles with the etcd step first, delete, status, certificate
+//     renewal, the reconciler's fenced role writes);
+//   - internal/nodestore: node records read, decoded and written, the one
+//     reader and writer;
+//   - internal/roles: the role decision, pure (which roles a record gets,
+//     for UpdateNodeRoles and the reconciler alike);
+//   - internal/nodewatch: the watch hub (one etcd watch fanned out to every
+//     Watch stream, the nodes GetNodes answers from) and the leader's
+//     heartbeat tracker, whose shards give every node its health;
+//   - internal/certs: node certificates issued, recorded and revoked, the
+//     CRL, tombstones;
+//   - internal/leases: named leases and the fence they give (the Leases
+//     service);
+//   - internal/maintenance: a node out of service for a while, or for good;
+//   - internal/etcdmaint: etcd's members observed, leadership moved off
+//     one, defragmentation and the NOSPACE alarm;
+//   - internal/snaps: the leader's etcd snapshots, their retention and their
+//     copies off-site;
+//   - internal/auditlog: the event each change writes, WatchAuditLog, the
+//     retention;
+//   - internal/clusterconfig: the cluster configuration record.
+//
+// Service wires them (New) and runs them (Run); the gRPC servers hold it,
+// as the API over all of them.
 package curator
 
 import (
@@ -77,6 +82,7 @@ import (
 	"curia.dev/services/curator/internal/maintenance"
 	"curia.dev/services/curator/internal/nodestore"
 	"curia.dev/services/curator/internal/nodewatch"
+	"curia.dev/services/curator/internal/registry"
 	"curia.dev/services/curator/internal/snaps"
 )
 
@@ -280,6 +286,7 @@ type Service struct {
 	snaps     *snaps.Snapshotter
 	defrag    *etcdmaint.Defragmenter
 	maint     *maintenance.Maintenance
+	registry  *registry.Registry
 	// beats is the current term's heartbeat tracker while this replica
 	// leads (internal/nodewatch).
 	beats atomic.Pointer[nodewatch.Tracker]
@@ -393,9 +400,14 @@ func New(cfg Config, log *slog.Logger) (*Service, error) {
 		},
 		Audit: s.audit.Record,
 	})
+	s.registry = &registry.Registry{
+		Cluster: cfg.Cluster, Name: cfg.Name, CAPEM: creds.CAPEM,
+		Etcd: cli, Nodes: s.nodes, Lead: s.lead, Consensus: s.consensus, Certs: s.certs, Audit: s.audit,
+		Log: log.With("part", "registry"),
+	}
 	s.maint = &maintenance.Maintenance{
 		Etcd: cli, Nodes: s.nodes, Lead: s.lead, Members: s.defrag, Audit: s.audit,
-		Log: log.With("part", "maintenance"), UpdateRoles: s.updateRoles,
+		Log: log.With("part", "maintenance"), UpdateRoles: s.registry.UpdateRoles,
 	}
 	limit := newEnrolmentLimit(cfg.EnrolmentRate, cfg.EnrolmentBurst)
 	srv, err := rpc.NewServer(rpc.ServerConfig{

@@ -13,10 +13,6 @@ var (
 	errRefused     = rpcerr.Refused
 	errDenied      = rpcerr.Denied
 	errUnavailable = rpcerr.Unavailable
-	// errStale: what the caller read (a node's revision) changed since;
-	// read again and decide again. (A stale fence is rpcerr.FenceStale,
-	// a membership change in flight rpcerr.ChangePending.)
-	errStale = rpcerr.Conflict.Sub("stale")
 	// errExhausted: a rate limit; retry later.
 	errExhausted = rpcerr.Exhausted
 )

@@ -148,9 +148,9 @@ func (l *leadership) stepDown(why string) {
 	}
 }
 
-// lost is called when a term-guarded write found the term gone: stop
+// Lost is called when a term-guarded write found the term gone: stop
 // acting as leader at once and campaign again.
-func (l *leadership) lost() {
+func (l *leadership) Lost() {
 	l.mu.Lock()
 	sess := l.session
 	l.mu.Unlock()
@@ -253,7 +253,7 @@ func (l *leadership) Txn(ctx context.Context, cmps []clientv3.Cmp, ops ...client
 	}
 	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != term {
 		l.log.Warn("term lost during a write", "term", term)
-		l.lost()
+		l.Lost()
 		return nil, errNotLeader
 	}
 	return nil, errConflict

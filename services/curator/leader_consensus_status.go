@@ -26,7 +26,7 @@ func (x *managementServer) GetConsensusStatus(ctx context.Context, _ *curatorv1.
 // configured addresses and at the consensus_api their nodes report; a
 // member none of them speaks for has raft_index 0 and lag 0.
 func (s *Service) consensusStatus(ctx context.Context) (*curatorv1.GetConsensusStatusResponse, error) {
-	members, err := s.consensus.listMembers(ctx)
+	members, err := s.consensus.ListMembers(ctx)
 	if err != nil {
 		return nil, err
 	}

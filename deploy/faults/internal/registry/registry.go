@@ -11,8 +11,8 @@
 // The state of one node is absent, deleted (absent for good: its id is
 // tombstoned), or {state, worker}. A node starts absent (the workload makes
 // a fresh key per synthetic node). The rules come from
-// services/curator (leader_enrolment.go, leader_management.go, store.go,
-// errors.go); each is checked by the model's step function:
+// the curator's internal/registry (enrolment.go, nodes.go, roles.go) and
+// internal/nodestore; each is checked by the model's step function:
 //
 //   - register (Curator/RegisterNode): absent → NEW, no roles; deleted is
 //     PermissionDenied (a deleted id never registers again). A node that

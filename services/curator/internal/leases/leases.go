@@ -1,7 +1,7 @@
 // Package leases is the curator's named leases (DESIGN §4): the
 // Leases service the reconciler acquires its lease from, and the fence the
 // lease gives. The reconciler's fenced role writes, which these leases
-// fence, are the curator's leader_reconcile.go.
+// fence, are internal/registry's reconcile.go.
 //
 // A lease is the record keys.Lease(name) = leaseRecord (JSON), bound to an
 // etcd lease of the holder's TTL and created by the leader in a txn guarded

@@ -1,4 +1,4 @@
-package curator
+package registry
 
 // The reconciler's fenced role writes (curia.curator.v1.Reconciliation,
 // DESIGN §4). Each is one etcd txn that checks the reconciler's lease fence
@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -32,38 +31,20 @@ import (
 	"curia.dev/services/curator/internal/roles"
 )
 
-// reconciliationServer implements curia.curator.v1.Reconciliation. The
-// policy admits only the reconciler; followers forward to the leader.
-type reconciliationServer struct {
-	curatorv1.UnimplementedReconciliationServer
-	s *Service
-}
-
-func (x *reconciliationServer) log() *slog.Logger { return x.s.log.With("part", "reconciliation") }
-
-func (x *reconciliationServer) ReconcileNodeRoles(ctx context.Context, req *curatorv1.ReconcileNodeRolesRequest) (*curatorv1.ReconcileNodeRolesResponse, error) {
-	n, err := x.reconcileNodeRoles(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	return &curatorv1.ReconcileNodeRolesResponse{Node: n}, nil
-}
-
-// reconcileNodeRoles is the reconciler's fenced role write: one etcd txn
+// ReconcileNodeRoles is the reconciler's fenced role write: one etcd txn
 // that checks the fence (leader key and lease), the membership epoch, the
 // node's revision and this leader's term, and writes the node and the
 // audit event. Any stale part is Aborted with the reason; nothing is
 // written then. The fence is checked even when the write would change
 // nothing, so that a stale caller always learns it is stale.
-func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *curatorv1.ReconcileNodeRolesRequest) (*curatorv1.Node, error) {
-	s := x.s
+func (r *Registry) ReconcileNodeRoles(ctx context.Context, req *curatorv1.ReconcileNodeRolesRequest) (*curatorv1.Node, error) {
 	f := fence.FromProto(req.GetFence())
 	leaderCond, _, err := leases.FenceShape(f, leases.Reconciler)
 	if err != nil {
 		return nil, err
 	}
 	if f.Epoch <= 0 {
-		return nil, fmt.Errorf("%w: fence.membership_epoch is required: the epoch read before listing members (ListMembersResponse.membership_epoch)", errBadRequest)
+		return nil, fmt.Errorf("%w: fence.membership_epoch is required: the epoch read before listing members (ListMembersResponse.membership_epoch)", rpcerr.Invalid)
 	}
 	// The node id, a positive node revision, one change (join parameters
 	// that can be joined with, or remove_consensus_member=true) and a
@@ -81,9 +62,9 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 
 	// The fence's leader key is the term that granted the lease; this
 	// leader accepts only its own term.
-	leaderKey, term, ok := s.lead.Ours()
+	leaderKey, term, ok := r.Lead.Ours()
 	if !ok {
-		return nil, errNotLeader
+		return nil, rpcerr.NotLeader
 	}
 	if leaderCond.Key != leaderKey || leaderCond.CreateRevision != term {
 		return nil, leases.StaleLeader("fence from term %d; the leader is at term %d: re-acquire the lease", leaderCond.CreateRevision, term)
@@ -101,9 +82,9 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 	// revision, the txn fails on the node's revision (after the fence).
 	var ops []clientv3.Op
 	var refused error
-	n, err := s.nodes.Get(ctx, id)
+	n, err := r.Nodes.Get(ctx, id)
 	switch {
-	case errors.Is(err, errNotFound):
+	case errors.Is(err, rpcerr.NotFound):
 	case err != nil:
 		return nil, err
 	case n.Revision == rev:
@@ -119,14 +100,14 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 		var crlOps []clientv3.Op
 		var crlCmps []clientv3.Cmp
 		if refused == nil && changed {
-			crlOps, crlCmps, refused = s.certs.WithMemberCertificate(ctx, n, want)
+			crlOps, crlCmps, refused = r.Certs.WithMemberCertificate(ctx, n, want)
 		}
 		if refused == nil && changed {
 			n.Roles = want
 			extra = append(extra, crlCmps...)
 			ops = append(crlOps, nodestore.Put(n), audit.Put(&auditv1.Event{
 				Actor:      caller(ctx).String(),
-				RecordedBy: "curator/" + s.cfg.Name,
+				RecordedBy: "curator/" + r.Name,
 				Action:     action,
 				NodeId:     id,
 				MemberId:   memberID,
@@ -137,10 +118,10 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 		}
 	}
 
-	if _, err := fence.Apply(ctx, s.etcd, f, extra, ops...); err != nil {
+	if _, err := fence.Apply(ctx, r.Etcd, f, extra, ops...); err != nil {
 		var se *fence.StaleError
 		if errors.As(err, &se) {
-			return nil, x.whyStale(ctx, se, f, leaderKey, term, id, rev)
+			return nil, r.whyStale(ctx, se, f, leaderKey, term, id, rev)
 		}
 		return nil, err
 	}
@@ -150,8 +131,8 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 	if len(ops) == 0 {
 		return n, nil // nothing to change; the fence holds
 	}
-	x.log().Info("node roles reconciled", "node", id, "action", action.String(), "fence", f.String(), "term", term, "by", caller(ctx).String(), "reason", reason)
-	return s.nodes.Get(ctx, id)
+	r.Log.Info("node roles reconciled", "node", id, "action", action.String(), "fence", f.String(), "term", term, "by", caller(ctx).String(), "reason", reason)
+	return r.Nodes.Get(ctx, id)
 }
 
 // whyStale names the condition of a failed reconcile txn: this leader's
@@ -161,11 +142,11 @@ func (x *reconciliationServer) reconcileNodeRoles(ctx context.Context, req *cura
 // revision, revisions only grow), so what failed then is still false now —
 // except a pending change, which may have finished meanwhile; then the
 // epoch it bumped failed the fence.
-func (x *reconciliationServer) whyStale(ctx context.Context, se *fence.StaleError, f fence.Fence, leaderKey string, term int64, id string, rev int64) error {
+func (r *Registry) whyStale(ctx context.Context, se *fence.StaleError, f fence.Fence, leaderKey string, term int64, id string, rev int64) error {
 	if !strings.HasPrefix(se.Reason, "a condition of the write") {
 		return fmt.Errorf("reconcile roles of %s: %w", id, se)
 	}
-	resp, err := x.s.etcd.Txn(ctx).Then(
+	resp, err := r.Etcd.Txn(ctx).Then(
 		clientv3.OpGet(leaderKey, clientv3.WithKeysOnly()),
 		clientv3.OpGet(keys.MembershipPending, clientv3.WithKeysOnly()),
 		clientv3.OpGet(keys.Node(id), clientv3.WithKeysOnly()),
@@ -181,9 +162,9 @@ func (x *reconciliationServer) whyStale(ctx context.Context, se *fence.StaleErro
 		return kvs[0].CreateRevision, kvs[0].ModRevision, true
 	}
 	if create, _, ok := get(0); !ok || create != term {
-		x.log().Warn("term lost during a write", "term", term)
-		x.s.lead.lost()
-		return fmt.Errorf("%w: this curator's term %d ended during the write; retry, and re-acquire the lease at the new leader", errNotLeader, term)
+		r.Log.Warn("term lost during a write", "term", term)
+		r.Lead.Lost()
+		return fmt.Errorf("%w: this curator's term %d ended during the write; retry, and re-acquire the lease at the new leader", rpcerr.NotLeader, term)
 	}
 	if _, _, ok := get(1); ok {
 		return fmt.Errorf("%w: a membership change is in flight: read members again once it finished", rpcerr.ChangePending)
