@@ -15,6 +15,7 @@ import (
 // coverage the end of a test stops its processes with SIGTERM, and a
 // binary built with -cover writes them when it exits.
 func TestCoverage(t *testing.T) {
+	SkipShort(t)
 	dir := t.TempDir()
 	defer func(old string) { coverDir = old }(coverDir)
 	coverDir = dir
