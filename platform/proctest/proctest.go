@@ -168,6 +168,13 @@ func New(t testing.TB, name, bin string, args ...string) *Proc {
 	p.Env = append(os.Environ(), "CURIA_FAILPOINT_DIR="+p.Failpoints)
 	if coverDir != "" {
 		p.Env = append(p.Env, "GOCOVERDIR="+coverDir)
+		if raceEnabled {
+			// The race detector sleeps a second before a process exits
+			// (GORACE's atexit_sleep_ms, for other threads to report):
+			// under coverage every process exits, and those seconds
+			// added a minute to the reconciler's tests alone.
+			p.Env = append(p.Env, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+		}
 	}
 	t.Cleanup(func() {
 		if coverDir != "" {
