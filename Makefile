@@ -151,7 +151,10 @@ check-tidy: ## fail if any module's go.mod/go.sum is not what `make tidy` makes
 .PHONY: test
 # With -cover: the profile goes to .cover/ (git-ignored), and curia-cover
 # prints one line per module of go.work (its packages' statement coverage)
-# and the total. COVER= runs the same tests without it.
+# and the total. The binaries the tests start as processes
+# (platform/proctest) are built with -cover too (CURIA_COVERDIR) and write
+# their counters to a fresh COVERDIR, which curia-cover adds in a second
+# column. COVER= runs the same tests without either.
 #
 # TEST_P packages test at once (go test -p; go's default is the number of
 # CPUs, ours at least 3): the services' packages run etcd members and
@@ -160,12 +163,13 @@ check-tidy: ## fail if any module's go.mod/go.sum is not what `make tidy` makes
 # busier and end about when the longest (the curator's, 5 minutes) does.
 COVER        ?= 1
 COVERPROFILE ?= $(CURDIR)/.cover/profile.out
+COVERDIR     ?= $(CURDIR)/.cover/covdata
 TEST_P       ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 3 ] && echo $$n || echo 3)
 test: ## run every test (real etcd, real mTLS, loopback), with each module's statement coverage (COVER= without)
 ifneq ($(COVER),)
-	@mkdir -p $(dir $(COVERPROFILE))
-	go test -race -count=1 -timeout 15m -p $(TEST_P) -cover -coverprofile '$(COVERPROFILE)' work
-	go run ./platform/cmd/curia-cover '$(COVERPROFILE)' $(MODULES:%=curia.dev/%)
+	@mkdir -p $(dir $(COVERPROFILE)) && rm -rf '$(COVERDIR)' && mkdir -p '$(COVERDIR)'
+	CURIA_COVERDIR='$(abspath $(COVERDIR))' go test -race -count=1 -timeout 15m -p $(TEST_P) -cover -coverprofile '$(COVERPROFILE)' work
+	go run ./platform/cmd/curia-cover -covdata '$(COVERDIR)' '$(COVERPROFILE)' $(MODULES:%=curia.dev/%)
 else
 	go test -race -count=1 -timeout 15m -p $(TEST_P) work
 endif

@@ -7,6 +7,11 @@
 // starts etcd, through SkipShort. Binaries are built with -race when the
 // tests run with it (race.go), so that the race detector watches the
 // services too, not only the test's own goroutines.
+//
+// With CURIA_COVERDIR set (make test does), the binaries are built with
+// -cover too and write their coverage counters there when they exit, so
+// that the code a test runs only inside a process counts as covered
+// (platform/cmd/curia-cover adds them to the tests' profile).
 package proctest
 
 import (
@@ -44,10 +49,26 @@ var (
 	built   = map[string]string{}
 )
 
+// coverDir is where binaries built with -cover write their counters
+// (GOCOVERDIR), from CURIA_COVERDIR: an absolute directory, since each
+// package's tests run in their own. Empty: no coverage, the binaries are
+// built and stopped as without it.
+var coverDir = os.Getenv("CURIA_COVERDIR")
+
+// coverStopGrace is how long the end of a test gives a process built with
+// -cover to exit on SIGTERM before it kills it. A service that hangs on
+// its way out loses its counters, not the test its time.
+const coverStopGrace = 10 * time.Second
+
 // Build builds the command package pkg (e.g.
 // "curia.dev/services/consensus/cmd/consensus") with the given build tags
 // and returns the binary's path, with -race when the test binary has it.
 // The test must run inside the go.work. Under -short it skips the test.
+//
+// With CURIA_COVERDIR set, the binary is built with -cover for every
+// package of curia it links (-coverpkg=curia.dev/...), in atomic mode as
+// `go test -race -cover` counts, so that both profiles add up; it goes to
+// a directory of its own (+cover), next to the plain one.
 //
 // The binary goes to a directory of this user's shared by every test
 // process (one per package): go build leaves a binary alone when its build
@@ -69,6 +90,15 @@ func Build(t testing.TB, pkg string, tags ...string) string {
 	if raceEnabled {
 		variant += "+race"
 	}
+	if coverDir != "" {
+		if !filepath.IsAbs(coverDir) {
+			t.Fatalf("CURIA_COVERDIR=%q: want an absolute path (each package's tests run in its own directory)", coverDir)
+		}
+		if err := os.MkdirAll(coverDir, 0o700); err != nil {
+			t.Fatalf("CURIA_COVERDIR: %v", err)
+		}
+		variant += "+cover"
+	}
 	dir := filepath.Join(os.TempDir(), fmt.Sprintf("curia-test-bin-%d", os.Getuid()), variant)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -82,6 +112,11 @@ func Build(t testing.TB, pkg string, tags ...string) string {
 	args := []string{"build", "-tags", strings.Join(tags, ","), "-o", bin}
 	if raceEnabled {
 		args = append(args, "-race")
+	}
+	if coverDir != "" {
+		// gen/ too: leaving it out saves no measurable build time (a
+		// tenth of a second on the consensus binary).
+		args = append(args, "-cover", "-covermode=atomic", "-coverpkg=curia.dev/...")
 	}
 	out, err := exec.Command("go", append(args, pkg)...).CombinedOutput()
 	if err != nil {
@@ -124,14 +159,32 @@ type Proc struct {
 	proc *process.Process // nil before Start and after a stop
 }
 
-// New prepares a process; Start runs it. It is killed when the test ends.
+// New prepares a process; Start runs it. It is killed when the test ends
+// (under coverage, stopped: SIGTERM, SIGKILL after 10s; see Build).
 func New(t testing.TB, name, bin string, args ...string) *Proc {
 	t.Helper()
 	SkipShort(t)
 	p := &Proc{t: t, Name: name, bin: bin, args: args, Log: filepath.Join(t.TempDir(), name+".log"), Failpoints: t.TempDir()}
 	p.Env = append(os.Environ(), "CURIA_FAILPOINT_DIR="+p.Failpoints)
+	if coverDir != "" {
+		p.Env = append(p.Env, "GOCOVERDIR="+coverDir)
+		if raceEnabled {
+			// The race detector sleeps a second before a process exits
+			// (GORACE's atexit_sleep_ms, for other threads to report):
+			// under coverage every process exits, and those seconds
+			// added a minute to the reconciler's tests alone.
+			p.Env = append(p.Env, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+		}
+	}
 	t.Cleanup(func() {
-		p.Kill()
+		if coverDir != "" {
+			// A binary built with -cover writes its counters when it
+			// exits (returning from main, or os.Exit: run.Main does
+			// either on SIGTERM), and SIGKILL leaves it no exit.
+			p.stop(syscall.SIGTERM, coverStopGrace)
+		} else {
+			p.Kill()
+		}
 		// A -race binary reports a race and runs on: its log is where
 		// the race shows, and the test fails on it.
 		if raceEnabled {
@@ -214,13 +267,16 @@ func (p *Proc) send(sig syscall.Signal) {
 
 // Signal sends sig and waits for the process to exit (SIGKILL after 30s; a
 // paused process is resumed to see sig).
-func (p *Proc) Signal(sig syscall.Signal) {
+func (p *Proc) Signal(sig syscall.Signal) { p.stop(sig, 30*time.Second) }
+
+// stop sends sig and waits for the process to exit, SIGKILL after grace.
+func (p *Proc) stop(sig syscall.Signal, grace time.Duration) {
 	p.mu.Lock()
 	proc := p.proc
 	p.proc = nil
 	p.mu.Unlock()
 	if proc != nil {
-		proc.Stop(sig, 30*time.Second)
+		proc.Stop(sig, grace)
 	}
 }
 

@@ -7,37 +7,53 @@
 //	curia-cover .cover/profile.out              # modules from `go list -m`
 //	curia-cover .cover/profile.out curia.dev/platform curia.dev/gen
 //
+// With -covdata DIR, the counters that binaries built with -cover wrote to
+// DIR (GOCOVERDIR: the service processes the tests started, see
+// platform/proctest) count too: a second column gives each module's
+// coverage with them, next to the tests' own.
+//
+//	curia-cover -covdata .cover/covdata .cover/profile.out
+//
 // A statement belongs to the module whose path is the longest prefix of its
 // file's import path. A block listed more than once (one package's tests
 // and another's, under -coverpkg) counts once, covered if any run covered
 // it. Packages without tests count too, at zero: go test lists their
-// statements in the profile.
+// statements in the profile. The processes' blocks add to them the same
+// way: a block counts once, covered if a test or a process ran it.
 package main
 
 import (
 	"bufio"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 )
 
 func main() {
-	if len(os.Args) < 2 || strings.HasPrefix(os.Args[1], "-") {
-		fmt.Fprintln(os.Stderr, "usage: curia-cover PROFILE [MODULE...]")
+	covdata := flag.String("covdata", "", "also count the counters binaries built with -cover wrote to this `dir` (their GOCOVERDIR)")
+	flag.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: curia-cover [-covdata DIR] PROFILE [MODULE...]")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() < 1 {
+		flag.Usage()
 		os.Exit(2)
 	}
-	if err := run(os.Stdout, os.Args[1], os.Args[2:]); err != nil {
+	if err := run(os.Stdout, flag.Arg(0), *covdata, flag.Args()[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "curia-cover:", err)
 		os.Exit(1)
 	}
 }
 
-func run(w io.Writer, profile string, modules []string) error {
+func run(w io.Writer, profile, covdata string, modules []string) error {
 	if len(modules) == 0 {
 		out, err := exec.Command("go", "list", "-m").Output()
 		if err != nil {
@@ -45,17 +61,49 @@ func run(w io.Writer, profile string, modules []string) error {
 		}
 		modules = strings.Fields(string(out))
 	}
+	blocks := map[string]block{}
+	if err := parseFile(profile, blocks); err != nil {
+		return err
+	}
+	if covdata == "" {
+		writeRows(w, summarize(blocks, modules))
+		return nil
+	}
+	tests := summarize(blocks, modules)
+	if err := parseCovdata(covdata, blocks); err != nil {
+		return err
+	}
+	writeColumns(w, tests, summarize(blocks, modules))
+	return nil
+}
+
+func parseFile(profile string, blocks map[string]block) error {
 	f, err := os.Open(profile) //nolint:gosec // G703: the profile is the path its user passes on the command line
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	blocks, err := parse(f)
-	if err != nil {
+	if err := parse(f, blocks); err != nil {
 		return fmt.Errorf("%s: %w", profile, err)
 	}
-	writeRows(w, summarize(blocks, modules))
 	return nil
+}
+
+// parseCovdata adds the blocks of the counters in dir, turned into a
+// profile of the same format by `go tool covdata textfmt` (an empty one
+// when no process wrote any).
+func parseCovdata(dir string, blocks map[string]block) error {
+	tmp, err := os.MkdirTemp("", "curia-cover-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	profile := filepath.Join(tmp, "processes.out")
+	out, err := exec.Command("go", "tool", "covdata", "textfmt", "-i="+dir, "-o="+profile).CombinedOutput() //nolint:gosec // G204: dir is the path its user passes on the command line
+	if err != nil {
+		return fmt.Errorf("go tool covdata textfmt -i=%s: %w\n%s", dir, err, out)
+	}
+	return parseFile(profile, blocks)
 }
 
 // block is one line of a profile: statements in a range of a file.
@@ -65,9 +113,8 @@ type block struct {
 }
 
 // parse reads a profile ("mode: atomic", then "file:l.c,l.c stmts count"
-// lines) into its blocks, keyed by file and range.
-func parse(r io.Reader) (map[string]block, error) {
-	blocks := map[string]block{}
+// lines) into blocks, keyed by file and range.
+func parse(r io.Reader, blocks map[string]block) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	for n := 1; sc.Scan(); n++ {
@@ -77,12 +124,12 @@ func parse(r io.Reader) (map[string]block, error) {
 		}
 		fields := strings.Fields(line)
 		if len(fields) != 3 {
-			return nil, fmt.Errorf("line %d: not file:range stmts count: %q", n, line)
+			return fmt.Errorf("line %d: not file:range stmts count: %q", n, line)
 		}
 		stmts, err1 := strconv.Atoi(fields[1])
 		count, err2 := strconv.Atoi(fields[2])
 		if err := errors.Join(err1, err2); err != nil {
-			return nil, fmt.Errorf("line %d: %w", n, err)
+			return fmt.Errorf("line %d: %w", n, err)
 		}
 		key := fields[0]
 		b := blocks[key]
@@ -90,7 +137,7 @@ func parse(r io.Reader) (map[string]block, error) {
 		b.covered = b.covered || count > 0
 		blocks[key] = b
 	}
-	return blocks, sc.Err()
+	return sc.Err()
 }
 
 // row is one module's statements and how many of them ran.
@@ -101,7 +148,7 @@ type row struct {
 
 // summarize sums the blocks per module (longest matching module path), in
 // the modules' order, with the total last. Files of no listed module come
-// under "other".
+// under "other" (a row only when there are some).
 func summarize(blocks map[string]block, modules []string) []row {
 	byLength := slices.Clone(modules)
 	slices.SortFunc(byLength, func(a, b string) int { return len(b) - len(a) })
@@ -136,17 +183,41 @@ func summarize(blocks map[string]block, modules []string) []row {
 	return append(rows, total)
 }
 
-func writeRows(w io.Writer, rows []row) {
-	width := 0
-	for _, r := range rows {
-		width = max(width, len(r.module))
+func (r row) percent() float64 {
+	if r.stmts == 0 {
+		return 0
 	}
+	return 100 * float64(r.covered) / float64(r.stmts)
+}
+
+func width(rows []row) int {
+	w := 0
+	for _, r := range rows {
+		w = max(w, len(r.module))
+	}
+	return w
+}
+
+func writeRows(w io.Writer, rows []row) {
+	width := width(rows)
 	fmt.Fprintln(w, "statement coverage per module:")
 	for _, r := range rows {
-		pct := 0.0
-		if r.stmts > 0 {
-			pct = 100 * float64(r.covered) / float64(r.stmts)
-		}
-		fmt.Fprintf(w, "  %-*s %5.1f%%  (%d of %d statements)\n", width, r.module, pct, r.covered, r.stmts)
+		fmt.Fprintf(w, "  %-*s %5.1f%%  (%d of %d statements)\n", width, r.module, r.percent(), r.covered, r.stmts)
+	}
+}
+
+// writeColumns writes each module's coverage in the test binaries alone
+// and with the processes' counters, and the statements of the latter (a
+// file only the processes built, behind a build tag, adds some).
+func writeColumns(w io.Writer, tests, all []row) {
+	byModule := map[string]row{}
+	for _, r := range tests {
+		byModule[r.module] = r
+	}
+	width := width(all)
+	fmt.Fprintln(w, "statement coverage per module, in the test binaries (tests) and with the processes they started (+processes):")
+	fmt.Fprintf(w, "  %-*s %7s  %10s\n", width, "", "tests", "+processes")
+	for _, r := range all {
+		fmt.Fprintf(w, "  %-*s %6.1f%%  %9.1f%%  (%d of %d statements)\n", width, r.module, byModule[r.module].percent(), r.percent(), r.covered, r.stmts)
 	}
 }
