@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -88,8 +89,16 @@ func TestUpgradeFromOlderBuild(t *testing.T) {
 	if err != nil {
 		t.Fatalf("upgrade: %v", err)
 	}
-	if !strings.Contains(string(out), "etcd membership changes 0;") || strings.Contains(string(out), "lowest failure tolerance -") {
+	// The older curators know no maintenance, so etcd leadership is not
+	// moved away before the etcd leader's node restarts: its consensus
+	// hands leadership over as it stops, and a status sampled during that
+	// election shows a voter that answers without a leader, a failure
+	// tolerance below 0. A lost quorum is two of the three voters silent.
+	if !strings.Contains(string(out), "etcd membership changes 0;") || !regexp.MustCompile(`voters silent at once at most [01]`).Match(out) {
 		t.Errorf("the upgrade changed etcd membership or lost the quorum: %s", out)
+	}
+	if strings.Contains(string(out), "lowest failure tolerance -") && !strings.Contains(string(out), "without a leader (an election)") {
+		t.Errorf("the failure tolerance went below 0 with no election to explain it: %s", out)
 	}
 	for _, b := range []string{"consensus", "curator", "reconciler", "roleserve"} {
 		if !sameFile(t, filepath.Join(bin, b), filepath.Join(current, b)) {

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -93,7 +94,16 @@ type Report struct {
 	// WithoutMaintenance counts the nodes restarted without maintenance:
 	// curators of a release before it answered Unimplemented.
 	WithoutMaintenance int
-	Wall               time.Duration
+	// MostVotersSilent is the most voters that did not answer at once (in
+	// one sample of the watch): one while a voter's node restarts; two of
+	// three would be a lost quorum.
+	MostVotersSilent int
+	// LowestWhy says where the lowest failure tolerance was seen (the
+	// step under way) and which voters were unhealthy then, and how: a
+	// voter that answers without a leader is in an election (a restart of
+	// the etcd leader's node without maintenance has one), not down.
+	LowestWhy string
+	Wall      time.Duration
 }
 
 func (r *Report) String() string {
@@ -101,6 +111,10 @@ func (r *Report) String() string {
 		len(r.Restarted), r.Wall.Round(100*time.Millisecond), r.MembershipChanges, r.LowestTolerance, r.LeaderMoves, r.AdminFailuresInARow)
 	if r.WithoutMaintenance > 0 {
 		s += fmt.Sprintf("; %d nodes without maintenance (older curators)", r.WithoutMaintenance)
+	}
+	s += fmt.Sprintf("; voters silent at once at most %d", r.MostVotersSilent)
+	if r.LowestWhy != "" {
+		s += "; the lowest tolerance " + r.LowestWhy
 	}
 	return s
 }
@@ -153,6 +167,16 @@ type roll struct {
 	o      Options
 	mu     sync.Mutex
 	report *Report
+	// step is what the roll does now, for the report ("restarting
+	// node-1").
+	step string
+}
+
+// doing records the step under way.
+func (r *roll) doing(step string) {
+	r.mu.Lock()
+	r.step = step
+	r.mu.Unlock()
 }
 
 func (r *roll) say(format string, args ...any) {
@@ -225,7 +249,11 @@ func (r *roll) watch(ctx context.Context) {
 			r.report.AdminFailuresInARow = max(r.report.AdminFailuresInARow, failed)
 		} else if err == nil {
 			failed = 0
-			r.report.LowestTolerance = min(r.report.LowestTolerance, st.GetFailureTolerance())
+			if t := st.GetFailureTolerance(); t < r.report.LowestTolerance {
+				r.report.LowestTolerance = t
+				r.report.LowestWhy = r.step + unhealthyVoters(st)
+			}
+			r.report.MostVotersSilent = max(r.report.MostVotersSilent, silentVoters(st))
 			for _, mem := range st.GetMembers() {
 				if mem.GetLeader() && mem.GetMemberId() != leader {
 					if leader != 0 {
@@ -242,6 +270,44 @@ func (r *roll) watch(ctx context.Context) {
 		case <-time.After(r.o.Poll):
 		}
 	}
+}
+
+// silentVoters counts the voters that did not answer (the curator got no
+// status from their consensus process: no raft index).
+func silentVoters(st *curatorv1.GetConsensusStatusResponse) int {
+	n := 0
+	for _, m := range st.GetMembers() {
+		if !m.GetLearner() && !m.GetHealthy() && m.GetRaftIndex() == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// unhealthyVoters names the unhealthy voters and how, in words: ", when
+// node-1 did not answer and node-3 answered without a leader".
+func unhealthyVoters(st *curatorv1.GetConsensusStatusResponse) string {
+	var silent, leaderless []string
+	for _, m := range st.GetMembers() {
+		switch {
+		case m.GetLearner() || m.GetHealthy():
+		case m.GetRaftIndex() == 0:
+			silent = append(silent, m.GetNodeId())
+		default:
+			leaderless = append(leaderless, m.GetNodeId())
+		}
+	}
+	var parts []string
+	if len(silent) > 0 {
+		parts = append(parts, strings.Join(silent, ", ")+" did not answer")
+	}
+	if len(leaderless) > 0 {
+		parts = append(parts, strings.Join(leaderless, ", ")+" answered without a leader (an election)")
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return ", when " + strings.Join(parts, " and ")
 }
 
 // membershipChanges counts the applied membership changes in the audit
@@ -324,6 +390,7 @@ func (r *roll) run(ctx context.Context, before *curatorv1.GetConsensusStatusResp
 	}
 	r.say("curator %s leads: it is restarted last of the curators", leader)
 	for _, name := range last(curators, leader) {
+		r.doing("while restarting curator " + name)
 		procs, err := r.f.RestartCurator(ctx, name)
 		if err != nil {
 			return err
@@ -344,6 +411,7 @@ func (r *roll) run(ctx context.Context, before *curatorv1.GetConsensusStatusResp
 		r.say("no reconciler said which holds the lease: they are restarted in their order")
 	}
 	for _, name := range last(recs, active) {
+		r.doing("while restarting reconciler " + name)
 		procs, err := r.f.RestartReconciler(ctx, name)
 		if err != nil {
 			return err
@@ -385,6 +453,7 @@ func (r *roll) node(ctx context.Context, n Node, tolerance int32) error {
 	} else {
 		r.say("%s (%s) restarts without maintenance: the curators predate it", n.Name, n.ID)
 	}
+	r.doing("while restarting " + n.Name + " (" + n.ID + ")")
 	procs, err := r.f.RestartNode(ctx, n)
 	if err != nil {
 		return err

@@ -62,3 +62,33 @@ func TestLast(t *testing.T) {
 		})
 	}
 }
+
+// TestUnhealthyVoters: the report tells a voter that did not answer (down)
+// from one that answered without a leader (in an election); learners and
+// healthy voters are not named.
+func TestUnhealthyVoters(t *testing.T) {
+	voter := func(node string, healthy bool, index uint64) *curatorv1.ConsensusMemberStatus {
+		return &curatorv1.ConsensusMemberStatus{NodeId: node, Healthy: healthy, RaftIndex: index}
+	}
+	learner := &curatorv1.ConsensusMemberStatus{NodeId: "l", Learner: true}
+	for name, tc := range map[string]struct {
+		members []*curatorv1.ConsensusMemberStatus
+		silent  int
+		why     string
+	}{
+		"all healthy":                       {[]*curatorv1.ConsensusMemberStatus{voter("a", true, 9), voter("b", true, 9), learner}, 0, ""},
+		"one restarts":                      {[]*curatorv1.ConsensusMemberStatus{voter("a", false, 0), voter("b", true, 9), voter("c", true, 9)}, 1, ", when a did not answer"},
+		"the leader's restart: an election": {[]*curatorv1.ConsensusMemberStatus{voter("a", false, 0), voter("b", false, 9), voter("c", true, 9)}, 1, ", when a did not answer and b answered without a leader (an election)"},
+		"two down: the quorum lost":         {[]*curatorv1.ConsensusMemberStatus{voter("a", false, 0), voter("b", false, 0), voter("c", false, 9)}, 2, ", when a, b did not answer and c answered without a leader (an election)"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			st := &curatorv1.GetConsensusStatusResponse{Members: tc.members}
+			if got := silentVoters(st); got != tc.silent {
+				t.Errorf("silentVoters = %d, want %d", got, tc.silent)
+			}
+			if got := unhealthyVoters(st); got != tc.why {
+				t.Errorf("unhealthyVoters = %q, want %q", got, tc.why)
+			}
+		})
+	}
+}
