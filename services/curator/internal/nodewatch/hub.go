@@ -23,7 +23,7 @@ package nodewatch
 // The watch hub: one etcd watch per replica, fanned out to every Watch
 // stream the replica serves, and the view GetNodes answers from.
 //
-//	etcd ── one Watch(/curia/, from rev+1, require leader) ──▶ Hub.run
+//	etcd ── one Watch(/curia/, from rev+1, require leader) ──▶ Hub.Run
 //	                                                             │ apply, under mu
 //	                                  ┌──────────────────────────▼───────────────────────┐
 //	                                  │ nodes  every node at rev, its health filled in   │
