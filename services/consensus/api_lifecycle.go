@@ -279,7 +279,9 @@ func (x *server) confirmNotMember(ctx context.Context) error {
 const askEtcdTimeout = 5 * time.Second
 
 // askEtcd reads the member list with this member's certificate: through
-// the local client if etcd runs, else through the voters remembered on disk.
+// the local client if etcd runs, else (or if it stopped meanwhile: a
+// member that learns of its removal stops, and its client closes under the
+// call) through the voters remembered on disk.
 // When the answering cluster is another than this member's, it also says
 // whether a recovery superseded this member's cluster by it (recover.go):
 // then the member list answers for this member too.
@@ -288,14 +290,19 @@ func (x *server) askEtcd(ctx context.Context, kept persisted, id uint64) (_ []*c
 	var list *clientv3.MemberListResponse
 	var c *clientv3.Client
 	if e, cli, err := m.running(); err == nil {
-		c = cli
 		if list, err = cli.MemberList(ctx); err != nil {
 			// etcd may be stopping: it learned that its member was
-			// removed. Once it stopped, its state says whether it was.
+			// removed, and its client closes. Once it stopped, the
+			// voters it remembers answer, as for a stopped member.
 			m.awaitStop(ctx, e)
-			return nil, 0, false, fmt.Errorf("%w: ask the cluster whether member %s is gone: %v; its data stays", errCannotConfirm, types.ID(id), err)
+			if _, _, rerr := m.running(); rerr == nil {
+				return nil, 0, false, fmt.Errorf("%w: ask the cluster whether member %s is gone: %v; its data stays", errCannotConfirm, types.ID(id), err)
+			}
+			list = nil
 		}
-	} else {
+		c = cli
+	}
+	if list == nil {
 		eps := slices.DeleteFunc(slices.Clone(kept.Endpoints), func(e string) bool { return e == x.s.cfg.AdvertiseClientURL })
 		if len(eps) == 0 {
 			return nil, 0, false, fmt.Errorf("%w: this node knows no other voter to confirm that member %s is gone; its data stays", errCannotConfirm, types.ID(id))
