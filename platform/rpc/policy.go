@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"curia.dev/platform/pki"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -17,6 +16,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"curia.dev/platform/pki"
 )
 
 // Rule says who may call one method.
@@ -129,6 +130,14 @@ func WithPrincipal(ctx context.Context, p pki.Principal) context.Context {
 func PrincipalFromContext(ctx context.Context) (pki.Principal, bool) {
 	p, ok := ctx.Value(principalKey{}).(pki.Principal)
 	return p, ok
+}
+
+// Caller is the authenticated caller of the current call, the zero
+// Principal outside one: for handlers behind the server's interceptor,
+// which refuses every call without one.
+func Caller(ctx context.Context) pki.Principal {
+	p, _ := PrincipalFromContext(ctx)
+	return p
 }
 
 // ForwardedPrincipalHeader is the request metadata in which a forwarder (a

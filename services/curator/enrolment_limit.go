@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 
 	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
 )
 
 // enrolmentLimit bounds the calls of enrolling nodes on this replica.
@@ -25,7 +26,7 @@ func newEnrolmentLimit(perSecond float64, burst int) *enrolmentLimit {
 }
 
 func (e *enrolmentLimit) check(ctx context.Context) error {
-	if caller(ctx).Kind != pki.KindEnrolling || e.limiter.Allow() {
+	if rpc.Caller(ctx).Kind != pki.KindEnrolling || e.limiter.Allow() {
 		return nil
 	}
 	return fmt.Errorf("%w: enrolling nodes are limited to %g calls per second on this curator (burst %d); retry in a second", errExhausted, float64(e.limiter.Limit()), e.limiter.Burst())

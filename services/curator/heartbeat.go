@@ -9,6 +9,7 @@ import (
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
 	"curia.dev/services/curator/internal/nodewatch"
 )
 
@@ -25,7 +26,7 @@ func (x *curatorServer) Heartbeat(stream curatorv1.Curator_HeartbeatServer) erro
 
 func (s *Service) heartbeat(stream curatorv1.Curator_HeartbeatServer) error {
 	ctx := stream.Context()
-	p := caller(ctx)
+	p := rpc.Caller(ctx)
 	if p.Kind != pki.KindNode {
 		return fmt.Errorf("%w: only nodes send heartbeats, not %s", errDenied, p)
 	}

@@ -13,7 +13,6 @@ import (
 
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
-	"curia.dev/platform/pki"
 	"curia.dev/platform/rpc"
 )
 
@@ -23,12 +22,6 @@ import (
 type curatorServer struct {
 	curatorv1.UnimplementedCuratorServer
 	s *Service
-}
-
-// caller is the principal the interceptor verified.
-func caller(ctx context.Context) pki.Principal {
-	p, _ := rpc.PrincipalFromContext(ctx)
-	return p
 }
 
 func (x *curatorServer) BootstrapCluster(ctx context.Context, req *curatorv1.BootstrapClusterRequest) (*curatorv1.BootstrapClusterResponse, error) {
@@ -132,7 +125,7 @@ func (x *managementServer) GetClusterInfo(ctx context.Context, _ *curatorv1.GetC
 }
 
 func (x *managementServer) TakeSnapshot(ctx context.Context, req *curatorv1.TakeSnapshotRequest) (*curatorv1.TakeSnapshotResponse, error) {
-	return x.s.snaps.TakeSnapshot(ctx, req, caller(ctx).String())
+	return x.s.snaps.TakeSnapshot(ctx, req, rpc.Caller(ctx).String())
 }
 
 func (x *managementServer) ListSnapshots(context.Context, *curatorv1.ListSnapshotsRequest) (*curatorv1.ListSnapshotsResponse, error) {
@@ -168,7 +161,7 @@ func (x *managementServer) StartNodeMaintenance(ctx context.Context, req *curato
 }
 
 func (x *managementServer) EndNodeMaintenance(ctx context.Context, req *curatorv1.EndNodeMaintenanceRequest) (*curatorv1.EndNodeMaintenanceResponse, error) {
-	n, ended, err := x.s.maint.End(ctx, req.GetNodeId(), "ended by "+caller(ctx).String())
+	n, ended, err := x.s.maint.End(ctx, req.GetNodeId(), "ended by "+rpc.Caller(ctx).String())
 	if err != nil {
 		return nil, err
 	}

@@ -84,12 +84,6 @@ type Maintenance struct {
 	UpdateRoles func(ctx context.Context, req *curatorv1.UpdateNodeRolesRequest) (*curatorv1.Node, error)
 }
 
-// by is who asked, as the audit log and the record name them.
-func by(ctx context.Context) string {
-	p, _ := rpc.PrincipalFromContext(ctx)
-	return p.String()
-}
-
 // errMaintenance refuses a maintenance; cause is the "cause" metadata.
 func errMaintenance(cause, format string, args ...any) error {
 	return rpcerr.With(fmt.Errorf("%w: "+format, append([]any{rpcerr.MaintenanceRefused}, args...)...), "cause", cause)
@@ -152,7 +146,7 @@ func (m *Maintenance) Start(ctx context.Context, req *curatorv1.StartNodeMainten
 	}
 	n.Maintenance = &curatorv1.NodeMaintenance{
 		Reason:            req.GetReason(),
-		By:                by(ctx),
+		By:                rpc.Caller(ctx).String(),
 		Since:             timestamppb.New(now),
 		Until:             timestamppb.New(now.Add(d)),
 		LeadershipMovedTo: moved,
@@ -164,7 +158,7 @@ func (m *Maintenance) Start(ctx context.Context, req *curatorv1.StartNodeMainten
 		m.Audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_MAINTENANCE_START, id, reason)); err != nil {
 		return nil, err
 	}
-	m.Log.Info("node in maintenance", "node", id, "until", now.Add(d), "reason", req.GetReason(), "by", by(ctx), "etcd", why)
+	m.Log.Info("node in maintenance", "node", id, "until", now.Add(d), "reason", req.GetReason(), "by", rpc.Caller(ctx).String(), "etcd", why)
 	return m.Nodes.Get(ctx, id)
 }
 
@@ -314,6 +308,6 @@ func (m *Maintenance) Decommission(ctx context.Context, req *curatorv1.Decommiss
 	if err != nil {
 		return nil, err
 	}
-	m.Log.Info("node decommissioned", "node", id, "by", by(ctx), "reason", req.GetReason())
+	m.Log.Info("node decommissioned", "node", id, "by", rpc.Caller(ctx).String(), "reason", req.GetReason())
 	return m.Nodes.Get(ctx, id)
 }

@@ -14,6 +14,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/services/curator/internal/certs"
 	"curia.dev/services/curator/internal/nodestore"
@@ -169,12 +170,12 @@ func (r *Registry) Register(ctx context.Context, req *curatorv1.RegisterNodeRequ
 // in the same write, so a node holds one valid certificate at a time.
 func (r *Registry) Commit(ctx context.Context) (*curatorv1.CommitNodeResponse, error) {
 	// A conflict (the node or the CRL changed): decide again.
-	return rpcerr.RetryConflicts(ctx, "commit node "+caller(ctx).Name, func() (*curatorv1.CommitNodeResponse, error) { return r.commitOnce(ctx) })
+	return rpcerr.RetryConflicts(ctx, "commit node "+rpc.Caller(ctx).Name, func() (*curatorv1.CommitNodeResponse, error) { return r.commitOnce(ctx) })
 }
 
 // commitOnce is one attempt of Commit.
 func (r *Registry) commitOnce(ctx context.Context) (*curatorv1.CommitNodeResponse, error) {
-	id := caller(ctx).Name
+	id := rpc.Caller(ctx).Name
 	n, err := r.Nodes.Get(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("%w (register first)", err)

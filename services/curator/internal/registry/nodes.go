@@ -13,6 +13,7 @@ import (
 	curatorv1 "curia.dev/gen/curia/curator/v1"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/pki"
+	"curia.dev/platform/rpc"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/services/curator/internal/certs"
 	"curia.dev/services/curator/internal/nodestore"
@@ -36,7 +37,7 @@ func (r *Registry) Approve(ctx context.Context, id string) (*curatorv1.Node, err
 	if _, err := r.Lead.Txn(ctx, []clientv3.Cmp{nodestore.Unchanged(n)}, nodestore.Put(n), r.Audit.Op(ctx, auditv1.AuditAction_AUDIT_ACTION_NODE_APPROVE, id, "approved")); err != nil {
 		return nil, err
 	}
-	r.Log.Info("node approved", "node", id, "by", caller(ctx).String())
+	r.Log.Info("node approved", "node", id, "by", rpc.Caller(ctx).String())
 	return r.Nodes.Get(ctx, id)
 }
 
@@ -74,7 +75,7 @@ func (r *Registry) Delete(ctx context.Context, req *curatorv1.DeleteNodeRequest)
 		if _, err := r.Lead.Txn(ctx, cmps, ops...); err != nil {
 			return nil, err
 		}
-		r.Log.Info("node deleted", "node", n.Id, "revoked", serials, "by", caller(ctx).String())
+		r.Log.Info("node deleted", "node", n.Id, "revoked", serials, "by", rpc.Caller(ctx).String())
 		return &curatorv1.DeleteNodeResponse{RevokedSerial: n.CertificateSerial, RevokedSerials: serials}, nil
 	})
 }
@@ -98,7 +99,7 @@ func (r *Registry) UpdateStatus(ctx context.Context, req *curatorv1.UpdateNodeSt
 // its consensus process's), records them and, with them, the consensus key
 // they certify. The certificates they renew stay valid until they expire.
 func (r *Registry) IssueCertificates(ctx context.Context, req *curatorv1.IssueCertificatesRequest) (*curatorv1.IssueCertificatesResponse, error) {
-	id := caller(ctx).Name
+	id := rpc.Caller(ctx).Name
 	return rpcerr.RetryConflicts(ctx, "issue certificates to node "+id, func() (*curatorv1.IssueCertificatesResponse, error) {
 		n, err := r.Nodes.Get(ctx, id)
 		if err != nil {

@@ -24,6 +24,7 @@ import (
 	"curia.dev/platform/audit"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/rpc"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/services/curator/internal/auditlog"
 	"curia.dev/services/curator/internal/leases"
@@ -106,7 +107,7 @@ func (r *Registry) ReconcileNodeRoles(ctx context.Context, req *curatorv1.Reconc
 			n.Roles = want
 			extra = append(extra, crlCmps...)
 			ops = append(crlOps, nodestore.Put(n), audit.Put(&auditv1.Event{
-				Actor:      caller(ctx).String(),
+				Actor:      rpc.Caller(ctx).String(),
 				RecordedBy: "curator/" + r.Name,
 				Action:     action,
 				NodeId:     id,
@@ -131,7 +132,7 @@ func (r *Registry) ReconcileNodeRoles(ctx context.Context, req *curatorv1.Reconc
 	if len(ops) == 0 {
 		return n, nil // nothing to change; the fence holds
 	}
-	r.Log.Info("node roles reconciled", "node", id, "action", action.String(), "fence", f.String(), "term", term, "by", caller(ctx).String(), "reason", reason)
+	r.Log.Info("node roles reconciled", "node", id, "action", action.String(), "fence", f.String(), "term", term, "by", rpc.Caller(ctx).String(), "reason", reason)
 	return r.Nodes.Get(ctx, id)
 }
 

@@ -31,8 +31,6 @@ import (
 
 	consensusv1 "curia.dev/gen/curia/consensus/v1"
 	"curia.dev/platform/fence"
-	"curia.dev/platform/pki"
-	"curia.dev/platform/rpc"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/services/curator/internal/auditlog"
 	"curia.dev/services/curator/internal/certs"
@@ -87,9 +85,3 @@ const notBootstrappedRetry = 250 * time.Millisecond
 // again and decide again. (A stale fence is rpcerr.FenceStale, a
 // membership change in flight rpcerr.ChangePending.)
 var errStale = rpcerr.Conflict.Sub("stale")
-
-// caller is the principal the curator's interceptor verified.
-func caller(ctx context.Context) pki.Principal {
-	p, _ := rpc.PrincipalFromContext(ctx)
-	return p
-}

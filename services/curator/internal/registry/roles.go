@@ -15,6 +15,7 @@ import (
 	"curia.dev/platform/failpoint"
 	"curia.dev/platform/fence"
 	"curia.dev/platform/keys"
+	"curia.dev/platform/rpc"
 	"curia.dev/platform/rpcerr"
 	"curia.dev/platform/run"
 	"curia.dev/services/curator/internal/auditlog"
@@ -206,7 +207,7 @@ func (r *Registry) writeRoles(ctx context.Context, req *curatorv1.UpdateNodeRole
 			resp, err = r.Lead.Txn(ctx, cmps, ops...)
 		}
 		if err == nil {
-			r.Log.Info("roles updated", "node", n.Id, "roles", roles.Names(want), "by", caller(ctx).String())
+			r.Log.Info("roles updated", "node", n.Id, "roles", roles.Names(want), "by", rpc.Caller(ctx).String())
 			n.Revision = resp.Header.Revision // the record as just written
 			return n, nil
 		}
