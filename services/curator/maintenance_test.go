@@ -233,3 +233,42 @@ func TestDecommission(t *testing.T) {
 		t.Fatalf("%d decommission events, want 1", decommissions)
 	}
 }
+
+// TestMaintenanceOneNodeAtATimeUnderARace: a start held between its scan
+// (no node in maintenance) and its write, while another start's write
+// lands (here: the marker it moves, written to etcd directly, since every
+// start through the API would stop at the same point). The held write
+// then fails on the marker it read (Aborted) and records nothing; without
+// the marker's comparison it would put a second node in maintenance.
+func TestMaintenanceOneNodeAtATimeUnderARace(t *testing.T) {
+	c := cut.NewWithOptions(t, cut.Options{Voters: 1, Curators: 1})
+	ctx := ctxT(t)
+	m := c.Management()
+	a, b := c.NewAgent(), c.NewAgent()
+	a.Enrol(ctx)
+	b.Enrol(ctx)
+	leader := c.Leader()
+
+	release := leader.Hold("before-maintenance-write")
+	held := make(chan error, 1)
+	go func() {
+		_, err := m.StartNodeMaintenance(ctx, &curatorv1.StartNodeMaintenanceRequest{NodeId: a.ID, Reason: "first"})
+		held <- err
+	}()
+	leader.Reached("before-maintenance-write")
+	if _, err := c.Etcd(c.Voters[0].ClientURL).Put(ctx, keys.MaintenanceMarker, b.ID); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	select {
+	case err := <-held:
+		if status.Code(err) != codes.Aborted {
+			t.Fatalf("the held start ended with %v, want Aborted (the marker moved)", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the held start did not return")
+	}
+	if got := getNodes(t, m, "")[a.ID].GetMaintenance(); got != nil {
+		t.Fatalf("the aborted start was recorded: %v", got)
+	}
+}

@@ -36,6 +36,7 @@ import (
 
 	auditv1 "curia.dev/gen/curia/audit/v1"
 	curatorv1 "curia.dev/gen/curia/curator/v1"
+	"curia.dev/platform/failpoint"
 	"curia.dev/platform/keys"
 	"curia.dev/platform/rpc"
 	"curia.dev/platform/rpcerr"
@@ -152,6 +153,7 @@ func (m *Maintenance) Start(ctx context.Context, req *curatorv1.StartNodeMainten
 		LeadershipMovedTo: moved,
 	}
 	reason := fmt.Sprintf("in maintenance for %v, until %s: %s; %s", d, now.Add(d).UTC().Format(time.RFC3339), req.GetReason(), why)
+	failpoint.Hold("before-maintenance-write")
 	if _, err := m.Lead.Txn(ctx,
 		[]clientv3.Cmp{nodestore.Unchanged(n), clientv3.Compare(clientv3.ModRevision(keys.MaintenanceMarker), "=", markerRev)},
 		nodestore.Put(n), clientv3.OpPut(keys.MaintenanceMarker, id),
